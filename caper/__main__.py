@@ -1,0 +1,3 @@
+from caper.cli import main
+
+raise SystemExit(main())

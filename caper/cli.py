@@ -1,0 +1,117 @@
+"""caper's command line.
+
+    caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
+    caper trace [...] -c 'SHELL STRING'
+
+trace prints what the command did, one event a line (strace-like, or JSON
+lines), then how it ended; the command's held output goes to caper's own
+stdout/stderr afterwards. Exit status: the command's, or 125 when caper
+itself failed, 124 on timeout, 137 when the sandbox was killed for a limit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_CAPER_FAILED = 125
+EXIT_TIMEOUT = 124
+EXIT_LIMIT = 137
+
+
+def _command(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    if args.c is not None and args.argv:
+        parser.error("give either -c STRING or -- ARGV..., not both")
+    if args.c is not None:
+        return args.c
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        parser.error("no command: give -c STRING or -- ARGV...")
+    return argv
+
+
+def _line(ev) -> str:
+    d = ev.to_dict()
+    head = f"[{d.pop('pid')}] {d.pop('kind')}"
+    d.pop("seq")
+    d.pop("ppid", None)
+    return head + " " + " ".join(f"{k}={json.dumps(v, ensure_ascii=True)}" for k, v in d.items())
+
+
+def cmd_trace(args, parser) -> int:
+    from caper.errors import CaperError
+    from caper.events import End
+    from caper.trace import trace
+
+    if args.debug_filter:
+        from caper._native import lib
+        lib.caper_dump_filter(2)
+    command = _command(args, parser)
+    try:
+        t = trace(command, noise=None if args.raw else "baseline",
+                  timeout=args.timeout, max_pids=args.max_pids, collapse=not args.raw,
+                  max_memory=args.max_memory)
+        out = sys.stdout
+        for ev in t:
+            if args.quiet:
+                continue
+            out.write(json.dumps(ev.to_dict(), ensure_ascii=True) if args.jsonl else _line(ev))
+            out.write("\n")
+        r = t.result
+    except CaperError as e:
+        print(f"caper: {e}", file=sys.stderr)
+        return EXIT_CAPER_FAILED
+    sys.stdout.flush()
+    os.write(1, r.stdout.text())
+    os.write(2, r.stderr.text())
+    summary = {"end": r.end.name.lower(), "exit_code": r.exit_code, "signal": r.signal,
+               "stdout_bytes": r.stdout.total, "stderr_bytes": r.stderr.total,
+               "stops": r.stats.stops, "events": r.stats.events, "noise": r.stats.noise,
+               "collapsed": r.stats.collapsed, "peak_pids": r.stats.peak_pids,
+               "wall_ms": round(r.stats.wall_ms, 2)}
+    if r.error:
+        summary["error"] = r.error
+    if not args.quiet:
+        if args.jsonl:
+            print(json.dumps({"kind": "end", **summary}), flush=True)
+        else:
+            print("caper: " + r.status + " " + json.dumps(summary), file=sys.stderr)
+    if r.end == End.EXITED:
+        return r.exit_code
+    if r.end == End.SIGNALED:
+        return 128 + (r.signal or 0)
+    if r.end == End.TIMEOUT:
+        return EXIT_TIMEOUT
+    if r.end == End.PIDS_LIMIT:
+        return EXIT_LIMIT
+    if r.end == End.EXEC_FAILED:
+        print(f"caper: {r.error}", file=sys.stderr)
+        return 127
+    return EXIT_CAPER_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="caper", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("trace", help="run a command in the sandbox and print what it did")
+    t.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
+    t.add_argument("--jsonl", action="store_true", help="one JSON object per event")
+    t.add_argument("--quiet", action="store_true", help="print no events, only the output")
+    t.add_argument("--raw", action="store_true",
+                   help="keep baseline noise and repeated events (no pre-filter)")
+    t.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    t.add_argument("--max-pids", type=int, default=1024, metavar="N")
+    t.add_argument("--max-memory", type=int, default=None, metavar="BYTES",
+                   help="address-space limit per process")
+    t.add_argument("--debug-filter", action="store_true",
+                   help="print the seccomp program as pseudocode first")
+    t.add_argument("argv", nargs=argparse.REMAINDER)
+    t.set_defaults(func=cmd_trace)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.func(args, parser)

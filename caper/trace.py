@@ -1,0 +1,227 @@
+"""caper.trace: run a command in the sandbox and stream what it does.
+
+    with caper.trace.trace(["make"], cwd="/src") as t:
+        for event in t:          # typed events, while the command runs
+            ...
+    t.result                     # how it ended, held output, counts
+
+The native loop runs in a worker thread with the GIL released; this thread
+reads the event pipe, so a command that opens 100,000 files streams through
+a fixed buffer instead of piling up.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+from caper._native import ffi, lib
+from caper.errors import ConfigError, from_native
+from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
+
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MAX_PIDS = 1024
+DEFAULT_ARGV_MAX = 1024        # bytes of argv kept per exec event
+DEFAULT_OUTPUT_HEAD = 64 * 1024
+DEFAULT_OUTPUT_TAIL = 64 * 1024
+# Locale data is read by almost every program; the probe finds the rest.
+DEFAULT_NOISE_PREFIXES = ("/usr/lib/locale", "/usr/share/locale", "/usr/lib/x86_64-linux-gnu/gconv")
+BASELINE_COMMAND = ("/bin/sh", "-c", "true")
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseProfile:
+    """Read-only opens the C side drops before they cross into Python."""
+    exact: frozenset[str] = frozenset()
+    prefixes: frozenset[str] = frozenset()
+
+
+def _env_list(env: Mapping[str, str] | None) -> list[bytes]:
+    env = os.environ if env is None else env
+    return [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+
+
+def _argv(command: Sequence[str] | str) -> list[bytes]:
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+    if not argv:
+        raise ConfigError("empty command")
+    out = []
+    for a in argv:
+        b = os.fsencode(a)
+        if b"\0" in b:
+            raise ConfigError(f"argument contains a NUL byte: {a!r}")
+        out.append(b)
+    return out
+
+
+class Trace:
+    """One sandboxed, traced run. Iterate for events; `.result` once done."""
+
+    def __init__(self, command: Sequence[str] | str, *, cwd: str | os.PathLike | None = None,
+                 env: Mapping[str, str] | None = None, timeout: float | None = DEFAULT_TIMEOUT_S,
+                 max_pids: int = DEFAULT_MAX_PIDS, max_memory: int | None = None,
+                 noise: NoiseProfile | None = None, collapse: bool = True,
+                 userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
+                 output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
+                 cgroup_procs: str | None = None, debug_filter: bool = False):
+        self._keep: list = []  # cffi objects that must outlive the native call
+        self.argv = _argv(command)
+        cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+        if not os.path.isdir(cwd):
+            raise ConfigError(f"working directory does not exist: {cwd}")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"timeout must be positive, not {timeout}")
+        cfg = ffi.new("struct caper_config *")
+        cfg.argv = self._strings(self.argv)
+        cfg.envp = self._strings(_env_list(env))
+        cfg.cwd = self._cstr(os.fsencode(cwd))
+        flags = 0
+        if userns if userns is not None else os.geteuid() != 0:
+            flags |= lib.CAPER_F_USERNS
+        if not collapse:
+            flags |= lib.CAPER_F_NO_COLLAPSE
+        if noise is None:
+            flags |= lib.CAPER_F_KEEP_NOISE
+        if debug_filter:
+            flags |= lib.CAPER_F_DEBUG_FILTER
+        cfg.flags = flags
+        cfg.max_pids = max_pids or 0
+        cfg.max_memory = max_memory or 0
+        cfg.timeout_ms = int(timeout * 1000) if timeout else 0
+        cfg.cgroup_procs = self._cstr(os.fsencode(cgroup_procs)) if cgroup_procs else ffi.NULL
+        cfg.hostname = ffi.NULL
+        if noise is not None:
+            items = [(lib.CAPER_NOISE_EXACT, p) for p in sorted(noise.exact)] + \
+                    [(lib.CAPER_NOISE_PREFIX, p) for p in sorted(noise.prefixes)]
+            arr = ffi.new("struct caper_noise[]", max(1, len(items)))
+            for i, (kind, path) in enumerate(items):
+                arr[i].kind = kind
+                arr[i].path = self._cstr(os.fsencode(path))
+            self._keep.append(arr)
+            cfg.noise, cfg.n_noise = arr, len(items)
+        cfg.argv_max = argv_max
+        cfg.output_head = output_head
+        cfg.output_tail = output_tail
+        cfg.stdin_fd = -1
+        self._cfg = cfg
+        self._res = ffi.new("struct caper_result *")
+        self.result: RunResult | None = None
+        self._rc: int | None = None
+        self._started = False
+        self._thread: threading.Thread | None = None
+        self._read_fd = -1
+
+    def _cstr(self, b: bytes):
+        c = ffi.new("char[]", b)
+        self._keep.append(c)
+        return c
+
+    def _strings(self, items: list[bytes]):
+        arr = ffi.new("char *[]", len(items) + 1)
+        for i, b in enumerate(items):
+            arr[i] = self._cstr(b)
+        arr[len(items)] = ffi.NULL
+        self._keep.append(arr)
+        return arr
+
+    def _run_native(self) -> None:
+        self._rc = lib.caper_run(self._cfg, self._res)
+
+    def start(self) -> "Trace":
+        if self._started:
+            raise ConfigError("a Trace runs once")
+        self._started = True
+        r, w = os.pipe2(os.O_CLOEXEC)
+        self._read_fd = r
+        self._cfg.event_fd = w
+        self._thread = threading.Thread(target=self._run_native, name="caper-tracer", daemon=True)
+        self._thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[Event]:
+        if not self._started:
+            self.start()
+        try:
+            yield from iter_records(self._read_fd)
+        finally:
+            self._finish()
+
+    def __enter__(self) -> "Trace":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self._finish()
+
+    def run(self) -> tuple[list[Event], RunResult]:
+        """Run to the end; return every event and the result."""
+        events = list(self)
+        assert self.result is not None
+        return events, self.result
+
+    def _finish(self) -> None:
+        if self.result is not None or self._thread is None:
+            return
+        # Drain whatever the caller did not read, or the native side blocks.
+        if self._read_fd >= 0:
+            while os.read(self._read_fd, 1 << 16):
+                pass
+            os.close(self._read_fd)
+            self._read_fd = -1
+        self._thread.join()
+        self.result = self._collect()
+
+    def _collect(self) -> RunResult:
+        res = self._res
+        try:
+            step = Step(res.step).name if res.step else None
+            detail = ffi.string(res.detail).decode(errors="replace")
+            end = End(res.end)
+            if self._rc != 0:
+                raise from_native(step or "NONE", res.err, detail)
+            out = _output(res.out)
+            err = _output(res.err_out)
+            stats = Stats(stops=res.stops, events=res.events, noise=res.noise,
+                          collapsed=res.collapsed, peak_pids=res.peak_pids,
+                          wall_ms=res.wall_ns / 1e6)
+            error = None
+            if end not in (End.EXITED, End.SIGNALED) and step:
+                error = str(from_native(step, res.err, detail))
+            return RunResult(end=end,
+                             exit_code=res.exit_code if end in (End.EXITED, End.EXEC_FAILED) else None,
+                             signal=res.term_signal if end == End.SIGNALED else None,
+                             stdout=out, stderr=err, stats=stats, error=error)
+        finally:
+            lib.caper_result_free(res)
+
+
+def _output(o) -> Output:
+    head = bytes(ffi.buffer(o.head, o.head_len)) if o.head_len else b""
+    tail = bytes(ffi.buffer(o.tail, o.tail_len)) if o.tail_len else b""
+    return Output(head=head, tail=tail, total=o.total)
+
+
+@functools.lru_cache(maxsize=None)
+def baseline(env_key: tuple = ()) -> NoiseProfile:
+    """Probe what a bare shell touches at start-up (loader, libc, locale) and
+    call that noise. Run once per process: the answer depends on the host."""
+    env = dict(env_key) if env_key else None
+    events, result = Trace(BASELINE_COMMAND, env=env, noise=None, collapse=False,
+                           timeout=30).run()
+    exact, prefixes = set(), set(DEFAULT_NOISE_PREFIXES)
+    for ev in events:
+        if ev.kind != Kind.OPEN or not ev.ok or ev.flags & 3 != os.O_RDONLY or not ev.path:
+            continue
+        exact.add(ev.path)
+        if ".so" in os.path.basename(ev.path):
+            prefixes.add(os.path.dirname(ev.path))  # the loader's library directories
+    return NoiseProfile(exact=frozenset(exact), prefixes=frozenset(prefixes))
+
+
+def trace(command: Sequence[str] | str, *, noise: NoiseProfile | None | str = "baseline",
+          **kwargs) -> Trace:
+    """A Trace of command; noise="baseline" subtracts what a bare shell touches."""
+    if noise == "baseline":
+        noise = baseline()
+    return Trace(command, noise=noise, **kwargs)

@@ -1,0 +1,216 @@
+/* caper.h: the whole C/Python boundary.
+ *
+ * This file is read twice: by the C compiler (through caper_native/build.py's
+ * set_source) and by cffi's cdef parser. So it holds no #include and no #if,
+ * only fixed-width integers, explicit enum values and plain structs; C files
+ * include <stdint.h> before it.
+ *
+ * Data flows one way: Python fills a caper_config, calls caper_run() (the GIL
+ * is released for the whole call), reads caper_event records from the event
+ * pipe while the command runs, and gets a caper_result when it returns.
+ */
+
+/* Event kinds. Python reads these names from lib and never types the numbers. */
+enum caper_event_kind {
+    CAPER_EV_PROC_START = 1,  /* a new process or thread: pid, ppid, arg0 = clone flags */
+    CAPER_EV_EXEC       = 2,  /* execve: path, argv (NUL separated, bounded) */
+    CAPER_EV_PROC_EXIT  = 3,  /* arg0 = exit code (>= 0) or -signal */
+    CAPER_EV_OPEN       = 4,  /* path, flags, mode */
+    CAPER_EV_UNLINK     = 5,  /* path */
+    CAPER_EV_RMDIR      = 6,  /* path */
+    CAPER_EV_RENAME     = 7,  /* path -> path2, flags */
+    CAPER_EV_LINK       = 8,  /* hard link: path (existing) -> path2 (new) */
+    CAPER_EV_SYMLINK    = 9,  /* path2 (new link) holds text path (not resolved) */
+    CAPER_EV_TRUNCATE   = 10, /* path, arg0 = length */
+    CAPER_EV_CHMOD      = 11, /* path, mode */
+    CAPER_EV_CHOWN      = 12, /* path, arg0 = uid, arg1 = gid (-1: unchanged) */
+    CAPER_EV_MKDIR      = 13, /* path, mode */
+    CAPER_EV_MKNOD      = 14, /* path, mode, arg0 = dev */
+    CAPER_EV_CONNECT    = 15, /* address: family, path = address text, arg0 = port */
+    CAPER_EV_SENDTO     = 16, /* same as connect; sendto and sendmsg with a destination */
+    CAPER_EV_BIND       = 17, /* same as connect */
+    CAPER_EV_SIGNAL     = 18, /* arg0 = target pid as the sandbox names it, arg1 = signal */
+    CAPER_EV_REFUSED    = 19, /* a syscall caper refused: sysno, arch, flags = caper_refusal */
+    CAPER_EV_REPEAT     = 20, /* arg0 = seq of an earlier event of this pid, count = extra repeats */
+    CAPER_EV_NOISE      = 21, /* per-process totals of dropped noise: count */
+    CAPER_EV_LOST       = 22  /* arg0 = events the C side could not describe (path unreadable ...) */
+};
+
+/* Why a syscall was refused (CAPER_EV_REFUSED.flags). */
+enum caper_refusal {
+    CAPER_REFUSE_DENYLIST    = 1, /* mount, pivot_root, bpf, io_uring_setup ... */
+    CAPER_REFUSE_ABI         = 2, /* 32-bit (int 0x80) or x32 syscall */
+    CAPER_REFUSE_HOST_SOCKET = 3, /* connect() to a unix socket no sandbox process bound */
+    CAPER_REFUSE_NAMESPACE   = 4  /* clone/unshare asking for new namespaces */
+};
+
+/* Address families in network events (CAPER_EV_CONNECT/SENDTO/BIND.flags). */
+enum caper_family {
+    CAPER_AF_OTHER    = 0,
+    CAPER_AF_INET     = 2,
+    CAPER_AF_INET6    = 10,
+    CAPER_AF_UNIX     = 1,
+    CAPER_AF_ABSTRACT = 100, /* unix, abstract name: path starts after a '@' */
+    CAPER_AF_NETLINK  = 16
+};
+
+/* How a run ended (caper_result.end). */
+enum caper_end {
+    CAPER_END_EXITED       = 1, /* the command exited: exit_code */
+    CAPER_END_SIGNALED     = 2, /* the command died of term_signal */
+    CAPER_END_TIMEOUT      = 3, /* wall-clock limit hit; the sandbox was killed */
+    CAPER_END_PIDS_LIMIT   = 4, /* too many processes; the sandbox was killed */
+    CAPER_END_SETUP_FAILED = 5, /* failed before exec: step + err say where */
+    CAPER_END_EXEC_FAILED  = 6, /* the command could not be executed: err */
+    CAPER_END_TRACE_FAILED = 7  /* the tracer lost control; the sandbox was killed */
+};
+
+/* Where a failure happened (caper_result.step). Python maps each to an exception. */
+enum caper_step {
+    CAPER_STEP_NONE          = 0,
+    CAPER_STEP_PIPE          = 1,
+    CAPER_STEP_CLONE         = 2,
+    CAPER_STEP_USERNS_MAP    = 3,
+    CAPER_STEP_MOUNT_PRIVATE = 4,
+    CAPER_STEP_MOUNT_PROC    = 5,
+    CAPER_STEP_MOUNT_DEV     = 6,
+    CAPER_STEP_MOUNT_SYS     = 7,
+    CAPER_STEP_LOOPBACK      = 8,
+    CAPER_STEP_CGROUP        = 9,
+    CAPER_STEP_CAPS          = 10,
+    CAPER_STEP_NO_NEW_PRIVS  = 11,
+    CAPER_STEP_SECCOMP       = 12,
+    CAPER_STEP_SEIZE         = 13,
+    CAPER_STEP_CHDIR         = 14,
+    CAPER_STEP_EXEC          = 15,
+    CAPER_STEP_WAIT          = 16,
+    CAPER_STEP_EMIT          = 17,
+    CAPER_STEP_OUTPUT        = 18,
+    CAPER_STEP_RLIMIT        = 19,
+    CAPER_STEP_CONFIG        = 20,
+    CAPER_STEP_MOUNT_ROOT    = 21
+};
+
+/* caper_event.info bits: what is uncertain or special about one event. */
+enum caper_info {
+    CAPER_INFO_RESULT_UNKNOWN = 1, /* the process died inside the call */
+    CAPER_INFO_TRUNCATED      = 2, /* a string was cut at its bound */
+    CAPER_INFO_UNREADABLE     = 4, /* a string could not be read from the tracee */
+    CAPER_INFO_REFUSED        = 8, /* caper refused the call; result is the errno it returned */
+    CAPER_INFO_FD_PATH        = 16 /* path was found from a file descriptor, not a string */
+};
+
+/* caper_config.flags */
+enum caper_flags {
+    CAPER_F_USERNS       = 1, /* make a user namespace (needed when not root) */
+    CAPER_F_NO_COLLAPSE  = 2, /* emit repeated identical events one by one */
+    CAPER_F_KEEP_NOISE   = 4, /* do not drop baseline noise (the probe itself) */
+    CAPER_F_DEBUG_FILTER = 8  /* write the seccomp program as pseudocode to stderr */
+};
+
+/* caper_noise.kind */
+enum caper_noise_kind {
+    CAPER_NOISE_EXACT  = 1, /* a read-only open of exactly this path */
+    CAPER_NOISE_PREFIX = 2  /* a read-only open of anything below this directory */
+};
+
+struct caper_noise {
+    uint32_t kind;
+    const char *path;
+};
+
+/* Mounts the sandbox applies in its own mount namespace before /proc and /dev
+ * (the snapshot layer of caper run; empty for caper trace). */
+struct caper_mount {
+    const char *source;
+    const char *target;
+    const char *fstype;
+    const char *data;
+    uint64_t flags;
+};
+
+struct caper_config {
+    const char *const *argv;     /* NULL terminated; argv[0] is looked up in PATH */
+    const char *const *envp;     /* NULL terminated */
+    const char *cwd;
+    int event_fd;                /* write end of the event pipe; closed by caper_run */
+    uint32_t flags;              /* enum caper_flags */
+    uint32_t max_pids;           /* 0: no limit. Counted by the tracer: threads too */
+    uint64_t max_memory;         /* bytes, RLIMIT_AS per process; 0: none */
+    uint64_t timeout_ms;         /* 0: none */
+    const char *cgroup_procs;    /* a cgroup.procs file the sandbox joins, or NULL */
+    const char *hostname;        /* in the new uts namespace */
+    const struct caper_noise *noise;
+    uint32_t n_noise;
+    const struct caper_mount *mounts;
+    uint32_t n_mounts;
+    uint32_t argv_max;           /* bytes of argv kept per exec event */
+    uint32_t output_head;        /* bytes kept from the start of stdout and of stderr */
+    uint32_t output_tail;        /* bytes kept from the end of each */
+    int stdin_fd;                /* -1: /dev/null */
+};
+
+/* Held output of one stream: the first head_len bytes, the last tail_len bytes
+ * (which may overlap the head when total is small), and the total count. */
+struct caper_output {
+    char *head;
+    char *tail;
+    uint32_t head_len;
+    uint32_t tail_len;
+    uint64_t total;
+};
+
+struct caper_result {
+    uint32_t end;          /* enum caper_end */
+    int32_t exit_code;     /* CAPER_END_EXITED */
+    int32_t term_signal;   /* CAPER_END_SIGNALED */
+    uint32_t step;         /* enum caper_step, when something failed */
+    int32_t err;           /* errno of the failed step */
+    uint32_t peak_pids;
+    uint64_t stops;        /* ptrace stops taken */
+    uint64_t events;       /* records written to the event pipe */
+    uint64_t noise;        /* opens dropped as baseline noise */
+    uint64_t collapsed;    /* events folded into repeat counts */
+    uint64_t wall_ns;
+    struct caper_output out;
+    struct caper_output err_out;
+    char detail[256];      /* the failed call and its object, e.g. "mount(proc, /proc)" */
+};
+
+/* One record on the event pipe. Strings follow the header inside the record
+ * and are given by offset (from the start of the record) and length; they are
+ * not NUL terminated. len is the whole record, a multiple of 8. */
+struct caper_event {
+    uint32_t kind;      /* enum caper_event_kind */
+    uint32_t len;
+    uint32_t pid;       /* host tid of the acting process */
+    uint32_t ppid;
+    uint64_t seq;       /* 1, 2, ... per run */
+    uint64_t time_ns;   /* since the sandbox started */
+    int64_t result;     /* syscall return value: >= 0 success, -errno failure */
+    int64_t arg0;
+    int64_t arg1;
+    uint32_t sysno;
+    uint32_t arch;      /* AUDIT_ARCH_* of the call */
+    uint32_t flags;
+    uint32_t mode;
+    uint32_t count;     /* 1, or the number of identical events folded in */
+    uint32_t str_off[3];
+    uint32_t str_len[3];
+    uint32_t info;      /* enum caper_info bits */
+};
+
+/* The syscall name for a number of the native ABI, or NULL. */
+const char *caper_syscall_name(uint32_t sysno);
+
+/* Run a command in the sandbox, tracing it, until it and every process of its
+ * sandbox are gone. Returns 0 when the result is filled in (whatever the
+ * command did), -1 with the result's step/err/detail when setup failed before
+ * the command could start. Always closes config->event_fd. */
+int caper_run(const struct caper_config *config, struct caper_result *result);
+
+/* Free the output buffers of a result. */
+void caper_result_free(struct caper_result *result);
+
+/* Write the seccomp program as pseudocode to fd (for --debug). */
+int caper_dump_filter(int fd);

@@ -1,0 +1,743 @@
+/* trace.c: the ptrace loop. Every stop is one of: a seccomp stop (a listed
+ * syscall is entering: decode it, then let it run to its exit stop or refuse
+ * it), a syscall-exit stop (fill in the result and emit), a fork/clone/exec
+ * event, a group-stop, a signal to pass on, or a death. */
+#include "internal.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/openat2.h>
+#include <linux/ptrace.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+/* sys/ptrace.h and linux/ptrace.h clash; take what we need by hand. */
+long ptrace(int request, ...);
+#define PT_CONT 7
+#define PT_GETREGS 12
+#define PT_SETREGS 13
+#define PT_SYSCALL 24
+#define PT_GETEVENTMSG 0x4201
+#define PT_LISTEN 0x4208
+
+#define TRACE_FOREIGN 0xffffu
+#define REPEAT_SLOTS 256
+#define BUCKETS 1024
+#define ERESTART_FIRST 512   /* -ERESTARTSYS .. -ERESTART_RESTARTBLOCK: retried, not done */
+#define ERESTART_LAST 516
+
+struct repeat {
+    uint64_t hash, seq;
+    uint32_t count;
+};
+
+/* The event a process is in the middle of, kept until its exit stop. */
+struct pending {
+    struct ev ev;
+    char s[3][CAPER_PATH_MAX + 1];
+    int unix_bind;   /* a bind of a unix path: remember it if it succeeds */
+};
+
+struct proc {
+    struct proc *next;
+    pid_t tid, ppid;
+    uint8_t attached, announced, held, is_init, is_command, in_call;
+    char *cwd;
+    struct pending *pend;
+    struct repeat *rep;
+    uint32_t n_rep;
+    uint64_t noise;
+};
+
+struct tracer {
+    const struct caper_config *c;
+    struct emitter *e;
+    struct caper_result *r;
+    struct proc *buckets[BUCKETS];
+    uint32_t live;
+    pid_t init_pid;
+    int killed;          /* the sandbox was killed on purpose: end says why */
+    char **bound;        /* unix socket paths bound inside the sandbox */
+    size_t n_bound, cap_bound;
+};
+
+/* ---- process table -------------------------------------------------------- */
+
+static struct proc *find(struct tracer *t, pid_t tid)
+{
+    for (struct proc *p = t->buckets[tid % BUCKETS]; p; p = p->next)
+        if (p->tid == tid)
+            return p;
+    return NULL;
+}
+
+static struct proc *create(struct tracer *t, pid_t tid)
+{
+    struct proc *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->tid = tid;
+    p->next = t->buckets[tid % BUCKETS];
+    t->buckets[tid % BUCKETS] = p;
+    t->live++;
+    if (t->live > t->r->peak_pids)
+        t->r->peak_pids = t->live;
+    return p;
+}
+
+static void destroy(struct tracer *t, struct proc *p)
+{
+    struct proc **pp = &t->buckets[p->tid % BUCKETS];
+    while (*pp != p)
+        pp = &(*pp)->next;
+    *pp = p->next;
+    free(p->cwd);
+    free(p->pend);
+    free(p->rep);
+    free(p);
+    t->live--;
+}
+
+static void kill_sandbox(struct tracer *t, uint32_t end)
+{
+    if (!t->killed) {
+        t->killed = 1;
+        t->r->end = end;
+    }
+    kill(t->init_pid, SIGKILL);
+}
+
+static void resume(struct proc *p, int sig)
+{
+    ptrace(p->in_call ? PT_SYSCALL : PT_CONT, p->tid, 0, sig);
+}
+
+/* ---- paths ------------------------------------------------------------------ */
+
+static const char *cwd_of(struct proc *p)
+{
+    if (!p->cwd) {
+        char buf[CAPER_PATH_MAX];
+        if (proc_link(p->tid, "cwd", buf, sizeof buf) >= 0)
+            p->cwd = strdup(buf);
+    }
+    return p->cwd;
+}
+
+static void forget_cwds(struct tracer *t)
+{
+    for (int i = 0; i < BUCKETS; i++)
+        for (struct proc *p = t->buckets[i]; p; p = p->next) {
+            free(p->cwd);
+            p->cwd = NULL;
+        }
+}
+
+/* The absolute path the process means by (dirfd, rel). */
+static size_t resolve(struct proc *p, int dirfd, const char *rel, char *out, uint32_t *info)
+{
+    char base[CAPER_PATH_MAX];
+    const char *b = NULL;
+    if (rel[0] != '/') {
+        if (dirfd == AT_FDCWD) {
+            b = cwd_of(p);
+        } else {
+            char what[32];
+            snprintf(what, sizeof what, "fd/%d", dirfd);
+            if (proc_link(p->tid, what, base, sizeof base) >= 0)
+                b = base;
+        }
+        if (!b) {
+            *info |= CAPER_INFO_UNREADABLE;
+            size_t n = strlen(rel);
+            memcpy(out, rel, n + 1);
+            return n;
+        }
+        if (rel[0] == '\0')
+            rel = ".";  /* AT_EMPTY_PATH: the object is the fd itself */
+    }
+    return path_join_normalize(b, rel, out, CAPER_PATH_MAX);
+}
+
+/* Read and resolve a path argument into slot i of the pending event. */
+static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint64_t addr)
+{
+    char raw[CAPER_PATH_MAX + 1];
+    int trunc = 0;
+    if (tracee_read_str(p->tid, addr, raw, sizeof raw, &trunc) < 0) {
+        pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        return;
+    }
+    if (trunc)
+        pd->ev.h.info |= CAPER_INFO_TRUNCATED;
+    pd->ev.n[i] = resolve(p, dirfd, raw, pd->s[i], &pd->ev.h.info);
+    pd->ev.s[i] = pd->s[i];
+}
+
+static void take_fd_path(struct proc *p, struct pending *pd, int i, int fd)
+{
+    char what[32];
+    snprintf(what, sizeof what, "fd/%d", fd);
+    ssize_t n = proc_link(p->tid, what, pd->s[i], CAPER_PATH_MAX);
+    pd->ev.h.info |= CAPER_INFO_FD_PATH;
+    if (n < 0) {
+        pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        return;
+    }
+    pd->ev.n[i] = (size_t)n;
+    pd->ev.s[i] = pd->s[i];
+}
+
+static void take_raw_string(struct proc *p, struct pending *pd, int i, uint64_t addr)
+{
+    int trunc = 0;
+    ssize_t n = tracee_read_str(p->tid, addr, pd->s[i], CAPER_PATH_MAX + 1, &trunc);
+    if (n < 0) {
+        pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        return;
+    }
+    if (trunc)
+        pd->ev.h.info |= CAPER_INFO_TRUNCATED;
+    pd->ev.n[i] = (size_t)n;
+    pd->ev.s[i] = pd->s[i];
+}
+
+/* argv as NUL-separated strings, at most argv_max bytes. */
+static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint64_t addr)
+{
+    size_t cap = t->c->argv_max ? t->c->argv_max : 1024;
+    if (cap > CAPER_PATH_MAX)
+        cap = CAPER_PATH_MAX;
+    size_t used = 0;
+    for (int i = 0; addr && used < cap; i++) {
+        uint64_t sp;
+        if (tracee_read(p->tid, addr + 8u * (uint64_t)i, &sp, sizeof sp) < 0) {
+            pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+            break;
+        }
+        if (!sp)
+            break;
+        int trunc = 0;
+        ssize_t n = tracee_read_str(p->tid, sp, pd->s[1] + used, cap - used, &trunc);
+        if (n < 0) {
+            pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+            break;
+        }
+        used += (size_t)n + 1;
+        if (trunc || used >= cap) {
+            pd->ev.h.info |= CAPER_INFO_TRUNCATED;
+            break;
+        }
+    }
+    if (used > cap)
+        used = cap;
+    pd->ev.n[1] = used;
+    pd->ev.s[1] = pd->s[1];
+}
+
+/* ---- sockets ---------------------------------------------------------------- */
+
+static int is_bound(struct tracer *t, const char *path, size_t n)
+{
+    for (size_t i = 0; i < t->n_bound; i++)
+        if (strlen(t->bound[i]) == n && memcmp(t->bound[i], path, n) == 0)
+            return 1;
+    return 0;
+}
+
+static void add_bound(struct tracer *t, const char *path, size_t n)
+{
+    if (t->n_bound == t->cap_bound) {
+        size_t cap = t->cap_bound ? 2 * t->cap_bound : 16;
+        char **b = realloc(t->bound, cap * sizeof *b);
+        if (!b)
+            return;
+        t->bound = b;
+        t->cap_bound = cap;
+    }
+    char *s = strndup(path, n);
+    if (s)
+        t->bound[t->n_bound++] = s;
+}
+
+/* Decode a sockaddr into family (flags), text (slot 0) and port (arg0). */
+static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uint64_t len)
+{
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    if (len > sizeof ss)
+        len = sizeof ss;
+    if (!addr || len < sizeof(sa_family_t) || tracee_read(p->tid, addr, &ss, len) < 0) {
+        pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        return;
+    }
+    char *out = pd->s[0];
+    switch (ss.ss_family) {
+    case AF_INET: {
+        struct sockaddr_in *in = (void *)&ss;
+        inet_ntop(AF_INET, &in->sin_addr, out, CAPER_PATH_MAX);
+        pd->ev.h.flags = CAPER_AF_INET;
+        pd->ev.h.arg0 = ntohs(in->sin_port);
+        break;
+    }
+    case AF_INET6: {
+        struct sockaddr_in6 *in6 = (void *)&ss;
+        inet_ntop(AF_INET6, &in6->sin6_addr, out, CAPER_PATH_MAX);
+        pd->ev.h.flags = CAPER_AF_INET6;
+        pd->ev.h.arg0 = ntohs(in6->sin6_port);
+        break;
+    }
+    case AF_UNIX: {
+        struct sockaddr_un *un = (void *)&ss;
+        size_t n = len - offsetof(struct sockaddr_un, sun_path);
+        if (n > 0 && un->sun_path[0] == '\0') {
+            pd->ev.h.flags = CAPER_AF_ABSTRACT;
+            out[0] = '@';
+            memcpy(out + 1, un->sun_path + 1, n - 1);
+            pd->ev.n[0] = n;
+            pd->ev.s[0] = out;
+            return;
+        }
+        char raw[sizeof un->sun_path + 1];
+        memcpy(raw, un->sun_path, n);
+        raw[n] = '\0';
+        pd->ev.h.flags = CAPER_AF_UNIX;
+        pd->ev.n[0] = resolve(p, AT_FDCWD, raw, out, &pd->ev.h.info);
+        pd->ev.s[0] = out;
+        return;
+    }
+    case AF_NETLINK:
+        pd->ev.h.flags = CAPER_AF_NETLINK;
+        snprintf(out, CAPER_PATH_MAX, "netlink");
+        break;
+    default:
+        pd->ev.h.flags = CAPER_AF_OTHER;
+        snprintf(out, CAPER_PATH_MAX, "family %u", ss.ss_family);
+    }
+    pd->ev.n[0] = strlen(out);
+    pd->ev.s[0] = out;
+}
+
+/* ---- stops ------------------------------------------------------------------ */
+
+static void deny(pid_t tid, int err)
+{
+    struct user_regs_struct regs;
+    if (ptrace(PT_GETREGS, tid, 0, &regs) < 0)
+        return;
+    regs.orig_rax = (uint64_t)-1;  /* skip the call ... */
+    regs.rax = (uint64_t)(int64_t)-err;  /* ... and make it return -err */
+    ptrace(PT_SETREGS, tid, 0, &regs);
+}
+
+static void emit_folded(struct tracer *t, struct proc *p, struct ev *ev)
+{
+    if (t->c->flags & CAPER_F_NO_COLLAPSE) {
+        emit(t->e, ev);
+        return;
+    }
+    uint64_t h = ev_hash(ev);
+    if (!p->rep) {
+        p->rep = calloc(REPEAT_SLOTS, sizeof *p->rep);
+        if (!p->rep) {
+            emit(t->e, ev);
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < REPEAT_SLOTS; i++) {
+        struct repeat *r = &p->rep[(h + i) % REPEAT_SLOTS];
+        if (r->seq && r->hash == h) {
+            r->count++;
+            t->r->collapsed++;
+            return;
+        }
+        if (!r->seq) {
+            r->hash = h;
+            r->seq = emit(t->e, ev);
+            return;
+        }
+    }
+    emit(t->e, ev);  /* table full: no more folding for this process */
+}
+
+static void init_ev(struct ev *ev, struct proc *p, uint32_t kind)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->h.kind = kind;
+    ev->h.pid = (uint32_t)p->tid;
+    ev->h.ppid = (uint32_t)p->ppid;
+}
+
+static int noise_match(const struct caper_config *c, const char *path, size_t n)
+{
+    for (uint32_t i = 0; i < c->n_noise; i++) {
+        const char *q = c->noise[i].path;
+        size_t m = strlen(q);
+        if (c->noise[i].kind == CAPER_NOISE_EXACT) {
+            if (m == n && memcmp(q, path, n) == 0)
+                return 1;
+        } else if (m < n && memcmp(q, path, m) == 0 && (path[m] == '/' || q[m - 1] == '/')) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void refuse(struct tracer *t, struct proc *p, const struct ptrace_syscall_info *si,
+                   uint32_t why, int err)
+{
+    struct ev ev;
+    init_ev(&ev, p, CAPER_EV_REFUSED);
+    ev.h.sysno = si->seccomp.nr;
+    ev.h.arch = si->arch;
+    ev.h.flags = why;
+    ev.h.result = -err;
+    ev.h.info = CAPER_INFO_REFUSED;
+    ev.h.arg0 = (int64_t)si->seccomp.args[0];
+    emit_folded(t, p, &ev);
+    deny(p->tid, err);
+}
+
+static void on_seccomp(struct tracer *t, struct proc *p)
+{
+    struct ptrace_syscall_info si;
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, p->tid, sizeof si, &si) < 0 ||
+        si.op != PTRACE_SYSCALL_INFO_SECCOMP)
+        return;
+    uint32_t idx = si.seccomp.ret_data;
+    if (idx == TRACE_FOREIGN || idx >= caper_n_sysent || si.arch != AUDIT_ARCH_X86_64) {
+        refuse(t, p, &si, CAPER_REFUSE_ABI, EPERM);
+        return;
+    }
+    const struct sysent *s = &caper_sysent[idx];
+    const __u64 *a = si.seccomp.args;
+    switch (s->decode) {
+    case DEC_REFUSE:
+        refuse(t, p, &si, CAPER_REFUSE_DENYLIST, EPERM);
+        return;
+    case DEC_REFUSE_NS:
+        refuse(t, p, &si, CAPER_REFUSE_NAMESPACE, EPERM);
+        return;
+    case DEC_CWD:
+        forget_cwds(t);
+        return;
+    default:
+        break;
+    }
+    if (!p->pend && !(p->pend = malloc(sizeof *p->pend)))
+        return;
+    struct pending *pd = p->pend;
+    init_ev(&pd->ev, p, s->kind);
+    pd->unix_bind = 0;
+    struct caper_event *h = &pd->ev.h;
+    h->sysno = s->nr;
+    h->arch = si.arch;
+    if (s->flags >= 0)
+        h->flags = (uint32_t)a[s->flags];
+    h->flags |= s->fixed_flags;
+    if (s->mode >= 0)
+        h->mode = (uint32_t)a[s->mode];
+    if (s->a0 >= 0)
+        h->arg0 = (int64_t)a[s->a0];
+    if (s->a1 >= 0)
+        h->arg1 = (int64_t)a[s->a1];
+
+    switch (s->decode) {
+    case DEC_PATHS:
+        if (s->kind == CAPER_EV_SYMLINK)
+            take_raw_string(p, pd, 0, a[0]);
+        else if (s->path >= 0)
+            take_path(p, pd, 0, s->dirfd >= 0 ? (int)a[s->dirfd] : AT_FDCWD, a[s->path]);
+        if (s->path2 >= 0)
+            take_path(p, pd, 1, s->dirfd2 >= 0 ? (int)a[s->dirfd2] : AT_FDCWD, a[s->path2]);
+        if (s->nr == SYS_unlinkat && (h->flags & AT_REMOVEDIR))
+            h->kind = CAPER_EV_RMDIR;
+        break;
+    case DEC_FD:
+        take_fd_path(p, pd, 0, (int)a[s->dirfd]);
+        break;
+    case DEC_OPENAT2: {
+        struct open_how how;
+        memset(&how, 0, sizeof how);
+        if (tracee_read(p->tid, a[2], &how, sizeof how) >= 0) {
+            h->flags = (uint32_t)how.flags;
+            h->mode = (uint32_t)how.mode;
+        } else {
+            h->info |= CAPER_INFO_UNREADABLE;
+        }
+        take_path(p, pd, 0, (int)a[0], a[1]);
+        break;
+    }
+    case DEC_EXEC:
+        take_path(p, pd, 0, s->dirfd >= 0 ? (int)a[s->dirfd] : AT_FDCWD, a[s->path]);
+        take_argv(t, p, pd, a[s->a0]);
+        h->arg0 = 0;
+        break;
+    case DEC_SOCKADDR:
+        if (s->nr == SYS_sendto)
+            take_sockaddr(p, pd, a[4], a[5]);
+        else
+            take_sockaddr(p, pd, a[1], a[2]);
+        break;
+    case DEC_MSGHDR:
+    case DEC_MMSGHDR: {
+        struct msghdr m;
+        if (tracee_read(p->tid, a[1], &m, sizeof m) < 0 || !m.msg_name)
+            return;  /* no destination: the socket's connect was already seen */
+        take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
+        break;
+    }
+    case DEC_SIGNAL:
+        if (s->a0 < 0)
+            h->arg0 = -1;  /* pidfd: the target is an fd, not a number */
+        break;
+    }
+
+    if (s->kind == CAPER_EV_OPEN && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
+        (h->flags & O_ACCMODE) == O_RDONLY && !(h->flags & (O_CREAT | O_TRUNC)) &&
+        noise_match(t->c, pd->s[0], pd->ev.n[0])) {
+        p->noise++;
+        t->r->noise++;
+        return;  /* no exit stop: the result of noise does not matter */
+    }
+    if ((s->kind == CAPER_EV_CONNECT || s->kind == CAPER_EV_SENDTO) &&
+        h->flags == CAPER_AF_UNIX && !is_bound(t, pd->s[0], pd->ev.n[0])) {
+        /* A filesystem socket no sandbox process made belongs to the host. */
+        h->result = -EACCES;
+        h->info |= CAPER_INFO_REFUSED;
+        emit_folded(t, p, &pd->ev);
+        deny(p->tid, EACCES);
+        return;
+    }
+    if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX)
+        pd->unix_bind = 1;
+    p->in_call = 1;
+}
+
+static void on_syscall_exit(struct tracer *t, struct proc *p)
+{
+    struct ptrace_syscall_info si;
+    if (!p->in_call)
+        return;
+    p->in_call = 0;
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, p->tid, sizeof si, &si) < 0 ||
+        si.op != PTRACE_SYSCALL_INFO_EXIT)
+        return;
+    int64_t rv = si.exit.rval;
+    if (si.exit.is_error && -rv >= ERESTART_FIRST && -rv <= ERESTART_LAST)
+        return;  /* the kernel runs it again, and it stops again */
+    struct pending *pd = p->pend;
+    pd->ev.h.result = rv;
+    if (pd->unix_bind && rv == 0)
+        add_bound(t, pd->s[0], pd->ev.n[0]);
+    emit_folded(t, p, &pd->ev);
+}
+
+static void announce(struct tracer *t, struct proc *c, int64_t clone_flags)
+{
+    struct ev ev;
+    init_ev(&ev, c, CAPER_EV_PROC_START);
+    ev.h.arg0 = clone_flags;
+    emit(t->e, &ev);
+    c->announced = 1;
+}
+
+static void on_new_child(struct tracer *t, struct proc *p, int event)
+{
+    unsigned long msg = 0;
+    ptrace(PT_GETEVENTMSG, p->tid, 0, &msg);
+    pid_t tid = (pid_t)msg;
+    struct proc *c = find(t, tid);
+    if (!c && !(c = create(t, tid)))
+        return;
+    c->ppid = p->is_init ? 0 : p->tid;
+    c->is_command = p->is_init;
+    if (p->cwd)
+        c->cwd = strdup(p->cwd);
+    int64_t flags = 0;
+    if (event == PTRACE_EVENT_CLONE)
+        flags = ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, rdi), 0);
+    else if (event == PTRACE_EVENT_VFORK)
+        flags = 0x4100;  /* CLONE_VFORK | CLONE_VM */
+    announce(t, c, flags);
+    if (c->held) {
+        c->held = 0;
+        resume(c, 0);
+    }
+    if (t->c->max_pids && t->live - 1 > t->c->max_pids)
+        kill_sandbox(t, CAPER_END_PIDS_LIMIT);
+}
+
+/* A non-leader thread's exec makes it the leader: it reappears under the
+ * leader's tid, and its state moves there. */
+static struct proc *on_exec(struct tracer *t, struct proc *p)
+{
+    unsigned long former = 0;
+    ptrace(PT_GETEVENTMSG, p->tid, 0, &former);
+    struct proc *old = find(t, (pid_t)former);
+    if (!old || old == p)
+        return p;
+    struct proc *leader = p;
+    pid_t tid = leader->tid;
+    destroy(t, leader);
+    old->tid = tid;
+    struct proc **pp = &t->buckets[(pid_t)former % BUCKETS];
+    while (*pp != old)
+        pp = &(*pp)->next;
+    *pp = old->next;
+    old->next = t->buckets[tid % BUCKETS];
+    t->buckets[tid % BUCKETS] = old;
+    return old;
+}
+
+static void on_death(struct tracer *t, struct proc *p, int status)
+{
+    struct ev ev;
+    if (p->is_init) {
+        destroy(t, p);
+        return;
+    }
+    if (p->in_call) {
+        p->pend->ev.h.info |= CAPER_INFO_RESULT_UNKNOWN;
+        emit(t->e, &p->pend->ev);
+    }
+    for (uint32_t i = 0; p->rep && i < REPEAT_SLOTS; i++)
+        if (p->rep[i].count) {
+            init_ev(&ev, p, CAPER_EV_REPEAT);
+            ev.h.arg0 = (int64_t)p->rep[i].seq;
+            ev.h.count = p->rep[i].count;
+            emit(t->e, &ev);
+        }
+    if (p->noise) {
+        init_ev(&ev, p, CAPER_EV_NOISE);
+        ev.h.count = (uint32_t)p->noise;
+        emit(t->e, &ev);
+    }
+    init_ev(&ev, p, CAPER_EV_PROC_EXIT);
+    ev.h.arg0 = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+    emit(t->e, &ev);
+    if (p->is_command) {
+        if (WIFEXITED(status)) {
+            t->r->exit_code = WEXITSTATUS(status);
+            if (!t->killed)
+                t->r->end = CAPER_END_EXITED;
+        } else {
+            t->r->term_signal = WTERMSIG(status);
+            if (!t->killed)
+                t->r->end = CAPER_END_SIGNALED;
+        }
+    }
+    destroy(t, p);
+}
+
+int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
+               struct watcher *w, struct caper_result *r, struct caper_failure *f)
+{
+    struct tracer t;
+    memset(&t, 0, sizeof t);
+    t.c = c;
+    t.e = e;
+    t.r = r;
+    t.init_pid = s->init_pid;
+    struct proc *init = create(&t, s->init_pid);
+    if (!init) {
+        fail_set(f, CAPER_STEP_WAIT, ENOMEM, "calloc(process table)");
+        kill(s->init_pid, SIGKILL);
+    } else {
+        init->is_init = init->attached = init->announced = 1;
+    }
+    for (;;) {
+        int st;
+        pid_t pid;
+        /* Flush before blocking, so events reach Python while the command runs. */
+        if (e->len && (pid = waitpid(-1, &st, __WALL | __WNOTHREAD | WNOHANG)) == 0) {
+            emit_flush(e);
+            pid = waitpid(-1, &st, __WALL | __WNOTHREAD);
+        } else if (!e->len) {
+            pid = waitpid(-1, &st, __WALL | __WNOTHREAD);
+        }
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != ECHILD)
+                fail_set(f, CAPER_STEP_WAIT, errno, "waitpid(sandbox)");
+            break;
+        }
+        if (e->failed_errno && !t.killed) {
+            fail_set(f, CAPER_STEP_EMIT, e->failed_errno, "write(event pipe)");
+            kill_sandbox(&t, CAPER_END_TRACE_FAILED);
+        }
+        r->stops++;
+        struct proc *p = find(&t, pid);
+        if (!p && !(p = create(&t, pid))) {
+            kill_sandbox(&t, CAPER_END_TRACE_FAILED);
+            continue;
+        }
+        if (WIFEXITED(st) || WIFSIGNALED(st)) {
+            on_death(&t, p, st);
+            continue;
+        }
+        if (!WIFSTOPPED(st))
+            continue;
+        int sig = WSTOPSIG(st), event = (unsigned)st >> 16;
+        if (sig == (SIGTRAP | 0x80)) {
+            on_syscall_exit(&t, p);
+            resume(p, 0);
+            continue;
+        }
+        switch (event) {
+        case PTRACE_EVENT_SECCOMP:
+            on_seccomp(&t, p);
+            resume(p, 0);
+            break;
+        case PTRACE_EVENT_FORK:
+        case PTRACE_EVENT_VFORK:
+        case PTRACE_EVENT_CLONE:
+            on_new_child(&t, p, event);
+            resume(p, 0);
+            break;
+        case PTRACE_EVENT_EXEC:
+            p = on_exec(&t, p);
+            resume(p, 0);
+            break;
+        case PTRACE_EVENT_STOP:
+            if (!p->attached) {
+                /* A new child: held until its parent's fork event names its
+                 * parent, so that its start is reported before its acts. */
+                p->attached = 1;
+                if (p->announced)
+                    resume(p, 0);
+                else
+                    p->held = 1;
+            } else if (sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU) {
+                ptrace(PT_LISTEN, pid, 0, 0);  /* group-stop: stay stopped until SIGCONT */
+            } else {
+                resume(p, 0);
+            }
+            break;
+        default:
+            resume(p, sig);  /* signal-delivery stop: pass the signal on */
+        }
+    }
+    /* Anything still in the table died without our seeing it (cannot happen
+     * with __WALL, but never leak). */
+    for (int i = 0; i < BUCKETS; i++)
+        while (t.buckets[i])
+            destroy(&t, t.buckets[i]);
+    for (size_t i = 0; i < t.n_bound; i++)
+        free(t.bound[i]);
+    free(t.bound);
+    (void)w;
+    return 0;
+}
