@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
+from caper.limits import MemoryCgroup, memory_cgroup
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -29,6 +31,7 @@ DEFAULT_OUTPUT_TAIL = 64 * 1024
 # Locale data is read by almost every program; the probe finds the rest.
 DEFAULT_NOISE_PREFIXES = ("/usr/lib/locale", "/usr/share/locale", "/usr/lib/x86_64-linux-gnu/gconv")
 BASELINE_COMMAND = ("/bin/sh", "-c", "true")
+_SHARED_LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,7 @@ class Trace:
                  noise: NoiseProfile | None = None, collapse: bool = True,
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
-                 cgroup_procs: str | None = None, debug_filter: bool = False):
+                 debug_filter: bool = False):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -88,9 +91,10 @@ class Trace:
             flags |= lib.CAPER_F_DEBUG_FILTER
         cfg.flags = flags
         cfg.max_pids = max_pids or 0
-        cfg.max_memory = max_memory or 0
+        self.max_memory = max_memory
+        self._cgroup: MemoryCgroup | None = None
         cfg.timeout_ms = int(timeout * 1000) if timeout else 0
-        cfg.cgroup_procs = self._cstr(os.fsencode(cgroup_procs)) if cgroup_procs else ffi.NULL
+        cfg.cgroup_procs = ffi.NULL
         cfg.hostname = ffi.NULL
         if noise is not None:
             items = [(lib.CAPER_NOISE_EXACT, p) for p in sorted(noise.exact)] + \
@@ -133,6 +137,12 @@ class Trace:
         if self._started:
             raise ConfigError("a Trace runs once")
         self._started = True
+        if self.max_memory:
+            self._cgroup = memory_cgroup(self.max_memory)
+            if self._cgroup:
+                self._cfg.cgroup_procs = self._cstr(os.fsencode(self._cgroup.procs))
+            else:
+                self._cfg.max_memory = self.max_memory
         r, w = os.pipe2(os.O_CLOEXEC)
         self._read_fd = r
         self._cfg.event_fd = w
@@ -170,7 +180,11 @@ class Trace:
             os.close(self._read_fd)
             self._read_fd = -1
         self._thread.join()
-        self.result = self._collect()
+        try:
+            self.result = self._collect()
+        finally:
+            if self._cgroup:
+                self._cgroup.remove()
 
     def _collect(self) -> RunResult:
         res = self._res
@@ -178,6 +192,8 @@ class Trace:
             step = Step(res.step).name if res.step else None
             detail = ffi.string(res.detail).decode(errors="replace")
             end = End(res.end)
+            if end in (End.EXITED, End.SIGNALED) and self._cgroup and self._cgroup.oom_killed():
+                end = End.MEMORY_LIMIT
             if self._rc != 0:
                 raise from_native(step or "NONE", res.err, detail)
             out = _output(res.out)
@@ -214,7 +230,7 @@ def baseline(env_key: tuple = ()) -> NoiseProfile:
         if ev.kind != Kind.OPEN or not ev.ok or ev.flags & 3 != os.O_RDONLY or not ev.path:
             continue
         exact.add(ev.path)
-        if ".so" in os.path.basename(ev.path):
+        if _SHARED_LIBRARY.search(os.path.basename(ev.path)):
             prefixes.add(os.path.dirname(ev.path))  # the loader's library directories
     return NoiseProfile(exact=frozenset(exact), prefixes=frozenset(prefixes))
 

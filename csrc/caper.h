@@ -62,7 +62,8 @@ enum caper_end {
     CAPER_END_PIDS_LIMIT   = 4, /* too many processes; the sandbox was killed */
     CAPER_END_SETUP_FAILED = 5, /* failed before exec: step + err say where */
     CAPER_END_EXEC_FAILED  = 6, /* the command could not be executed: err */
-    CAPER_END_TRACE_FAILED = 7  /* the tracer lost control; the sandbox was killed */
+    CAPER_END_TRACE_FAILED = 7, /* the tracer lost control; the sandbox was killed */
+    CAPER_END_MEMORY_LIMIT = 8  /* set by Python: the memory cgroup killed a process */
 };
 
 /* Where a failure happened (caper_result.step). Python maps each to an exception. */
@@ -136,7 +137,7 @@ struct caper_config {
     int event_fd;                /* write end of the event pipe; closed by caper_run */
     uint32_t flags;              /* enum caper_flags */
     uint32_t max_pids;           /* 0: no limit. Counted by the tracer: threads too */
-    uint64_t max_memory;         /* bytes, RLIMIT_AS per process; 0: none */
+    uint64_t max_memory;         /* bytes, RLIMIT_AS per process (when no cgroup); 0: none */
     uint64_t timeout_ms;         /* 0: none */
     const char *cgroup_procs;    /* a cgroup.procs file the sandbox joins, or NULL */
     const char *hostname;        /* in the new uts namespace */

@@ -109,7 +109,8 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
         r->end = CAPER_END_TIMEOUT;
     } else if (failed_inside) {
         fail_set(&f, m.step, m.err, "%.*s", (int)sizeof m.detail, m.detail);
-        r->end = m.step == CAPER_STEP_EXEC ? CAPER_END_EXEC_FAILED : CAPER_END_SETUP_FAILED;
+        r->end = m.step == CAPER_STEP_EXEC || m.step == CAPER_STEP_CHDIR ? CAPER_END_EXEC_FAILED
+                                                                        : CAPER_END_SETUP_FAILED;
     } else if (f.step && r->end != CAPER_END_PIDS_LIMIT) {
         r->end = CAPER_END_TRACE_FAILED;
     } else if (!r->end) {

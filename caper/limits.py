@@ -1,0 +1,106 @@
+"""Memory limit through a cgroup, where the host lets caper make one.
+
+The pids limit needs no cgroup: the tracer sees every fork and counts. Memory
+is shared by the whole sandbox, which only a cgroup can bound; cgroup v2 is
+used where its memory controller is delegated to us, else v1's memory
+hierarchy; where neither can be written, the caller falls back to RLIMIT_AS
+per process (and the result cannot tell an out-of-memory death apart).
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    """(mount point, fs type, super options) of every mount."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, right = line.split(" - ", 1)
+            fields, rfields = left.split(), right.split()
+            out.append((fields[4], rfields[0], rfields[2] if len(rfields) > 2 else ""))
+    return out
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller (or "" for v2) -> our cgroup path."""
+    out = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            for c in ctrls.split(",") if ctrls else [""]:
+                out[c] = path
+    return out
+
+
+@dataclass
+class MemoryCgroup:
+    path: str
+    version: int
+
+    @property
+    def procs(self) -> str:
+        return os.path.join(self.path, "cgroup.procs")
+
+    def oom_killed(self) -> bool:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            with open(os.path.join(self.path, name)) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+        except OSError:
+            pass
+        return False
+
+    def remove(self) -> None:
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass  # still busy or already gone: the kernel frees it when empty
+
+
+def _make(parent: str, settings: dict[str, str], version: int) -> MemoryCgroup | None:
+    path = os.path.join(parent, f"caper-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(path)
+    except OSError:
+        return None
+    cg = MemoryCgroup(path, version)
+    try:
+        for name, value in settings.items():
+            target = os.path.join(path, name)
+            if os.path.exists(target):
+                with open(target, "w") as f:
+                    f.write(value)
+    except OSError:
+        cg.remove()
+        return None
+    return cg
+
+
+def memory_cgroup(limit: int) -> MemoryCgroup | None:
+    """A fresh cgroup capping the sandbox at `limit` bytes, or None."""
+    own = _own_cgroups()
+    for mnt, fstype, opts in _mounts():
+        if fstype == "cgroup2" and "" in own:
+            parent = mnt + own[""]
+            try:
+                with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                    if "memory" not in f.read().split():
+                        continue
+            except OSError:
+                continue
+            cg = _make(parent, {"memory.max": str(limit), "memory.swap.max": "0"}, 2)
+            if cg:
+                return cg
+    for mnt, fstype, opts in _mounts():
+        if fstype == "cgroup" and "memory" in opts.split(",") and "memory" in own:
+            cg = _make(mnt + own["memory"], {"memory.limit_in_bytes": str(limit),
+                                             "memory.memsw.limit_in_bytes": str(limit)}, 1)
+            if cg:
+                return cg
+    return None

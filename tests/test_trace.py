@@ -1,0 +1,268 @@
+"""The traced run: events with absolute paths and results, streaming, the
+pre-filter, held output, limits and bad input. Real processes, real
+namespaces, real ptrace: nothing here is mocked."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from caper._native import lib
+from caper.errors import STEP_ERRORS, ConfigError, ExecError
+from caper.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
+from caper.trace import Trace, baseline, trace
+
+PY = os.path.realpath(sys.executable)
+
+
+def run(cmd, **kw):
+    kw.setdefault("timeout", 60)
+    return trace(cmd, **kw).run()
+
+
+def of_kind(events, kind):
+    return [e for e in events if e.kind == kind]
+
+
+def test_known_script_events_have_absolute_paths_and_results(tmp_path):
+    """A shell runs a grandchild Python that cds, uses openat(dirfd), renames,
+    unlinks, connects and sends: every act appears with its absolute path and
+    result, attributed to the grandchild."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "input.txt").write_text("data")
+    (tmp_path / "victim").write_text("x")
+    # A port nothing listens on inside the sandbox's own loopback.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = textwrap.dedent(f"""
+        import os, socket
+        os.chdir("sub")
+        open("input.txt").read()
+        d = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open("out.tmp", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=d)
+        os.write(fd, b"hello"); os.close(fd)
+        os.rename("out.tmp", "out.txt")
+        os.unlink("../victim")
+        c = socket.socket()
+        print("tcp", c.connect_ex(("127.0.0.1", {port})))
+        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        u.sendto(b"ping", ("127.0.0.1", {port}))
+    """)
+    (tmp_path / "script.py").write_text(script)
+    events, r = run(f"sh -c '{PY} script.py'", cwd=tmp_path)
+    assert r.end == End.EXITED and r.exit_code == 0, r.stderr.text()
+    sub = str(tmp_path / "sub")
+    py_exec = [e for e in of_kind(events, Kind.EXEC) if e.ok and e.argv[-1:] == ["script.py"]]
+    assert len(py_exec) == 1
+    pid = py_exec[0].pid
+    sh_pids = {e.pid for e in of_kind(events, Kind.EXEC) if e.ok and e.path.endswith("/sh")}
+    assert len(sh_pids) == 2  # the outer and the inner shell: python is a grandchild
+
+    opens = {e.path: e for e in of_kind(events, Kind.OPEN) if e.pid == pid}
+    read = opens[f"{sub}/input.txt"]
+    assert read.ok and read.flags & 3 == os.O_RDONLY
+    created = opens[f"{sub}/out.tmp"]
+    assert created.ok and created.flags & os.O_CREAT and created.mode == 0o600
+
+    (ren,) = [e for e in of_kind(events, Kind.RENAME) if e.pid == pid]
+    assert (ren.path, ren.path2, ren.result) == (f"{sub}/out.tmp", f"{sub}/out.txt", 0)
+    (unl,) = [e for e in of_kind(events, Kind.UNLINK) if e.pid == pid]
+    assert (unl.path, unl.result) == (str(tmp_path / "victim"), 0)
+
+    (conn,) = [e for e in of_kind(events, Kind.CONNECT) if e.pid == pid]
+    assert (conn.path, conn.port, conn.error) == ("127.0.0.1", port, "ECONNREFUSED")
+    (sent,) = [e for e in of_kind(events, Kind.SENDTO) if e.pid == pid]
+    assert (sent.path, sent.port, sent.family.name) == ("127.0.0.1", port, "INET")
+
+    starts = {e.pid: e.ppid for e in of_kind(events, Kind.PROC_START)}
+    assert starts[pid] in sh_pids  # ppid chain: python <- inner sh <- outer sh
+    # The rename really happened (caper trace does not isolate the filesystem yet).
+    assert (tmp_path / "sub" / "out.txt").read_text() == "hello"
+
+
+def test_failed_calls_carry_their_errno(tmp_path):
+    events, r = run(["cat", str(tmp_path / "missing")], cwd=tmp_path)
+    assert r.exit_code == 1
+    (op,) = [e for e in of_kind(events, Kind.OPEN) if e.path == str(tmp_path / "missing")]
+    assert op.error == "ENOENT" and not op.ok
+
+
+def test_events_stream_while_the_command_runs(tmp_path):
+    """The command blocks on a FIFO until the test has seen its first event:
+    if events were only delivered at the end, this would time out."""
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    t = trace(f"touch marker; read x < {fifo}; echo done", cwd=tmp_path, timeout=20)
+    seen_before_end = False
+    for ev in t:
+        if ev.kind == Kind.OPEN and ev.path == str(tmp_path / "marker") and not seen_before_end:
+            seen_before_end = True
+            with open(fifo, "w") as f:  # release the command
+                f.write("go\n")
+    assert seen_before_end
+    assert t.result.end == End.EXITED and t.result.stdout.text() == b"done\n"
+
+
+def test_repeated_identical_events_are_folded_into_counts(tmp_path):
+    (tmp_path / "f").write_text("x")
+    events, _ = run([PY, "-c", "for _ in range(50): open('f').close()"], cwd=tmp_path)
+    opens = [e for e in of_kind(events, Kind.OPEN) if e.path == str(tmp_path / "f")]
+    assert len(opens) == 1
+    (rep,) = [e for e in of_kind(events, Kind.REPEAT) if e.arg0 == opens[0].seq]
+    assert rep.count == 49
+    raw, _ = run([PY, "-c", "for _ in range(50): open('f').close()"], cwd=tmp_path, collapse=False)
+    assert len([e for e in of_kind(raw, Kind.OPEN) if e.path == str(tmp_path / "f")]) == 50
+
+
+def test_baseline_probe_drops_loader_noise_only():
+    profile = baseline()
+    assert "/etc/ld.so.cache" in profile.exact  # measured, not listed by hand
+    events, r = run(["cat", "/etc/hostname"])
+    paths = {e.path for e in of_kind(events, Kind.OPEN)}
+    assert "/etc/hostname" in paths
+    assert "/etc/ld.so.cache" not in paths and r.stats.noise > 0
+    raw, _ = run(["cat", "/etc/hostname"], noise=None)
+    assert "/etc/ld.so.cache" in {e.path for e in of_kind(raw, Kind.OPEN)}
+
+
+def test_writes_are_never_noise(tmp_path):
+    """Noise is only ever a read: a write-open of a noise path is reported."""
+    target = tmp_path / "lib.so"
+    target.write_text("")
+    profile = baseline()
+    from caper.trace import NoiseProfile
+    noisy = NoiseProfile(exact=profile.exact | {str(target)}, prefixes=profile.prefixes)
+    events, _ = run([PY, "-c", f"open({str(target)!r}).close(); open({str(target)!r}, 'w').close()"],
+                    noise=noisy)
+    opens = [e for e in of_kind(events, Kind.OPEN) if e.path == str(target)]
+    assert [e.flags & 3 for e in opens] == [os.O_WRONLY]
+
+
+def test_held_output_and_exit_status(tmp_path):
+    events, r = run("echo out; echo err >&2; exit 3")
+    assert (r.end, r.exit_code) == (End.EXITED, 3)
+    assert r.stdout.text() == b"out\n" and r.stderr.text() == b"err\n"
+    _, r = run("kill -TERM $$")
+    assert (r.end, r.signal) == (End.SIGNALED, signal.SIGTERM)
+
+
+def test_one_gigabyte_of_stdout_is_bounded():
+    _, r = run("head -c 1000000000 /dev/zero; echo tail-marker", timeout=120)
+    assert r.exit_code == 0
+    assert r.stdout.total == 1_000_000_000 + len("tail-marker\n")
+    assert len(r.stdout.head) == 64 * 1024 and len(r.stdout.tail) == 64 * 1024
+    assert r.stdout.tail.endswith(b"tail-marker\n") and r.stdout.truncated
+    assert b"bytes omitted" in r.stdout.text()
+
+
+def test_timeout_kills_the_sandbox():
+    t0 = time.monotonic()
+    _, r = run("sleep 1000", timeout=0.5)
+    assert r.end == End.TIMEOUT
+    assert time.monotonic() - t0 < 30  # it ended rather than hung
+
+
+def test_daemon_that_setsid_and_double_forks_is_gone_after_the_run(tmp_path):
+    marker = tmp_path / "daemon-wrote"
+    events, r = run(f"(setsid sh -c 'sleep 1; touch {marker}' &) ; echo started", cwd=tmp_path)
+    assert r.exit_code == 0 and r.stdout.text() == b"started\n"
+    time.sleep(1.5)
+    assert not marker.exists()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"touch {marker}" not in ps
+
+
+def test_fork_bomb_ends_by_the_pids_limit_and_the_host_keeps_working():
+    bomb = "import os, time\nwhile True:\n    try: os.fork()\n    except OSError: time.sleep(0.01)\n"
+    _, r = run([PY, "-c", bomb], max_pids=64, timeout=60)
+    assert r.end == End.PIDS_LIMIT
+    assert r.stats.peak_pids > 64
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "while True" not in ps
+    assert subprocess.run(["true"]).returncode == 0
+
+
+def test_memory_limit_ends_with_a_clear_status():
+    _, r = run([PY, "-c", "x = bytearray(1 << 31)"], max_memory=128 << 20)
+    # A cgroup names the cause; RLIMIT_AS (no writable cgroup) makes the allocation fail.
+    assert r.end == End.MEMORY_LIMIT or (r.end == End.EXITED and b"MemoryError" in r.stderr.text())
+
+
+def test_missing_executable_is_a_clear_result():
+    _, r = run(["/nonexistent/tool", "x"])
+    assert r.end == End.EXEC_FAILED and r.exit_code == 127
+    assert "/nonexistent/tool" in r.error and "No such file" in r.error
+
+
+def test_bad_arguments_are_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ConfigError):
+        Trace([])
+    with pytest.raises(ConfigError):
+        Trace(["echo", "a\0b"])
+    with pytest.raises(ConfigError):
+        Trace(["true"], cwd=tmp_path / "nope")
+    with pytest.raises(ConfigError):
+        Trace(["true"], timeout=-1)
+
+
+def test_odd_file_names_arrive_byte_exact(tmp_path):
+    names = [b"new\nline", b"caf\xe9-latin1", b"tab\tand space"]
+    script = "import os\n" + "".join(f"open({n!r}, 'w').close()\n" for n in names)
+    events, r = run([PY, "-c", script], cwd=tmp_path)
+    assert r.exit_code == 0
+    got = {os.fsencode(e.path) for e in of_kind(events, Kind.OPEN) if e.flags & os.O_CREAT}
+    assert got == {os.fsencode(str(tmp_path)) + b"/" + n for n in names}
+
+
+def test_a_4k_path_is_reported_truncated_not_crashing(tmp_path):
+    long = "/" + "/".join(["d" * 200] * 25)  # > PATH_MAX
+    events, r = run([PY, "-c", f"import os\ntry: open({long!r})\nexcept OSError as e: print(e.errno)"])
+    assert r.exit_code == 0
+    (op,) = [e for e in of_kind(events, Kind.OPEN) if e.path and e.path.startswith("/ddd")]
+    assert op.error == "ENAMETOOLONG"
+    assert op.info & lib.CAPER_INFO_TRUNCATED
+
+
+def test_every_native_failure_step_maps_to_an_exception():
+    unmapped = [s.name for s in Step if s.name not in STEP_ERRORS]
+    assert not unmapped, f"unmapped caper_step values: {unmapped}"
+
+
+def test_chdir_failure_is_an_exec_error_with_the_path(tmp_path):
+    d = tmp_path / "gone"
+    d.mkdir()
+    t = trace(["true"], cwd=d)
+    d.rmdir()
+    _, r = t.run()
+    assert r.end == End.EXEC_FAILED
+    assert str(d) in r.error and "No such file" in r.error
+
+
+def test_decoder_rejects_malformed_records():
+    with pytest.raises(DecodeError):
+        decode(b"\x04\x00\x00\x00" + b"\x08\x00\x00\x00" + bytes(HEADER_SIZE - 8))
+    import struct
+    bad = bytearray(HEADER_SIZE)
+    struct.pack_into("II", bad, 0, lib.CAPER_EV_OPEN, HEADER_SIZE)
+    off = lib.CAPER_EV_OPEN and HEADER_SIZE - 28  # str_off[0]
+    struct.pack_into("III", bad, off, HEADER_SIZE, 0, 0)
+    struct.pack_into("I", bad, off + 12, 100)  # str_len[0] past the record
+    with pytest.raises(DecodeError):
+        decode(bytes(bad))
+
+
+def test_seccomp_program_fits_and_dumps(capfd):
+    assert lib.caper_dump_filter(1) == 0
+    out = capfd.readouterr().out
+    n = int(out.split()[2])
+    assert 0 < n <= 4096
+    assert "if (arch != x86_64) return TRACE(foreign abi)" in out
+    assert "/* mount */" in out and "/* openat */" in out
