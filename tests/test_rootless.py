@@ -1,0 +1,72 @@
+"""Rootless: caper run by an unprivileged user builds its sandbox inside a
+user namespace. The test switches to uid 65534 with setpriv and runs the
+system Python (the only interpreter that user can read here)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEM_PY = "/usr/bin/python3"
+NOBODY = 65534
+
+SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from caper.trace import trace
+from caper.events import Kind
+cmd = ("echo hi > made-inside; id -u; "
+       "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
+       "tail -n +3 /proc/net/dev | cut -d: -f1; mount -t tmpfs none /mnt; echo mount=$?")
+events, r = trace(cmd, cwd=sys.argv[2], timeout=30).run()
+print(json.dumps({
+    "end": r.end.name, "exit": r.exit_code, "stdout": r.stdout.text().decode(),
+    "opens": [e.path for e in events if e.kind == Kind.OPEN and e.flags & 64],
+    "refused": [e.syscall for e in events if e.kind == Kind.REFUSED],
+}))
+"""
+
+
+def _usable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to switch to an unprivileged user"
+    if not shutil.which("setpriv"):
+        return "setpriv (util-linux) missing"
+    probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            SYSTEM_PY, "-c", f"import sys, _cffi_backend; sys.path.insert(0, {str(ROOT)!r}); "
+                            "import caper_native._caper"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"uid {NOBODY} cannot import caper with {SYSTEM_PY}: {probe.stderr.strip()[-200:]}"
+    return None
+
+
+def test_unprivileged_user_gets_a_user_namespace_sandbox():
+    reason = _usable()
+    if reason:
+        pytest.skip(reason)
+    work = tempfile.mkdtemp(prefix="caper-rootless-")
+    try:
+        os.chown(work, NOBODY, NOBODY)
+        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            SYSTEM_PY, "-c", SCRIPT, str(ROOT), work],
+                           capture_output=True, text=True, timeout=120, cwd=work)
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert out["end"] == "EXITED" and out["exit"] == 0
+        lines = out["stdout"].splitlines()
+        assert lines[0] == str(NOBODY)                  # the user stays who they are
+        assert "CapEff:\t0000000000000000" in lines     # no capabilities after exec
+        assert "NoNewPrivs:\t1" in lines and "Seccomp:\t2" in lines
+        assert [l.strip() for l in lines if l.strip() in ("lo", "eth0")] == ["lo"]
+        assert "mount=0" not in lines                   # mount refused
+        assert "mount" in out["refused"]
+        assert os.path.join(work, "made-inside") in out["opens"]
+        assert Path(work, "made-inside").read_text() == "hi\n"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
