@@ -51,7 +51,7 @@ def cmd_trace(args, parser) -> int:
     try:
         t = trace(command, noise=None if args.raw else "baseline",
                   timeout=args.timeout, max_pids=args.max_pids, collapse=not args.raw,
-                  max_memory=args.max_memory)
+                  max_memory=args.max_memory, share_cpu=not args.all_cpus)
         out = sys.stdout
         for ev in t:
             if args.quiet:
@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-pids", type=int, default=1024, metavar="N")
     t.add_argument("--max-memory", type=int, default=None, metavar="BYTES",
                    help="address-space limit per process")
+    t.add_argument("--all-cpus", action="store_true",
+                   help="let the sandbox use every CPU (parallel builds); by default it shares "
+                        "one CPU with the tracer, which makes each ptrace stop ~3x cheaper")
     t.add_argument("--debug-filter", action="store_true",
                    help="print the seccomp program as pseudocode first")
     t.add_argument("argv", nargs=argparse.REMAINDER)

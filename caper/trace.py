@@ -68,7 +68,7 @@ class Trace:
                  noise: NoiseProfile | None = None, collapse: bool = True,
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
-                 debug_filter: bool = False):
+                 share_cpu: bool = True, debug_filter: bool = False):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -87,6 +87,8 @@ class Trace:
             flags |= lib.CAPER_F_NO_COLLAPSE
         if noise is None:
             flags |= lib.CAPER_F_KEEP_NOISE
+        if share_cpu:
+            flags |= lib.CAPER_F_SHARE_CPU
         if debug_filter:
             flags |= lib.CAPER_F_DEBUG_FILTER
         cfg.flags = flags

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #define DEFAULT_HEAD (64 * 1024)
@@ -65,7 +66,20 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
         r->end = CAPER_END_SETUP_FAILED;
         return -1;
     }
+    /* Measured on a 2-CPU VM: each ptrace stop that crosses CPUs costs ~3x
+     * more than one that stays (wake-up IPIs). The sandbox inherits the mask. */
+    cpu_set_t saved_cpus;
+    int pinned = (c->flags & CAPER_F_SHARE_CPU) &&
+                 sched_getaffinity(0, sizeof saved_cpus, &saved_cpus) == 0;
+    if (pinned) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu(), &one);
+        pinned = sched_setaffinity(0, sizeof one, &one) == 0;
+    }
     if (spawn_sandbox(c, &s, &f) < 0) {
+        if (pinned)
+            sched_setaffinity(0, sizeof saved_cpus, &saved_cpus);
         emitter_free(&e);
         close(c->event_fd);
         copy_failure(r, &f);
@@ -87,6 +101,8 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
     }
 
     trace_loop(c, &s, &e, &w, r, &f);
+    if (pinned)
+        sched_setaffinity(0, sizeof saved_cpus, &saved_cpus);
 
     if (thread)
         watcher_join(&w, thread);

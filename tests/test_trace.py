@@ -266,3 +266,13 @@ def test_seccomp_program_fits_and_dumps(capfd):
     assert 0 < n <= 4096
     assert "if (arch != x86_64) return TRACE(foreign abi)" in out
     assert "/* mount */" in out and "/* openat */" in out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to tell apart")
+def test_sandbox_shares_one_cpu_with_the_tracer_unless_asked_not_to():
+    def allowed(**kw):
+        _, r = run("grep Cpus_allowed_list /proc/self/status", **kw)
+        return r.stdout.text().decode().split()[1]
+    assert "," not in allowed() and "-" not in allowed()
+    assert allowed(share_cpu=False) != allowed()
+    assert len(os.sched_getaffinity(0)) >= 2  # the caller's own mask was restored
