@@ -580,25 +580,26 @@ static void on_new_child(struct tracer *t, struct proc *p, int event)
 }
 
 /* A non-leader thread's exec makes it the leader: it reappears under the
- * leader's tid, and its state moves there. */
-static struct proc *on_exec(struct tracer *t, struct proc *p)
+ * leader's tid. The process keeps the leader's identity (parent, whether it
+ * is the command); the execing thread's call in progress moves over. */
+static void on_exec(struct tracer *t, struct proc *leader)
 {
     unsigned long former = 0;
-    ptrace(PT_GETEVENTMSG, p->tid, 0, &former);
-    struct proc *old = find(t, (pid_t)former);
-    if (!old || old == p)
-        return p;
-    struct proc *leader = p;
-    pid_t tid = leader->tid;
-    destroy(t, leader);
-    old->tid = tid;
-    struct proc **pp = &t->buckets[(pid_t)former % BUCKETS];
-    while (*pp != old)
-        pp = &(*pp)->next;
-    *pp = old->next;
-    old->next = t->buckets[tid % BUCKETS];
-    t->buckets[tid % BUCKETS] = old;
-    return old;
+    ptrace(PT_GETEVENTMSG, leader->tid, 0, &former);
+    struct proc *thread = find(t, (pid_t)former);
+    if (!thread || thread == leader)
+        return;
+    struct pending *pend = leader->pend;
+    leader->pend = thread->pend;
+    thread->pend = pend;
+    leader->in_call = thread->in_call;
+    thread->in_call = 0;
+    if (leader->in_call) {
+        leader->pend->ev.h.pid = (uint32_t)leader->tid;
+        leader->pend->ev.h.ppid = (uint32_t)leader->ppid;
+    }
+    leader->noise += thread->noise;
+    destroy(t, thread);
 }
 
 static void on_death(struct tracer *t, struct proc *p, int status)
@@ -708,7 +709,7 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
             resume(p, 0);
             break;
         case PTRACE_EVENT_EXEC:
-            p = on_exec(&t, p);
+            on_exec(&t, p);
             resume(p, 0);
             break;
         case PTRACE_EVENT_STOP:

@@ -276,3 +276,24 @@ def test_sandbox_shares_one_cpu_with_the_tracer_unless_asked_not_to():
     assert "," not in allowed() and "-" not in allowed()
     assert allowed(share_cpu=False) != allowed()
     assert len(os.sched_getaffinity(0)) >= 2  # the caller's own mask was restored
+
+
+def test_exec_from_a_non_leader_thread_keeps_the_process_identity():
+    script = ("import threading, os, time\n"
+              "threading.Thread(target=lambda: os.execv('/bin/echo', ['echo', 'from-thread'])).start()\n"
+              "time.sleep(10)\n")
+    events, r = run([PY, "-c", script])
+    assert (r.end, r.exit_code) == (End.EXITED, 0)  # the command's end is still seen
+    assert r.stdout.text() == b"from-thread\n"
+    (main_exec,) = [e for e in of_kind(events, Kind.EXEC) if e.ok and e.argv[:1] == [PY]]
+    (echo,) = [e for e in of_kind(events, Kind.EXEC) if e.path == "/bin/echo"]
+    assert echo.ok and echo.pid == main_exec.pid and echo.ppid == main_exec.ppid
+
+
+def test_signals_and_job_control_pass_through():
+    _, r = run([PY, "-c", "import os, signal, time\n"
+                          "signal.signal(signal.SIGUSR1, lambda *a: print('got'))\n"
+                          "os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.05)"])
+    assert r.stdout.text() == b"got\n"
+    _, r = run("sleep 0.3 & p=$!; kill -STOP $p; sleep 0.1; kill -CONT $p; wait $p; echo ok")
+    assert (r.end, r.stdout.text()) == (End.EXITED, b"ok\n")
