@@ -41,7 +41,8 @@ enum caper_refusal {
     CAPER_REFUSE_DENYLIST    = 1, /* mount, pivot_root, bpf, io_uring_setup ... */
     CAPER_REFUSE_ABI         = 2, /* 32-bit (int 0x80) or x32 syscall */
     CAPER_REFUSE_HOST_SOCKET = 3, /* connect() to a unix socket no sandbox process bound */
-    CAPER_REFUSE_NAMESPACE   = 4  /* clone/unshare asking for new namespaces */
+    CAPER_REFUSE_NAMESPACE   = 4  /* clone/unshare asking for new namespaces, or
+                                     clone(CLONE_UNTRACED), which would leave the tracer */
 };
 
 /* Address families in network events (CAPER_EV_CONNECT/SENDTO/BIND.flags). */

@@ -5,12 +5,14 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/syscall.h>
+#include <linux/seccomp.h>
 
 #ifndef SYS_fchmodat2
 #define SYS_fchmodat2 452
 #endif
 
-/* Namespace flags that clone() and unshare() may not use inside the sandbox.
+/* Namespace flags that clone() and unshare() may not use inside the sandbox
+ * (and CLONE_UNTRACED, with which a child would escape the tracer).
  * CLONE_NEWTIME (0x80) is only checked for unshare: in clone() that bit is
  * part of the exit signal. */
 #define NS_FLAGS (CLONE_NEWNS | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | \
@@ -84,10 +86,15 @@ const struct sysent caper_sysent[] = {
     { SYS_chdir, "chdir", 0, DEC_CWD, FL_TRACE, N, 0, N, N, N, N, N, N, N, N, 0 },
     { SYS_fchdir, "fchdir", 0, DEC_CWD, FL_TRACE, N, 0, N, N, N, N, N, N, N, N, 0 },
     /* New namespaces would give the command capabilities over a world of its own. */
-    { SYS_clone, "clone", CAPER_EV_REFUSED, DEC_REFUSE_NS, FL_TRACE_IF_FLAG, 0, NS_FLAGS,
+    { SYS_clone, "clone", CAPER_EV_REFUSED, DEC_REFUSE_NS, FL_TRACE_IF_FLAG, 0,
+      NS_FLAGS | CLONE_UNTRACED,
       N, N, N, N, 0, N, N, N, 0 },
     { SYS_unshare, "unshare", CAPER_EV_REFUSED, DEC_REFUSE_NS, FL_TRACE_IF_FLAG, 0,
       NS_FLAGS_UNSHARE, N, N, N, N, 0, N, N, N, 0 },
+    /* A filter of the command's own that answers with SECCOMP_RET_USER_NOTIF
+     * outranks caper's RET_TRACE: its listener could let calls run unseen. */
+    { SYS_seccomp, "seccomp", CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE_IF_FLAG, 1,
+      SECCOMP_FILTER_FLAG_NEW_LISTENER, N, N, N, N, N, N, N, N, 0 },
     /* clone3 passes its flags in memory the filter cannot read: ENOSYS makes
      * libc fall back to clone(), whose flags it can. */
     { SYS_clone3, "clone3", 0, DEC_REFUSE, FL_ENOSYS, N, 0, N, N, N, N, N, N, N, N, 0 },

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -47,6 +48,13 @@ struct pending {
     struct ev ev;
     char s[3][CAPER_PATH_MAX + 1];
     int unix_bind;   /* a bind of a unix path: remember it if it succeeds */
+    char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
+};
+
+/* A unix socket file, by identity: a path can be swapped for a symlink. */
+struct sock_id {
+    dev_t dev;
+    ino_t ino;
 };
 
 struct proc {
@@ -68,7 +76,7 @@ struct tracer {
     uint32_t live;
     pid_t init_pid;
     int killed;          /* the sandbox was killed on purpose: end says why */
-    char **bound;        /* unix socket paths bound inside the sandbox */
+    struct sock_id *bound;  /* unix sockets bound inside the sandbox */
     size_t n_bound, cap_bound;
 };
 
@@ -248,27 +256,44 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 
 /* ---- sockets ---------------------------------------------------------------- */
 
-static int is_bound(struct tracer *t, const char *path, size_t n)
+/* The socket file a unix address names, resolved as the process would:
+ * through its own root (chroot) and cwd, following symlinks like connect(). */
+static int unix_identity(pid_t tid, const char *raw, struct sock_id *id)
+{
+    char path[CAPER_PATH_MAX];
+    struct stat st;
+    if (raw[0] == '/')
+        snprintf(path, sizeof path, "/proc/%d/root%s", (int)tid, raw);
+    else
+        snprintf(path, sizeof path, "/proc/%d/cwd/%s", (int)tid, raw);
+    if (stat(path, &st) < 0)
+        return -errno;
+    if (!S_ISSOCK(st.st_mode))
+        return -ECONNREFUSED;
+    id->dev = st.st_dev;
+    id->ino = st.st_ino;
+    return 0;
+}
+
+static int is_bound(struct tracer *t, const struct sock_id *id)
 {
     for (size_t i = 0; i < t->n_bound; i++)
-        if (strlen(t->bound[i]) == n && memcmp(t->bound[i], path, n) == 0)
+        if (t->bound[i].dev == id->dev && t->bound[i].ino == id->ino)
             return 1;
     return 0;
 }
 
-static void add_bound(struct tracer *t, const char *path, size_t n)
+static void add_bound(struct tracer *t, const struct sock_id *id)
 {
     if (t->n_bound == t->cap_bound) {
         size_t cap = t->cap_bound ? 2 * t->cap_bound : 16;
-        char **b = realloc(t->bound, cap * sizeof *b);
+        struct sock_id *b = realloc(t->bound, cap * sizeof *b);
         if (!b)
             return;
         t->bound = b;
         t->cap_bound = cap;
     }
-    char *s = strndup(path, n);
-    if (s)
-        t->bound[t->n_bound++] = s;
+    t->bound[t->n_bound++] = *id;
 }
 
 /* Decode a sockaddr into family (flags), text (slot 0) and port (arg0). */
@@ -309,7 +334,7 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
             pd->ev.s[0] = out;
             return;
         }
-        char raw[sizeof un->sun_path + 1];
+        char *raw = pd->unix_raw;
         memcpy(raw, un->sun_path, n);
         raw[n] = '\0';
         pd->ev.h.flags = CAPER_AF_UNIX;
@@ -392,6 +417,57 @@ static int noise_match(const struct caper_config *c, const char *path, size_t n)
         }
     }
     return 0;
+}
+
+/* 0 when a unix destination may be used: a socket a sandbox process bound.
+ * A socket the host made is refused (EACCES, reported as refused); a name
+ * that is no socket at all gets the error the kernel would give. The check
+ * is by inode, through the process's own root, so a symlink or a chroot
+ * cannot dress a host socket up as a sandbox one. */
+static int unix_refusal(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    struct sock_id id;
+    int r = unix_identity(p->tid, pd->unix_raw, &id);
+    if (r < 0)
+        return -r;
+    if (is_bound(t, &id))
+        return 0;
+    pd->ev.h.info |= CAPER_INFO_REFUSED;
+    return EACCES;
+}
+
+/* sendmmsg: decode every message's destination; 0 when none names one. */
+static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
+                           uint64_t vec, uint64_t vlen)
+{
+    static struct pending scratch;  /* the tracer is one thread */
+    int found = 0;
+    if (vlen > 1024)
+        vlen = 1024;  /* UIO_MAXIOV: the kernel sends no more */
+    for (uint64_t i = 0; i < vlen; i++) {
+        struct mmsghdr m;
+        if (tracee_read(p->tid, vec + i * sizeof m, &m, sizeof m) < 0)
+            break;
+        if (!m.msg_hdr.msg_name)
+            continue;
+        struct pending *into = found ? &scratch : pd;
+        if (found)
+            memset(&scratch.ev, 0, sizeof scratch.ev);
+        take_sockaddr(p, into, (uint64_t)(uintptr_t)m.msg_hdr.msg_name, m.msg_hdr.msg_namelen);
+        if (into->ev.h.flags == CAPER_AF_UNIX && unix_refusal(t, p, into)) {
+            if (into != pd) {  /* report the refused one */
+                memcpy(pd->s[0], into->s[0], into->ev.n[0]);
+                memcpy(pd->unix_raw, into->unix_raw, sizeof pd->unix_raw);
+                pd->ev.n[0] = into->ev.n[0];
+                pd->ev.s[0] = pd->s[0];
+                pd->ev.h.flags = into->ev.h.flags;
+                pd->ev.h.arg0 = into->ev.h.arg0;
+            }
+            return 1;
+        }
+        found = 1;
+    }
+    return found;
 }
 
 static void refuse(struct tracer *t, struct proc *p, const struct ptrace_syscall_info *si,
@@ -490,17 +566,22 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         else
             take_sockaddr(p, pd, a[1], a[2]);
         break;
-    case DEC_MSGHDR:
-    case DEC_MMSGHDR: {
+    case DEC_MSGHDR: {
         struct msghdr m;
         if (tracee_read(p->tid, a[1], &m, sizeof m) < 0 || !m.msg_name)
             return;  /* no destination: the socket's connect was already seen */
         take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
         break;
     }
+    case DEC_MMSGHDR:
+        /* Every message may name its own destination: all are checked, the
+         * first refused (or else the first named) is reported. */
+        if (!take_mmsg_dests(t, p, pd, a[1], a[2]))
+            return;
+        break;
     case DEC_SIGNAL:
-        if (s->a0 < 0)
-            h->arg0 = -1;  /* pidfd: the target is an fd, not a number */
+        /* pid_t is an int: kill(-1) and process groups stay negative. */
+        h->arg0 = s->a0 < 0 ? -1 : (int64_t)(int32_t)a[s->a0];  /* pidfd: no number */
         break;
     }
 
@@ -512,13 +593,14 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         return;  /* no exit stop: the result of noise does not matter */
     }
     if ((s->kind == CAPER_EV_CONNECT || s->kind == CAPER_EV_SENDTO) &&
-        h->flags == CAPER_AF_UNIX && !is_bound(t, pd->s[0], pd->ev.n[0])) {
-        /* A filesystem socket no sandbox process made belongs to the host. */
-        h->result = -EACCES;
-        h->info |= CAPER_INFO_REFUSED;
-        emit_folded(t, p, &pd->ev);
-        deny(p->tid, EACCES);
-        return;
+        h->flags == CAPER_AF_UNIX) {
+        int err = unix_refusal(t, p, pd);
+        if (err) {
+            h->result = -err;
+            emit_folded(t, p, &pd->ev);
+            deny(p->tid, err);
+            return;
+        }
     }
     if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX)
         pd->unix_bind = 1;
@@ -539,8 +621,9 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         return;  /* the kernel runs it again, and it stops again */
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
-    if (pd->unix_bind && rv == 0)
-        add_bound(t, pd->s[0], pd->ev.n[0]);
+    struct sock_id id;
+    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, &id) == 0)
+        add_bound(t, &id);
     emit_folded(t, p, &pd->ev);
 }
 
@@ -736,8 +819,6 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
     for (int i = 0; i < BUCKETS; i++)
         while (t.buckets[i])
             destroy(&t, t.buckets[i]);
-    for (size_t i = 0; i < t.n_bound; i++)
-        free(t.bound[i]);
     free(t.bound);
     (void)w;
     return 0;

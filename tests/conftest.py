@@ -1,0 +1,37 @@
+"""Shared pytest fixtures.
+
+`cfixture(name)` compiles tests/fixtures/<name>.c once per session (gcc, into a
+session tmp dir) and returns the path of the executable. Tests skip when no C
+compiler is installed.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def cfixture(tmp_path_factory):
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    outdir = tmp_path_factory.mktemp("cfixtures")
+    built: dict[str, str] = {}
+
+    def build(name: str, *cflags: str) -> str:
+        if name not in built:
+            src = FIXTURES / f"{name}.c"
+            exe = outdir / name
+            proc = subprocess.run([cc, "-O1", "-Wall", "-o", str(exe), str(src), *cflags],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                pytest.fail(f"cannot compile {src}:\n{proc.stderr}")
+            built[name] = str(exe)
+        return built[name]
+
+    return build
