@@ -45,7 +45,8 @@ enum decode {
 /* What the seccomp filter does before the tracer sees anything. */
 enum filter {
     FL_TRACE = 1,        /* always stop */
-    FL_SKIP_IF_FLAG,     /* allow when (arg & filter_value) != 0, else stop */
+    FL_SKIP_IF_FLAG,     /* allow when (arg & filter_value) != 0 and (arg & filter_unless)
+                            == 0, else stop */
     FL_SKIP_IF_NULL,     /* allow when arg == 0, else stop */
     FL_TRACE_IF_FLAG,    /* stop when (arg & filter_value) != 0, else allow */
     FL_ENOSYS            /* fail with ENOSYS without stopping (clone3: libc falls back) */
@@ -59,6 +60,7 @@ struct sysent {
     uint8_t filter;      /* enum filter */
     int8_t filter_arg;
     uint32_t filter_value;
+    uint32_t filter_unless;
     int8_t dirfd, path;  /* argument indexes, -1 for none (dirfd -1 = cwd) */
     int8_t dirfd2, path2;
     int8_t flags, mode;

@@ -45,7 +45,7 @@ static int setup_proc(struct caper_failure *f)
     if (do_mount(f, CAPER_STEP_MOUNT_PROC, "proc", "/proc", "proc", MNT_SAFE, NULL) < 0)
         return -1;
     static const char *const knobs[] = {
-        "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs",
+        "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
     };
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
         if (make_readonly(f, CAPER_STEP_MOUNT_PROC, knobs[i]) < 0)

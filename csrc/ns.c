@@ -48,7 +48,10 @@ static const int dropped_caps[] = {
     CAP_DAC_READ_SEARCH, CAP_SYS_BOOT, CAP_SYS_TIME, CAP_BPF, CAP_PERFMON, CAP_SYSLOG,
     CAP_SYS_RESOURCE, CAP_MAC_ADMIN, CAP_MAC_OVERRIDE, CAP_SYS_PACCT, CAP_SYS_TTY_CONFIG,
     CAP_WAKE_ALARM, CAP_BLOCK_SUSPEND, CAP_AUDIT_CONTROL, CAP_AUDIT_WRITE, CAP_AUDIT_READ,
-    CAP_LINUX_IMMUTABLE, CAP_IPC_LOCK, CAP_NET_ADMIN, CAP_CHECKPOINT_RESTORE, CAP_SETPCAP,
+    CAP_LINUX_IMMUTABLE, CAP_IPC_LOCK, CAP_NET_ADMIN, CAP_CHECKPOINT_RESTORE,
+    /* chroot would let a path mean one thing to the tracer, another to the kernel */
+    CAP_SYS_CHROOT,
+    CAP_SETPCAP, /* last: dropping the others needs it */
 };
 
 /* Send a failure from inside the sandbox to the tracer, then die. */

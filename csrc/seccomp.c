@@ -7,13 +7,15 @@
  *   for each table entry e:
  *     if (nr == e.nr)
  *       FL_TRACE:         return TRACE(index of e);
- *       FL_SKIP_IF_FLAG:  return (arg & v) ? ALLOW : TRACE(e);
+ *       FL_SKIP_IF_FLAG:  return (arg & v) && !(arg & u) ? ALLOW : TRACE(e);
  *       FL_SKIP_IF_NULL:  return (arg == 0) ? ALLOW : TRACE(e);
  *       FL_TRACE_IF_FLAG: return (arg & v) ? TRACE(e) : ALLOW;
  *       FL_ENOSYS:        return ERRNO(ENOSYS);
  *   return ALLOW;
  *
- * TRACE's 16-bit data is the table index, so the tracer needs no lookup. Every
+ * TRACE's 16-bit data is the table index. The tracer only takes it as a hint,
+ * checked against nr: a filter of the command's own runs first and could
+ * return any data. Every
  * foreign-ABI call stops, and the tracer refuses it: the table speaks only the
  * native ABI, so nothing may run unseen under another one.
  */
@@ -59,7 +61,7 @@ static int put(struct prog *p, uint16_t code, uint8_t jt, uint8_t jf, uint32_t k
 static int entry_len(const struct sysent *e)
 {
     switch (e->filter) {
-    case FL_SKIP_IF_FLAG:
+    case FL_SKIP_IF_FLAG:  return 5;  /* ld arg; jset unless; jset; ret; ret */
     case FL_TRACE_IF_FLAG: return 4;  /* ld arg; jset; ret; ret */
     case FL_SKIP_IF_NULL:  return 6;  /* ld lo; jeq; ld hi; jeq; ret allow; ret trace */
     default:               return 1;
@@ -73,6 +75,7 @@ static int emit_entry(struct prog *p, const struct sysent *e, uint32_t index)
     switch (e->filter) {
     case FL_SKIP_IF_FLAG:
         r |= LD(OFF_ARG_LO(e->filter_arg));
+        r |= JSET(e->filter_unless, 2, 0);  /* "jset 0" never jumps */
         r |= JSET(e->filter_value, 0, 1);
         r |= RET(SECCOMP_RET_ALLOW);
         r |= RET(trace);
@@ -145,7 +148,7 @@ int seccomp_install(struct caper_failure *f)
 static const char *filter_name(const struct sysent *e)
 {
     switch (e->filter) {
-    case FL_SKIP_IF_FLAG:  return "allow if arg & v, else trace";
+    case FL_SKIP_IF_FLAG:  return "allow if arg & v and not arg & u, else trace";
     case FL_SKIP_IF_NULL:  return "allow if arg == 0, else trace";
     case FL_TRACE_IF_FLAG: return "trace if arg & v, else allow";
     case FL_ENOSYS:        return "errno ENOSYS";
@@ -165,8 +168,8 @@ int caper_dump_filter(int fd)
     for (size_t i = 0; i < caper_n_sysent; i++) {
         const struct sysent *e = &caper_sysent[i];
         if (e->filter_arg >= 0)
-            dprintf(fd, "if (nr == %3u /* %s */) %s [arg%d, v=0x%x]\n", e->nr, e->name,
-                    filter_name(e), e->filter_arg, e->filter_value);
+            dprintf(fd, "if (nr == %3u /* %s */) %s [arg%d, v=0x%x, u=0x%x]\n", e->nr, e->name,
+                    filter_name(e), e->filter_arg, e->filter_value, e->filter_unless);
         else
             dprintf(fd, "if (nr == %3u /* %s */) %s\n", e->nr, e->name, filter_name(e));
     }

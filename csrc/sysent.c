@@ -18,29 +18,32 @@
 #define NS_FLAGS (CLONE_NEWNS | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | \
                   CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
 #define NS_FLAGS_UNSHARE (NS_FLAGS | 0x80)
+/* O_TMPFILE is __O_TMPFILE | O_DIRECTORY; the bit of its own: */
+#define TMPFILE_ONLY (O_TMPFILE & ~O_DIRECTORY)
 
 #define N -1
 /* Path calls: ENT(nr, kind, dirfd, path, dirfd2, path2, flags, mode, a0, a1) */
 #define P(sys, k, d, p, d2, p2, fl, md, x0, x1) \
-    { SYS_##sys, #sys, CAPER_EV_##k, DEC_PATHS, FL_TRACE, N, 0, d, p, d2, p2, fl, md, x0, x1, 0 }
+    { SYS_##sys, #sys, CAPER_EV_##k, DEC_PATHS, FL_TRACE, N, 0, 0, d, p, d2, p2, fl, md, x0, x1, 0 }
 #define FD(sys, k, fdarg, md, x0, x1) \
-    { SYS_##sys, #sys, CAPER_EV_##k, DEC_FD, FL_TRACE, N, 0, fdarg, N, N, N, N, md, x0, x1, 0 }
+    { SYS_##sys, #sys, CAPER_EV_##k, DEC_FD, FL_TRACE, N, 0, 0, fdarg, N, N, N, N, md, x0, x1, 0 }
 #define NET(sys, k, dec, filt, farg) \
-    { SYS_##sys, #sys, CAPER_EV_##k, dec, filt, farg, 0, 0, N, N, N, N, N, N, N, 0 }
+    { SYS_##sys, #sys, CAPER_EV_##k, dec, filt, farg, 0, 0, 0, N, N, N, N, N, N, N, 0 }
 #define SIG(sys, target, sig) \
-    { SYS_##sys, #sys, CAPER_EV_SIGNAL, DEC_SIGNAL, FL_TRACE, N, 0, N, N, N, N, N, N, target, sig, 0 }
+    { SYS_##sys, #sys, CAPER_EV_SIGNAL, DEC_SIGNAL, FL_TRACE, N, 0, 0, N, N, N, N, N, N, target, sig, 0 }
 #define REFUSE(sys) \
-    { SYS_##sys, #sys, CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE, N, 0, N, N, N, N, N, N, N, N, 0 }
+    { SYS_##sys, #sys, CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE, N, 0, 0, N, N, N, N, N, N, N, N, 0 }
 
 const struct sysent caper_sysent[] = {
-    /* Opens of directories only list names: let them through unstopped. */
-    { SYS_open, "open", CAPER_EV_OPEN, DEC_PATHS, FL_SKIP_IF_FLAG, 1, O_DIRECTORY,
+    /* Opens of directories only list names: let them through unstopped. But
+     * O_TMPFILE carries the O_DIRECTORY bit and makes a file: stop on it. */
+    { SYS_open, "open", CAPER_EV_OPEN, DEC_PATHS, FL_SKIP_IF_FLAG, 1, O_DIRECTORY, TMPFILE_ONLY,
       N, 0, N, N, 1, 2, N, N, 0 },
-    { SYS_openat, "openat", CAPER_EV_OPEN, DEC_PATHS, FL_SKIP_IF_FLAG, 2, O_DIRECTORY,
+    { SYS_openat, "openat", CAPER_EV_OPEN, DEC_PATHS, FL_SKIP_IF_FLAG, 2, O_DIRECTORY, TMPFILE_ONLY,
       0, 1, N, N, 2, 3, N, N, 0 },
-    { SYS_creat, "creat", CAPER_EV_OPEN, DEC_PATHS, FL_TRACE, N, 0,
+    { SYS_creat, "creat", CAPER_EV_OPEN, DEC_PATHS, FL_TRACE, N, 0, 0,
       N, 0, N, N, N, 1, N, N, O_CREAT | O_WRONLY | O_TRUNC },
-    { SYS_openat2, "openat2", CAPER_EV_OPEN, DEC_OPENAT2, FL_TRACE, N, 0,
+    { SYS_openat2, "openat2", CAPER_EV_OPEN, DEC_OPENAT2, FL_TRACE, N, 0, 0,
       0, 1, N, N, N, N, N, N, 0 },
     P(unlink,     UNLINK,   N, 0, N, N, N, N, N, N),
     P(unlinkat,   UNLINK,   0, 1, N, N, 2, N, N, N),   /* AT_REMOVEDIR: rmdir */
@@ -67,9 +70,9 @@ const struct sysent caper_sysent[] = {
     P(mkdirat,    MKDIR,    0, 1, N, N, N, 2, N, N),
     P(mknod,      MKNOD,    N, 0, N, N, N, 1, 2, N),
     P(mknodat,    MKNOD,    0, 1, N, N, N, 2, 3, N),
-    { SYS_execve, "execve", CAPER_EV_EXEC, DEC_EXEC, FL_TRACE, N, 0,
+    { SYS_execve, "execve", CAPER_EV_EXEC, DEC_EXEC, FL_TRACE, N, 0, 0,
       N, 0, N, N, N, N, 1, N, 0 },      /* a0: the argv pointer's index */
-    { SYS_execveat, "execveat", CAPER_EV_EXEC, DEC_EXEC, FL_TRACE, N, 0,
+    { SYS_execveat, "execveat", CAPER_EV_EXEC, DEC_EXEC, FL_TRACE, N, 0, 0,
       0, 1, N, N, 4, N, 2, N, 0 },
     NET(connect,  CONNECT, DEC_SOCKADDR, FL_TRACE, N),
     NET(bind,     BIND,    DEC_SOCKADDR, FL_TRACE, N),
@@ -83,21 +86,21 @@ const struct sysent caper_sysent[] = {
     SIG(rt_sigqueueinfo,   0, 1),
     SIG(rt_tgsigqueueinfo, 1, 2),
     SIG(pidfd_send_signal, N, 1),
-    { SYS_chdir, "chdir", 0, DEC_CWD, FL_TRACE, N, 0, N, N, N, N, N, N, N, N, 0 },
-    { SYS_fchdir, "fchdir", 0, DEC_CWD, FL_TRACE, N, 0, N, N, N, N, N, N, N, N, 0 },
+    { SYS_chdir, "chdir", 0, DEC_CWD, FL_TRACE, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
+    { SYS_fchdir, "fchdir", 0, DEC_CWD, FL_TRACE, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
     /* New namespaces would give the command capabilities over a world of its own. */
     { SYS_clone, "clone", CAPER_EV_REFUSED, DEC_REFUSE_NS, FL_TRACE_IF_FLAG, 0,
-      NS_FLAGS | CLONE_UNTRACED,
+      NS_FLAGS | CLONE_UNTRACED, 0,
       N, N, N, N, 0, N, N, N, 0 },
     { SYS_unshare, "unshare", CAPER_EV_REFUSED, DEC_REFUSE_NS, FL_TRACE_IF_FLAG, 0,
-      NS_FLAGS_UNSHARE, N, N, N, N, 0, N, N, N, 0 },
+      NS_FLAGS_UNSHARE, 0, N, N, N, N, 0, N, N, N, 0 },
     /* A filter of the command's own that answers with SECCOMP_RET_USER_NOTIF
      * outranks caper's RET_TRACE: its listener could let calls run unseen. */
     { SYS_seccomp, "seccomp", CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE_IF_FLAG, 1,
-      SECCOMP_FILTER_FLAG_NEW_LISTENER, N, N, N, N, N, N, N, N, 0 },
+      SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, N, N, N, N, N, N, N, N, 0 },
     /* clone3 passes its flags in memory the filter cannot read: ENOSYS makes
      * libc fall back to clone(), whose flags it can. */
-    { SYS_clone3, "clone3", 0, DEC_REFUSE, FL_ENOSYS, N, 0, N, N, N, N, N, N, N, N, 0 },
+    { SYS_clone3, "clone3", 0, DEC_REFUSE, FL_ENOSYS, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
     /* Calls that could undo the sandbox or act outside it. */
     REFUSE(mount), REFUSE(umount2), REFUSE(pivot_root), REFUSE(setns),
     REFUSE(open_by_handle_at), REFUSE(init_module), REFUSE(finit_module),

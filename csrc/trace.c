@@ -32,7 +32,7 @@ long ptrace(int request, ...);
 #define PT_GETEVENTMSG 0x4201
 #define PT_LISTEN 0x4208
 
-#define TRACE_FOREIGN 0xffffu
+#define X32_SYSCALL_BIT 0x40000000u
 #define REPEAT_SLOTS 256
 #define BUCKETS 1024
 #define ERESTART_FIRST 512   /* -ERESTARTSYS .. -ERESTART_RESTARTBLOCK: retried, not done */
@@ -491,10 +491,17 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     if (ptrace(PTRACE_GET_SYSCALL_INFO, p->tid, sizeof si, &si) < 0 ||
         si.op != PTRACE_SYSCALL_INFO_SECCOMP)
         return;
-    uint32_t idx = si.seccomp.ret_data;
-    if (idx == TRACE_FOREIGN || idx >= caper_n_sysent || si.arch != AUDIT_ARCH_X86_64) {
+    if (si.arch != AUDIT_ARCH_X86_64 || (si.seccomp.nr & X32_SYSCALL_BIT)) {
         refuse(t, p, &si, CAPER_REFUSE_ABI, EPERM);
         return;
+    }
+    /* The data is only a hint: a filter of the command's own may have set it. */
+    uint32_t idx = si.seccomp.ret_data;
+    if (idx >= caper_n_sysent || caper_sysent[idx].nr != si.seccomp.nr) {
+        for (idx = 0; idx < caper_n_sysent && caper_sysent[idx].nr != si.seccomp.nr; idx++)
+            ;
+        if (idx == caper_n_sysent)
+            return;  /* not a call caper decodes: the command's filter asked for this stop */
     }
     const struct sysent *s = &caper_sysent[idx];
     const __u64 *a = si.seccomp.args;

@@ -297,3 +297,11 @@ def test_signals_and_job_control_pass_through():
     assert r.stdout.text() == b"got\n"
     _, r = run("sleep 0.3 & p=$!; kill -STOP $p; sleep 0.1; kill -CONT $p; wait $p; echo ok")
     assert (r.end, r.stdout.text()) == (End.EXITED, b"ok\n")
+
+
+def test_o_tmpfile_is_traced_although_it_carries_the_directory_bit(tmp_path):
+    events, r = run([PY, "-c", "import os; fd = os.open('.', os.O_TMPFILE | os.O_WRONLY, 0o600); "
+                               "os.write(fd, b'x')"], cwd=tmp_path)
+    assert r.exit_code == 0, r.stderr.text()
+    tmpfile = [e for e in of_kind(events, Kind.OPEN) if e.flags & os.O_TMPFILE == os.O_TMPFILE]
+    assert [e.path for e in tmpfile] == [str(tmp_path)] and tmpfile[0].ok
