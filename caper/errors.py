@@ -56,6 +56,7 @@ STEP_ERRORS: dict[str, type[CaperError]] = {
     "MOUNT_DEV": SetupError,
     "MOUNT_SYS": SetupError,
     "MOUNT_ROOT": SetupError,
+    "PIVOT_ROOT": SetupError,
     "LOOPBACK": SetupError,
     "CGROUP": SetupError,
     "CAPS": SetupError,

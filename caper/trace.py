@@ -16,12 +16,15 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
 from caper.limits import MemoryCgroup, memory_cgroup
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
+
+if TYPE_CHECKING:
+    from caper.snapshot import Mount
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MAX_PIDS = 1024
@@ -68,7 +71,8 @@ class Trace:
                  noise: NoiseProfile | None = None, collapse: bool = True,
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
-                 share_cpu: bool = True, debug_filter: bool = False):
+                 share_cpu: bool = True, debug_filter: bool = False,
+                 mounts: Sequence["Mount"] = (), new_root: str | None = None):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -107,6 +111,17 @@ class Trace:
                 arr[i].path = self._cstr(os.fsencode(path))
             self._keep.append(arr)
             cfg.noise, cfg.n_noise = arr, len(items)
+        if mounts:
+            arr = ffi.new("struct caper_mount[]", len(mounts))
+            for i, m in enumerate(mounts):
+                arr[i].source = self._cstr(os.fsencode(m.source)) if m.source else ffi.NULL
+                arr[i].target = self._cstr(os.fsencode(m.target))
+                arr[i].fstype = self._cstr(m.fstype.encode()) if m.fstype else ffi.NULL
+                arr[i].data = self._cstr(os.fsencode(m.data)) if m.data else ffi.NULL
+                arr[i].flags = m.flags
+            self._keep.append(arr)
+            cfg.mounts, cfg.n_mounts = arr, len(mounts)
+        cfg.new_root = self._cstr(os.fsencode(new_root)) if new_root else ffi.NULL
         cfg.argv_max = argv_max
         cfg.output_head = output_head
         cfg.output_tail = output_tail

@@ -90,7 +90,8 @@ enum caper_step {
     CAPER_STEP_OUTPUT        = 18,
     CAPER_STEP_RLIMIT        = 19,
     CAPER_STEP_CONFIG        = 20,
-    CAPER_STEP_MOUNT_ROOT    = 21
+    CAPER_STEP_MOUNT_ROOT    = 21,
+    CAPER_STEP_PIVOT_ROOT    = 22
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
@@ -123,8 +124,9 @@ struct caper_noise {
     const char *path;
 };
 
-/* Mounts the sandbox applies in its own mount namespace before /proc and /dev
- * (the snapshot layer of caper run; empty for caper trace). */
+/* Mounts the sandbox makes in its own mount namespace, in order, before it
+ * moves into new_root (the snapshot layers of caper run; none for caper trace).
+ * A mount with a NULL fstype and MS_BIND in flags is a bind mount. */
 struct caper_mount {
     const char *source;
     const char *target;
@@ -148,6 +150,7 @@ struct caper_config {
     uint32_t n_noise;
     const struct caper_mount *mounts;
     uint32_t n_mounts;
+    const char *new_root;        /* pivot_root here after the mounts; NULL: stay */
     uint32_t argv_max;           /* bytes of argv kept per exec event */
     uint32_t output_head;        /* bytes kept from the start of stdout and of stderr */
     uint32_t output_tail;        /* bytes kept from the end of each */

@@ -1,10 +1,13 @@
 /* mount.c: the sandbox's own view of the filesystem, set up by its init.
  *
  * Order: (1) make every mount private, so nothing propagates to the host;
- * (2) the caller's mounts (the snapshot layers); (3) a fresh /proc for the
- * new pid namespace, with its kernel knobs read-only; (4) a minimal /dev of
- * bind-mounted harmless nodes; (5) a fresh read-only /sys for the new net
- * namespace. Runs in a fork()ed child of a threaded process: no malloc.
+ * (2) hold the host's harmless device nodes by O_PATH descriptors; (3) the
+ * caller's mounts (the snapshot layers, assembled under new_root); (4) a
+ * fresh /proc for the new pid namespace, with its kernel knobs read-only;
+ * (5) a minimal /dev of the held nodes; (6) a fresh read-only /sys for the
+ * new net namespace; (7) move into new_root and drop the old root. Steps 4-6
+ * mount below new_root, so they come along.
+ * Runs in a fork()ed child of a threaded process: no malloc.
  */
 #include "internal.h"
 #include <errno.h>
@@ -13,6 +16,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MNT_SAFE (MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -29,6 +33,14 @@ static int do_mount(struct caper_failure *f, uint32_t step, const char *src, con
     return -1;
 }
 
+/* root + path into buf: the sandbox's tree is assembled below its new root
+ * (or in place, when root is ""), before the sandbox moves in. */
+static const char *at(char *buf, const char *root, const char *path)
+{
+    snprintf(buf, CAPER_PATH_MAX, "%s%s", root, path);
+    return buf;
+}
+
 /* Bind a path onto itself read-only (a knob of the host kernel). */
 static int make_readonly(struct caper_failure *f, uint32_t step, const char *path)
 {
@@ -40,40 +52,48 @@ static int make_readonly(struct caper_failure *f, uint32_t step, const char *pat
                     MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 }
 
-static int setup_proc(struct caper_failure *f)
+static int setup_proc(const char *root, struct caper_failure *f)
 {
-    if (do_mount(f, CAPER_STEP_MOUNT_PROC, "proc", "/proc", "proc", MNT_SAFE, NULL) < 0)
+    char p[CAPER_PATH_MAX];
+    if (do_mount(f, CAPER_STEP_MOUNT_PROC, "proc", at(p, root, "/proc"), "proc", MNT_SAFE, NULL) < 0)
         return -1;
     static const char *const knobs[] = {
         "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
     };
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
-        if (make_readonly(f, CAPER_STEP_MOUNT_PROC, knobs[i]) < 0)
+        if (make_readonly(f, CAPER_STEP_MOUNT_PROC, at(p, root, knobs[i])) < 0)
             return -1;
     return 0;
 }
 
-/* The host's nodes are reached through O_PATH descriptors opened before the
- * tmpfs covers /dev, then bind-mounted by their /proc/self/fd names. */
-static int setup_dev(struct caper_failure *f)
+static const char *const dev_nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
+enum { NNODES = sizeof dev_nodes / sizeof dev_nodes[0] };
+
+/* The host's nodes are held by O_PATH descriptors before the root moves or
+ * a tmpfs covers /dev, then bind-mounted by their /proc/self/fd names. */
+static int hold_dev_nodes(int fds[NNODES], struct caper_failure *f)
 {
-    static const char *const nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
-    enum { NNODES = sizeof nodes / sizeof nodes[0] };
-    int fds[NNODES];
-    char src[64], dst[64];
+    char path[64];
     for (int i = 0; i < NNODES; i++) {
-        snprintf(dst, sizeof dst, "/dev/%s", nodes[i]);
-        fds[i] = open(dst, O_PATH | O_CLOEXEC);
+        snprintf(path, sizeof path, "/dev/%s", dev_nodes[i]);
+        fds[i] = open(path, O_PATH | O_CLOEXEC);
         if (fds[i] < 0) {
-            fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "open(%s, O_PATH)", dst);
+            fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "open(%s, O_PATH)", path);
             return -1;
         }
     }
-    if (do_mount(f, CAPER_STEP_MOUNT_DEV, "tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
-                 "mode=755,size=64k") < 0)
+    return 0;
+}
+
+static int setup_dev(const char *root, const int fds[NNODES], struct caper_failure *f)
+{
+    const char *const *nodes = dev_nodes;
+    char src[64], dst[CAPER_PATH_MAX], p[CAPER_PATH_MAX];
+    if (do_mount(f, CAPER_STEP_MOUNT_DEV, "tmpfs", at(p, root, "/dev"), "tmpfs",
+                 MS_NOSUID | MS_NOEXEC, "mode=755,size=64k") < 0)
         return -1;
     for (int i = 0; i < NNODES; i++) {
-        snprintf(dst, sizeof dst, "/dev/%s", nodes[i]);
+        snprintf(dst, sizeof dst, "%s/dev/%s", root, nodes[i]);
         int t = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
         if (t < 0) {
             fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "open(%s, O_CREAT)", dst);
@@ -85,14 +105,14 @@ static int setup_dev(struct caper_failure *f)
             return -1;
         close(fds[i]);
     }
-    if (mkdir("/dev/pts", 0755) < 0 || mkdir("/dev/shm", 01777) < 0) {
-        fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "mkdir(/dev/pts, /dev/shm)");
+    if (mkdir(at(p, root, "/dev/pts"), 0755) < 0 || mkdir(at(p, root, "/dev/shm"), 01777) < 0) {
+        fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "mkdir(%s)", p);
         return -1;
     }
-    if (do_mount(f, CAPER_STEP_MOUNT_DEV, "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-                 "newinstance,ptmxmode=0666,mode=0620") < 0)
+    if (do_mount(f, CAPER_STEP_MOUNT_DEV, "devpts", at(p, root, "/dev/pts"), "devpts",
+                 MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
         return -1;
-    if (do_mount(f, CAPER_STEP_MOUNT_DEV, "tmpfs", "/dev/shm", "tmpfs", MNT_SAFE,
+    if (do_mount(f, CAPER_STEP_MOUNT_DEV, "tmpfs", at(p, root, "/dev/shm"), "tmpfs", MNT_SAFE,
                  "mode=1777") < 0)
         return -1;
     static const char *const links[][2] = {
@@ -101,27 +121,55 @@ static int setup_dev(struct caper_failure *f)
         { "/proc/self/fd/2", "/dev/stderr" },
     };
     for (size_t i = 0; i < sizeof links / sizeof links[0]; i++)
-        if (symlink(links[i][0], links[i][1]) < 0) {
-            fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "symlink(%s, %s)", links[i][0], links[i][1]);
+        if (symlink(links[i][0], at(p, root, links[i][1])) < 0) {
+            fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "symlink(%s, %s)", links[i][0], p);
             return -1;
         }
     /* No new nodes, no writes: the minimal /dev is fixed from here on. */
-    return do_mount(f, CAPER_STEP_MOUNT_DEV, NULL, "/dev", NULL,
+    return do_mount(f, CAPER_STEP_MOUNT_DEV, NULL, at(p, root, "/dev"), NULL,
                     MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC, "mode=755,size=64k");
 }
 
-static int setup_sys(struct caper_failure *f)
+static int setup_sys(const char *root, struct caper_failure *f)
 {
+    char p[CAPER_PATH_MAX];
     /* A fresh sysfs shows only the new net namespace's devices and has no
      * cgroup or other mounts below it. */
-    if (mount("sysfs", "/sys", "sysfs", MS_RDONLY | MNT_SAFE, NULL) == 0)
+    if (mount("sysfs", at(p, root, "/sys"), "sysfs", MS_RDONLY | MNT_SAFE, NULL) == 0)
         return 0;
-    return make_readonly(f, CAPER_STEP_MOUNT_SYS, "/sys");
+    return make_readonly(f, CAPER_STEP_MOUNT_SYS, p);
+}
+
+/* pivot_root(".", ".") stacks the old root on the new one; detaching it
+ * leaves only the new root (the pivot_root(2) idiom: no put_old directory,
+ * so nothing is created in the snapshot). */
+static int enter_root(const char *new_root, struct caper_failure *f)
+{
+    if (chdir(new_root) < 0) {
+        fail_set(f, CAPER_STEP_PIVOT_ROOT, errno, "chdir(%s)", new_root);
+        return -1;
+    }
+    if (syscall(SYS_pivot_root, ".", ".") < 0) {
+        fail_set(f, CAPER_STEP_PIVOT_ROOT, errno, "pivot_root(%s)", new_root);
+        return -1;
+    }
+    if (umount2(".", MNT_DETACH) < 0) {
+        fail_set(f, CAPER_STEP_PIVOT_ROOT, errno, "umount2(old root of %s)", new_root);
+        return -1;
+    }
+    if (chdir("/") < 0) {
+        fail_set(f, CAPER_STEP_PIVOT_ROOT, errno, "chdir(/)");
+        return -1;
+    }
+    return 0;
 }
 
 int mount_setup(const struct caper_config *c, struct caper_failure *f)
 {
+    int dev_fds[NNODES];
     if (do_mount(f, CAPER_STEP_MOUNT_PRIVATE, NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return -1;
+    if (hold_dev_nodes(dev_fds, f) < 0)
         return -1;
     for (uint32_t i = 0; i < c->n_mounts; i++) {
         const struct caper_mount *m = &c->mounts[i];
@@ -129,7 +177,10 @@ int mount_setup(const struct caper_config *c, struct caper_failure *f)
                      (unsigned long)m->flags, m->data) < 0)
             return -1;
     }
-    if (setup_proc(f) < 0 || setup_dev(f) < 0 || setup_sys(f) < 0)
+    const char *root = c->new_root ? c->new_root : "";
+    if (setup_proc(root, f) < 0 || setup_dev(root, dev_fds, f) < 0 || setup_sys(root, f) < 0)
+        return -1;
+    if (c->new_root && enter_root(c->new_root, f) < 0)
         return -1;
     return 0;
 }

@@ -1,0 +1,177 @@
+"""caper.run: one command, run once, in a copy-on-write view of the machine.
+
+The stages, in order: snapshot -> pre-execute under the tracer -> approve ->
+commit or roll back. Data flows one way. Any failure before the commit is a
+block: nothing of the run reaches the host.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+from caper.approve import ApprovalRequest, Approver, Decision, get_approver
+from caper.errors import CaperError, ConfigError, SetupError
+from caper.events import End, Event, Output, RunResult
+
+DEFAULT_TIMEOUT_S = 600.0
+# Exit status of `caper run` when the command's run did not count (blocked,
+# failed closed, or a conflict). A command's own status is passed through.
+EXIT_NOT_COMMITTED = 125
+
+
+def default_state_dir() -> str:
+    if os.environ.get("CAPER_STATE_DIR"):
+        return os.environ["CAPER_STATE_DIR"]
+    if os.geteuid() == 0:
+        return "/var/lib/caper"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "caper")
+
+
+def find_workspace(cwd: str) -> str:
+    """The git top level of cwd, else cwd itself."""
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,
+                             text=True, timeout=10)
+        if top.returncode == 0 and top.stdout.strip():
+            return os.path.realpath(top.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.path.realpath(cwd)
+
+
+@contextmanager
+def workspace_lock(state_dir: str, workspace: str) -> Iterator[None]:
+    """Runs on one workspace take turns; runs on different ones go in parallel."""
+    locks = os.path.join(state_dir, "locks")
+    os.makedirs(locks, mode=0o700, exist_ok=True)
+    name = hashlib.sha256(os.fsencode(workspace)).hexdigest()[:24] + ".lock"
+    fd = os.open(os.path.join(locks, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class RunOutcome:
+    """What `caper run` returns: the fields of its --json output."""
+    decision: str
+    reason: str
+    exit_code: int | None
+    stdout: Output
+    stderr: Output
+    report: dict
+    timings: dict[str, float]
+    committed: bool = False
+    changes: list[dict] = field(default_factory=list)
+    kept_upper: str | None = None   # a conflicting run's changes, kept for the user
+
+    def to_json(self) -> dict:
+        return {
+            "decision": self.decision, "reason": self.reason, "exit_code": self.exit_code,
+            "committed": self.committed,
+            "stdout": self.stdout.text().decode(errors="replace"),
+            "stderr": self.stderr.text().decode(errors="replace"),
+            "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,
+            "report": self.report, "timings": self.timings,
+            **({"kept_upper": self.kept_upper} if self.kept_upper else {}),
+        }
+
+
+def _report(events: list[Event], result: RunResult, changes: list) -> dict:
+    """The event data, until the bounded effect report replaces it."""
+    return {
+        "end": result.status,
+        "exit_code": result.exit_code,
+        "counts": dict(Counter(e.kind.name.lower() for e in events)),
+        "changes": [c.to_dict() for c in changes],
+        "events": [e.to_dict() for e in events],
+    }
+
+
+def run(command: Sequence[str] | str, *, task: str | None = None,
+        approver: "str | Approver" = "allow", workspace: str | None = None,
+        backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
+        env: Mapping[str, str] | None = None, state_dir: str | None = None,
+        history: Sequence[dict] = ()) -> RunOutcome:
+    """Run command once in a snapshot, ask the approver, then commit or roll back."""
+    from caper.commit import CommitConflict, commit, plan_changes, recover
+    from caper.snapshot import OverlaySnapshot
+    from caper.trace import trace
+
+    judge = get_approver(approver)
+    if backend not in ("auto", "overlay"):
+        raise ConfigError(f"backend {backend!r} is not available here (known: auto, overlay)")
+    cwd = os.path.realpath(cwd or os.getcwd())
+    if not os.path.isdir(cwd):
+        raise ConfigError(f"working directory does not exist: {cwd}")
+    workspace = os.path.realpath(workspace) if workspace else find_workspace(cwd)
+    if not os.path.isdir(workspace):
+        raise ConfigError(f"workspace does not exist: {workspace}")
+    state_dir = state_dir or default_state_dir()
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    text = command if isinstance(command, str) else " ".join(command)
+    timings: dict[str, float] = {}
+
+    recover(state_dir)  # an interrupted commit is finished or undone first
+    with workspace_lock(state_dir, workspace):
+        t = time.perf_counter()
+        snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0)
+        timings["snapshot_ms"] = (time.perf_counter() - t) * 1000
+        keep = False
+        try:
+            t = time.perf_counter()
+            tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
+                       new_root=snap.stage)
+            events, result = tr.run()
+            changes = plan_changes(snap.layers, exclude=snap.hidden)
+            timings["run_ms"] = (time.perf_counter() - t) * 1000
+            report = _report(events, result, changes)
+
+            t = time.perf_counter()
+            decision = _decide(judge, ApprovalRequest(text, task, report, tuple(history)), result)
+            timings["approve_ms"] = (time.perf_counter() - t) * 1000
+
+            t = time.perf_counter()
+            committed = False
+            if decision.allowed:
+                try:
+                    commit(snap.layers, state_dir=state_dir, since_ns=snap.since_ns,
+                           exclude=snap.hidden)
+                    committed = True
+                except CommitConflict as e:
+                    keep = True
+                    decision = Decision("block", f"not committed: {e}", approver="caper")
+            timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
+            return RunOutcome(decision=decision.decision, reason=decision.reason,
+                              exit_code=result.exit_code, stdout=result.stdout,
+                              stderr=result.stderr, report=report, timings=timings,
+                              committed=committed, kept_upper=snap.scratch if keep else None)
+        finally:
+            if not keep:
+                snap.discard()
+
+
+def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult) -> Decision:
+    """Fail closed: a run that did not end by itself, or an approver that
+    fails, is a block that says why."""
+    if result.end not in (End.EXITED, End.SIGNALED):
+        return Decision("block", f"the run did not complete: {result.status}", approver="caper")
+    try:
+        d = judge.decide(request)
+    except Exception as e:  # any failure of the approver blocks
+        return Decision("block", f"approver {getattr(judge, 'name', judge)!r} failed ({e}); "
+                                 "the failure is not evidence that the command is unsafe",
+                        approver="caper")
+    if not isinstance(d, Decision) or d.decision not in ("allow", "block"):
+        return Decision("block", f"approver returned a malformed decision: {d!r}", approver="caper")
+    return d
