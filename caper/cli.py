@@ -1,7 +1,13 @@
 """caper's command line.
 
+    caper run [--task TEXT] [--approver allow|block] [--backend B] [--timeout S]
+              [--workspace DIR] [--json] -c 'SHELL STRING'   (or -- ARGV...)
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
     caper trace [...] -c 'SHELL STRING'
+
+run executes the command once in a copy-on-write snapshot, asks the approver,
+then commits the changes and prints the held output (exit status: the
+command's), or throws them away and says why (exit status 125).
 
 trace prints what the command did, one event a line (strace-like, or JSON
 lines), then how it ended; the command's held output goes to caper's own
@@ -91,9 +97,47 @@ def cmd_trace(args, parser) -> int:
     return EXIT_CAPER_FAILED
 
 
+def cmd_run(args, parser) -> int:
+    from caper.errors import CaperError
+    from caper.transaction import EXIT_NOT_COMMITTED, run
+
+    command = _command(args, parser)
+    try:
+        outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
+                      timeout=args.timeout, workspace=args.workspace)
+    except CaperError as e:
+        if args.json:
+            print(json.dumps({"decision": "block", "reason": f"caper failed: {e}",
+                              "exit_code": None, "committed": False}))
+        else:
+            print(f"caper: blocked: caper failed: {e}", file=sys.stderr)
+        return EXIT_NOT_COMMITTED
+    if args.json:
+        print(json.dumps(outcome.to_json(), ensure_ascii=True))
+    elif outcome.committed:
+        os.write(1, outcome.stdout.text())
+        os.write(2, outcome.stderr.text())
+    else:
+        print(f"caper: blocked: {outcome.reason}", file=sys.stderr)
+    if not outcome.committed:
+        return EXIT_NOT_COMMITTED
+    return outcome.exit_code if outcome.exit_code is not None else EXIT_NOT_COMMITTED
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="caper", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a command in a snapshot; commit it if approved")
+    r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
+    r.add_argument("--task", help="what the user asked for (evidence for the approver)")
+    r.add_argument("--approver", default="allow", choices=["allow", "block"])
+    r.add_argument("--backend", default="auto", choices=["auto", "overlay"])
+    r.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    r.add_argument("--workspace", metavar="DIR",
+                   help="the project (default: git top level of the cwd, else the cwd)")
+    r.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    r.add_argument("argv", nargs=argparse.REMAINDER)
+    r.set_defaults(func=cmd_run)
     t = sub.add_parser("trace", help="run a command in the sandbox and print what it did")
     t.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
     t.add_argument("--jsonl", action="store_true", help="one JSON object per event")

@@ -172,7 +172,9 @@ static _Noreturn void run_init(const struct caper_config *c, int sync_fd, int st
     if (sethostname(host, strlen(host)) < 0) { /* cosmetic */ }
     if (loopback_up(&f) < 0)
         die_inside(status_fd, &f, 126);
-    pid_t cmd = (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    /* vfork: the command shares init's memory until it execs, so its start
+     * does not copy the page tables of the (possibly large) caller again. */
+    pid_t cmd = vfork();
     if (cmd < 0) {
         fail_set(&f, CAPER_STEP_CLONE, errno, "fork(command)");
         die_inside(status_fd, &f, 126);

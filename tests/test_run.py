@@ -1,0 +1,167 @@
+"""caper run: snapshot -> pre-execute -> approve -> commit or roll back, end
+to end on the real filesystem (overlayfs in a real mount namespace)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from caper.errors import ConfigError
+from caper.transaction import EXIT_NOT_COMMITTED, run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tree(path: Path) -> dict:
+    """Everything about a tree that a user would miss: types, modes, contents, links."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath, name)
+            st = p.lstat()
+            rel = str(p.relative_to(path))
+            if p.is_symlink():
+                out[rel] = ("link", os.readlink(p))
+            elif p.is_dir():
+                out[rel] = ("dir", st.st_mode & 0o7777)
+            else:
+                out[rel] = ("file", st.st_mode & 0o7777, p.read_bytes())
+    return out
+
+
+@pytest.fixture
+def ws(tmp_path):
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / "src").mkdir()
+    (w / "src" / "main.c").write_text("int main(){return 0;}\n")
+    (w / "README").write_text("hello\n")
+    return w
+
+
+@pytest.fixture
+def state(tmp_path):
+    return str(tmp_path / "state")
+
+
+def test_allow_commits_the_run_and_returns_its_output(ws, state):
+    out = run("echo built > out.txt; rm README; mkdir -p build && echo o > build/x.o; "
+              "echo to-stdout; echo to-stderr >&2; exit 3", cwd=ws, approver="allow",
+              state_dir=state)
+    assert out.decision == "allow" and out.committed
+    assert out.exit_code == 3
+    assert out.stdout.text() == b"to-stdout\n" and out.stderr.text() == b"to-stderr\n"
+    assert (ws / "out.txt").read_text() == "built\n"
+    assert not (ws / "README").exists()
+    assert (ws / "build" / "x.o").read_text() == "o\n"
+    assert set(out.timings) >= {"snapshot_ms", "run_ms", "approve_ms", "commit_ms"}
+
+
+def test_block_leaves_everything_byte_identical(ws, state, tmp_path):
+    home_file = tmp_path / "home-rc"
+    home_file.write_text("export A=1\n")
+    before, home_before = tree(ws), home_file.read_bytes()
+    out = run(f"rm -rf src; echo evil >> {home_file}; chmod 600 README; ln -s /etc x; "
+              "echo preview", cwd=ws, approver="block", state_dir=state)
+    assert out.decision == "block" and not out.committed
+    assert out.stdout.text() == b"preview\n"  # held, shown in the result, not committed
+    assert tree(ws) == before and home_file.read_bytes() == home_before
+    assert "block" in out.reason or "preview" in out.reason
+    # the report says what would have changed
+    changed = {c["path"] for c in out.report["changes"]}
+    assert str(ws / "src") in changed and str(home_file) in changed
+
+
+def test_writes_outside_the_workspace_are_held_too(ws, state, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    run(f"echo 1 > {outside}/a; echo 2 > /tmp/caper-test-{os.getpid()}", cwd=ws,
+        approver="block", state_dir=state)
+    assert not (outside / "a").exists()
+    assert not Path(f"/tmp/caper-test-{os.getpid()}").exists()
+    try:
+        run(f"echo 1 > {outside}/a; echo 2 > /tmp/caper-test-{os.getpid()}", cwd=ws,
+            approver="allow", state_dir=state)
+        assert (outside / "a").read_text() == "1\n"
+        assert Path(f"/tmp/caper-test-{os.getpid()}").read_text() == "2\n"
+    finally:
+        Path(f"/tmp/caper-test-{os.getpid()}").unlink(missing_ok=True)
+
+
+def test_a_run_that_times_out_is_blocked_and_rolled_back(ws, state):
+    before = tree(ws)
+    out = run("echo x > new; sleep 1000", cwd=ws, approver="allow", timeout=0.5, state_dir=state)
+    assert out.decision == "block" and "timeout" in out.reason
+    assert tree(ws) == before
+
+
+def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, state):
+    target = ws / "README"
+
+    def edit_meanwhile():
+        time.sleep(0.3)
+        target.write_text("user edit\n")
+
+    t = threading.Thread(target=edit_meanwhile)
+    t.start()
+    out = run("sleep 0.8; echo agent edit > README; echo other > other.txt", cwd=ws,
+              approver="allow", state_dir=state)
+    t.join()
+    assert out.decision == "block" and not out.committed
+    assert str(target) in out.reason
+    assert target.read_text() == "user edit\n" and not (ws / "other.txt").exists()
+    # the run's version is kept, recoverable
+    assert out.kept_upper and any(Path(out.kept_upper).rglob("other.txt"))
+
+
+def test_runs_on_one_workspace_take_turns(ws, state, tmp_path):
+    spans = []
+
+    def one(i):
+        out = run("date +%s.%N; sleep 0.5; date +%s.%N", cwd=ws, approver="allow",
+                  state_dir=state)
+        a, b = out.stdout.text().split()
+        spans.append((float(a), float(b)))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert a1 <= b0, f"runs overlapped: {spans}"
+
+
+def test_bad_workspace_and_cwd_are_clear_errors(tmp_path, state):
+    with pytest.raises(ConfigError, match="does not exist"):
+        run("true", cwd=tmp_path / "missing", state_dir=state)
+    with pytest.raises(ConfigError, match="workspace does not exist"):
+        run("true", cwd=tmp_path, workspace=str(tmp_path / "nope"), state_dir=state)
+    with pytest.raises(ConfigError, match="unknown approver"):
+        run("true", cwd=tmp_path, approver="maybe", state_dir=state)
+
+
+def test_file_name_with_newline_commits(ws, state):
+    run("printf x > 'a\nb'", cwd=ws, approver="allow", state_dir=state)
+    assert (ws / "a\nb").read_text() == "x"
+
+
+def test_cli_json_and_block_status(ws, state):
+    env = {**os.environ, "CAPER_STATE_DIR": state, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "caper", "run", "--json", "--approver", "block",
+                        "-c", "echo hi > f; echo out"], cwd=ws, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == EXIT_NOT_COMMITTED
+    doc = json.loads(p.stdout)
+    assert {"decision", "reason", "exit_code", "stdout", "stderr", "report", "timings"} <= set(doc)
+    assert doc["decision"] == "block" and doc["stdout"] == "out\n" and doc["exit_code"] == 0
+    assert not (ws / "f").exists()
+    p = subprocess.run([sys.executable, "-m", "caper", "run", "--", "sh", "-c",
+                        "echo hi > f; echo out; exit 4"], cwd=ws, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert (p.returncode, p.stdout) == (4, "out\n")
+    assert (ws / "f").read_text() == "hi\n"

@@ -1,0 +1,105 @@
+"""Property: a random sequence of file operations run under `caper run`
+leaves the tree exactly as running it natively would (approver allow), or
+byte-identical to before (approver block)."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from caper.transaction import run
+from test_run import tree
+
+EXAMPLES = int(os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", 25))
+NAMES = ["a", "b", "d", "d/a", "d/b", "e", "e/c", "d/e"]
+content = st.text(alphabet="xyz\n", max_size=12)
+name = st.sampled_from(NAMES)
+op = st.one_of(
+    st.tuples(st.just("create"), name, content),
+    st.tuples(st.just("append"), name, content),
+    st.tuples(st.just("truncate"), name, st.integers(0, 20)),
+    st.tuples(st.just("delete"), name),
+    st.tuples(st.just("mkdir"), name),
+    st.tuples(st.just("rmdir"), name),
+    st.tuples(st.just("rmtree"), name),
+    st.tuples(st.just("rename"), name, name),
+    st.tuples(st.just("symlink"), st.sampled_from(NAMES + ["/etc/hostname", "../x"]), name),
+    st.tuples(st.just("hardlink"), name, name),
+    st.tuples(st.just("chmod"), st.sampled_from(["600", "755", "640", "700"]), name),
+)
+
+
+def shell(ops) -> str:
+    q = shlex.quote
+    lines = []
+    for o in ops:
+        kind = o[0]
+        if kind == "create":
+            lines.append(f"printf %s {q(o[2])} > {q(o[1])}")
+        elif kind == "append":
+            lines.append(f"printf %s {q(o[2])} >> {q(o[1])}")
+        elif kind == "truncate":
+            lines.append(f"truncate -s {o[2]} {q(o[1])}")
+        elif kind == "delete":
+            lines.append(f"rm -f {q(o[1])}")
+        elif kind == "mkdir":
+            lines.append(f"mkdir {q(o[1])}")
+        elif kind == "rmdir":
+            lines.append(f"rmdir {q(o[1])}")
+        elif kind == "rmtree":
+            lines.append(f"rm -rf {q(o[1])}")
+        elif kind == "rename":
+            lines.append(f"mv -T {q(o[1])} {q(o[2])}")
+        elif kind == "symlink":
+            lines.append(f"ln -s {q(o[1])} {q(o[2])}")
+        elif kind == "hardlink":
+            lines.append(f"ln {q(o[1])} {q(o[2])}")
+        elif kind == "chmod":
+            lines.append(f"chmod {o[1]} {q(o[2])}")
+    return "\n".join(f"{l} 2>/dev/null" for l in lines) + "\ntrue\n"
+
+
+def seed(root: Path) -> None:
+    root.mkdir()
+    (root / "a").write_text("lower a\n")
+    (root / "d").mkdir()
+    (root / "d" / "a").write_text("lower d/a\n")
+    (root / "e").mkdir()
+    (root / "e" / "c").write_text("lower e/c\n")
+    os.chmod(root / "e" / "c", 0o640)
+
+
+_settings = settings(max_examples=EXAMPLES, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@_settings
+@given(ops=st.lists(op, min_size=1, max_size=12))
+def test_allow_equals_native(tmp_path_factory, ops):
+    base = tmp_path_factory.mktemp("prop")
+    native, gated = base / "native", base / "gated"
+    seed(native)
+    seed(gated)
+    script = shell(ops)
+    subprocess.run(["sh", "-c", script], cwd=native, check=True)
+    out = run(script, cwd=str(gated), approver="allow", state_dir=str(base / "state"))
+    assert out.committed, out.reason
+    assert tree(gated) == tree(native), script
+    shutil.rmtree(base)
+
+
+@_settings
+@given(ops=st.lists(op, min_size=1, max_size=12))
+def test_block_leaves_the_tree_identical(tmp_path_factory, ops):
+    base = tmp_path_factory.mktemp("prop")
+    gated = base / "gated"
+    seed(gated)
+    before = tree(gated)
+    out = run(shell(ops), cwd=str(gated), approver="block", state_dir=str(base / "state"))
+    assert not out.committed
+    assert tree(gated) == before
+    shutil.rmtree(base)
