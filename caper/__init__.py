@@ -2,3 +2,11 @@
 does at the syscall level, and let an independent approver decide whether the
 run counts. This package is the Python side; the native core is caper_native."""
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # caper.run without importing the transaction machinery at `import caper`.
+    if name == "run":
+        from caper.transaction import run
+        return run
+    raise AttributeError(f"module 'caper' has no attribute {name!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ PSEUDO_FS = frozenset({
     "autofs", "efivarfs", "rpc_pipefs", "nsfs",
 })
 KERNEL_TREES = ("/proc", "/sys", "/dev")
+
+CLOCK_REALTIME_COARSE = 5  # linux/time.h; the os module does not name it
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -81,6 +84,18 @@ def host_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[HostMount]:
                                                 m.mount_point))
 
 
+def _tick_boundary_ns() -> int:
+    """The start of the next tick of the coarse clock that file ctimes use,
+    after waiting for it (a few ms at most). Host changes before now carry a
+    ctime below it; changes after it, at or above it. So a file the agent
+    saved just before the run is not mistaken for an edit during the run,
+    and an edit during the run is never missed."""
+    now = time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
+    while (tick := time.clock_gettime_ns(CLOCK_REALTIME_COARSE)) <= now:
+        time.sleep(0.0002)
+    return tick
+
+
 def _below(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
@@ -116,10 +131,7 @@ class OverlaySnapshot:
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
-        # The host's coarse clock, as ctime sees it: later host edits are conflicts.
-        marker = os.path.join(scratch, "since")
-        open(marker, "w").close()
-        since_ns = os.stat(marker).st_ctime_ns
+        since_ns = _tick_boundary_ns()  # host edits from here on are conflicts
         state_real = os.path.realpath(state_dir)
         layers, mounts = [], []
         for i, m in enumerate(host_mounts()):

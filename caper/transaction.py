@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 from caper.approve import ApprovalRequest, Approver, Decision, get_approver
@@ -93,7 +93,7 @@ def _report(events: list[Event], result: RunResult, changes: list) -> dict:
         "end": result.status,
         "exit_code": result.exit_code,
         "counts": dict(Counter(e.kind.name.lower() for e in events)),
-        "changes": [c.to_dict() for c in changes],
+        "changes": [asdict(c) for c in changes],
         "events": [e.to_dict() for e in events],
     }
 

@@ -1,0 +1,78 @@
+"""caper run's cost next to running natively, on the commit path (approver
+allow) and the rollback path (approver block), in a 10,000-file workspace.
+
+    python3 -m pytest bench/test_transaction.py --benchmark-columns=min,median,max,rounds
+
+Variants: native (subprocess), caper (caper.run in this process: what an
+embedding agent pays), caper-cli (python3 -m caper run: what a hook pays,
+interpreter start-up included); each with allow and block.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from benchlib import ROOT
+
+SCALE = float(os.environ.get("CAPER_BENCH_SCALE", "1"))
+ROUNDS = max(5, round(30 * SCALE))
+
+WORKLOADS = {
+    "true": "true",
+    "touch": "touch x",
+    "rm-rf-100": "rm -rf doomed",
+}
+
+
+@pytest.fixture(scope="session")
+def workspace(workdir):
+    """10,000 files in 100 directories, plus what the rm workload deletes."""
+    ws = os.path.join(workdir, "ws10k")
+    if not os.path.exists(ws):
+        for d in range(100):
+            os.makedirs(os.path.join(ws, f"d{d:03}"))
+            for f in range(100):
+                with open(os.path.join(ws, f"d{d:03}", f"f{f:03}"), "w") as fh:
+                    fh.write(f"{d} {f}\n")
+    return ws
+
+
+def _reset(ws: str) -> None:
+    doomed = os.path.join(ws, "doomed")
+    if not os.path.isdir(doomed):
+        os.mkdir(doomed)
+        for i in range(100):
+            with open(os.path.join(doomed, f"f{i}"), "w") as fh:
+                fh.write("x\n")
+    x = os.path.join(ws, "x")
+    if os.path.exists(x):
+        os.unlink(x)
+
+
+@pytest.mark.parametrize("variant", ["native", "caper-allow", "caper-block",
+                                     "caper-cli-allow", "caper-cli-block"])
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_run(benchmark, workspace, workdir, workload, variant):
+    import caper
+
+    cmd = WORKLOADS[workload]
+    state = os.path.join(workdir, "caper-state")
+    env = {**os.environ, "CAPER_STATE_DIR": state, "PYTHONPATH": str(ROOT)}
+    benchmark.group = f"run-{workload}"
+    if variant == "native":
+        fn = lambda: subprocess.run(["/bin/sh", "-c", cmd], cwd=workspace, check=True,
+                                    capture_output=True)
+    elif variant.startswith("caper-cli"):
+        approver = variant.rsplit("-", 1)[1]
+        argv = [sys.executable, "-m", "caper", "run", "--approver", approver, "--workspace",
+                workspace, "-c", cmd]
+        fn = lambda: subprocess.run(argv, cwd=workspace, env=env, capture_output=True)
+    else:
+        approver = variant.rsplit("-", 1)[1]
+        fn = lambda: caper.run(cmd, cwd=workspace, workspace=workspace, approver=approver,
+                               state_dir=state)
+    benchmark.pedantic(fn, setup=lambda: _reset(workspace), rounds=ROUNDS, warmup_rounds=1)
