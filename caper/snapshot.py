@@ -105,6 +105,79 @@ def _escape_option(path: str) -> str:
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
 
 
+class _Planner:
+    """Turns host paths into mounts under the staging root."""
+
+    def __init__(self, scratch: str, stage: str, userxattr: bool):
+        self.scratch, self.stage, self.userxattr = scratch, stage, userxattr
+        self.layers: list[Layer] = []
+        self.mounts: list[Mount] = []
+
+    def _target(self, path: str) -> str:
+        return self.stage + (path if path != "/" else "")
+
+    def cover(self, path: str, read_only: bool) -> None:
+        """An overlay of path (or a read-only bind of a read-only mount)."""
+        target = self._target(path)
+        if read_only:
+            # Read-only on the host stays read-only in the sandbox.
+            self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
+            self.mounts.append(Mount(None, target, None, None,
+                                     MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+            return
+        n = len(self.layers)
+        upper = os.path.join(self.scratch, f"layer{n}", "upper")
+        work = os.path.join(self.scratch, f"layer{n}", "work")
+        os.makedirs(upper)
+        os.makedirs(work)
+        opts = [f"lowerdir={_escape_option(path)}", f"upperdir={_escape_option(upper)}",
+                f"workdir={_escape_option(work)}"]
+        # Plain upper contents for the commit engine: no redirects, no
+        # metadata-only copy-ups, no index. (userxattr implies all three.)
+        opts += ["userxattr"] if self.userxattr else ["redirect_dir=off", "index=off",
+                                                        "metacopy=off"]
+        self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), 0))
+        self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr))
+
+    def split_root(self, host: list[HostMount]) -> None:
+        """Rootless: in a user namespace the kernel will not take "/" (with
+        mounts locked below it) as a lower layer, so each directory is
+        overlaid at the highest level with no mount below it. The staging
+        root itself is a read-only bind: "/" is not writable by its user."""
+        self.mounts.append(Mount(self.stage, self.stage, None, None, MS_BIND))
+        points = {m.mount_point: m for m in host}
+        self._split("/", points)
+        self.mounts.append(Mount(None, self.stage, None, None,
+                                 MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+
+    def _split(self, directory: str, points: dict[str, HostMount]) -> None:
+        # Files beside a mount point (rare below "/") can only be bound read-only.
+        for entry in os.scandir(directory):
+            path = entry.path
+            target = self._target(path)
+            if path in KERNEL_TREES:
+                os.mkdir(target)  # the core mounts /proc, /dev, /sys here
+                continue
+            if entry.is_symlink():
+                os.symlink(os.readlink(path), target)
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                os.mkdir(target)
+                if not os.access(path, os.R_OK | os.X_OK):
+                    self.cover(path, True)  # closed to this user natively too
+                    continue
+                if any(_below(p, path) and p != path for p in points):
+                    if path in points and points[path].read_only:
+                        self.cover(path, True)
+                    else:
+                        self._split(path, points)
+                else:
+                    self.cover(path, points[path].read_only if path in points else False)
+            elif entry.is_file(follow_symlinks=False):
+                open(target, "w").close()
+                self.cover(path, True)  # top-level files: read-only, like "/" itself
+
+
 @dataclass
 class OverlaySnapshot:
     """Scratch directory, layers and the mount plan of one run."""
@@ -133,39 +206,40 @@ class OverlaySnapshot:
         os.mkdir(stage)
         since_ns = _tick_boundary_ns()  # host edits from here on are conflicts
         state_real = os.path.realpath(state_dir)
-        layers, mounts = [], []
-        for i, m in enumerate(host_mounts()):
-            if m.fstype in PSEUDO_FS or any(_below(m.mount_point, t) for t in KERNEL_TREES):
-                continue
-            if _below(m.mount_point, state_real):
-                continue
-            target = stage + (m.mount_point if m.mount_point != "/" else "")
-            if m.read_only:
-                # Read-only on the host stays read-only in the sandbox.
-                mounts.append(Mount(m.mount_point, target, None, None, MS_BIND))
-                mounts.append(Mount(None, target, None, None,
-                                    MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
-                continue
-            upper = os.path.join(scratch, f"layer{i}", "upper")
-            work = os.path.join(scratch, f"layer{i}", "work")
-            os.makedirs(upper)
-            os.makedirs(work)
-            opts = [f"lowerdir={_escape_option(m.mount_point)}", f"upperdir={_escape_option(upper)}",
-                    f"workdir={_escape_option(work)}", "redirect_dir=off", "index=off",
-                    "metacopy=off"]
-            if userxattr:
-                opts.append("userxattr")
-            mounts.append(Mount("overlay", target, "overlay", ",".join(opts), 0))
-            layers.append(Layer(mount_point=m.mount_point, upper=upper, userxattr=userxattr))
-        if not layers or layers[0].mount_point != "/":
-            raise SetupError("no writable root mount to snapshot", step="MOUNT_ROOT")
+        plan = _Planner(scratch, stage, userxattr)
+        covered = [m for m in host_mounts()
+                   if m.fstype not in PSEUDO_FS and not _below(m.mount_point, state_real)
+                   and not any(_below(m.mount_point, t) for t in KERNEL_TREES)]
+        if userxattr:
+            plan.split_root(covered)
+        else:
+            for m in covered:
+                plan.cover(m.mount_point, m.read_only)
+            if plan.layers[:1] and plan.layers[0].mount_point != "/":
+                plan.layers.clear()
+        if not plan.layers:
+            raise SetupError("no writable mount to snapshot", step="MOUNT_ROOT")
         # caper's own state (other runs' pending changes) is not the command's business.
-        hidden = [state_real]
-        mounts.append(Mount("tmpfs", stage + state_real, "tmpfs", "size=4k,mode=0",
-                            MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC))
-        return cls(scratch=scratch, stage=stage, layers=layers, mounts=mounts,
-                   since_ns=since_ns, hidden=hidden)
+        plan.mounts.append(Mount("tmpfs", stage + state_real, "tmpfs", "size=4k,mode=0",
+                                 MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC))
+        return cls(scratch=scratch, stage=stage, layers=plan.layers, mounts=plan.mounts,
+                   since_ns=since_ns, hidden=[state_real])
 
     def discard(self) -> None:
         """Rollback: the upper layers go, the host never saw them."""
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_tree(self.scratch)
+
+
+def remove_tree(path: str) -> None:
+    """rmtree that also takes directories without search permission, which an
+    unprivileged user meets in overlay work dirs (work/work is mode 000) and
+    wherever the command chmodded a directory shut."""
+    def retry(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=retry)

@@ -70,3 +70,31 @@ def test_unprivileged_user_gets_a_user_namespace_sandbox():
         assert Path(work, "made-inside").read_text() == "hi\n"
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+ROOTLESS_VENV = "/opt/caper-rootless-venv/bin/python"
+
+
+def test_caper_run_tests_pass_as_an_unprivileged_user():
+    """The commit/rollback tests and the property tests, run by uid 65534:
+    user namespace, userxattr overlays, per-directory layers."""
+    reason = _usable()
+    if reason:
+        pytest.skip(reason)
+    if not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    base = tempfile.mkdtemp(prefix="caper-rootless-pytest-")
+    try:
+        os.chown(base, NOBODY, NOBODY)
+        env = {"PATH": "/usr/bin:/bin", "HOME": base, "CAPER_STATE_DIR": f"{base}/state",
+               "PYTHONPATH": str(ROOT), "CAPER_HYPOTHESIS_EXAMPLES":
+               os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", "15"), "PYTHONDONTWRITEBYTECODE": "1"}
+        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            ROOTLESS_VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"--basetemp={base}/t", "tests/test_run.py",
+                            "tests/test_run_property.py"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+        assert " passed" in p.stdout
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

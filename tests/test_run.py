@@ -31,7 +31,10 @@ def tree(path: Path) -> dict:
             elif p.is_dir():
                 out[rel] = ("dir", st.st_mode & 0o7777)
             else:
-                out[rel] = ("file", st.st_mode & 0o7777, p.read_bytes())
+                try:
+                    out[rel] = ("file", st.st_mode & 0o7777, p.read_bytes())
+                except PermissionError:  # an unprivileged run chmodded it shut
+                    out[rel] = ("file", st.st_mode & 0o7777, st.st_size, "unreadable")
     return out
 
 

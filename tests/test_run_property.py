@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from caper.snapshot import remove_tree
 from caper.transaction import run
 from test_run import tree
 
@@ -89,7 +89,7 @@ def test_allow_equals_native(tmp_path_factory, ops):
     out = run(script, cwd=str(gated), approver="allow", state_dir=str(base / "state"))
     assert out.committed, out.reason
     assert tree(gated) == tree(native), script
-    shutil.rmtree(base)
+    remove_tree(str(base))
 
 
 @_settings
@@ -102,4 +102,4 @@ def test_block_leaves_the_tree_identical(tmp_path_factory, ops):
     out = run(shell(ops), cwd=str(gated), approver="block", state_dir=str(base / "state"))
     assert not out.committed
     assert tree(gated) == before
-    shutil.rmtree(base)
+    remove_tree(str(base))
