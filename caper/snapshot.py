@@ -130,6 +130,7 @@ class _Planner:
         work = os.path.join(self.scratch, f"layer{n}", "work")
         os.makedirs(upper)
         os.makedirs(work)
+        self._match_root(path, upper)
         opts = [f"lowerdir={_escape_option(path)}", f"upperdir={_escape_option(upper)}",
                 f"workdir={_escape_option(work)}"]
         # Plain upper contents for the commit engine: no redirects, no
@@ -138,6 +139,18 @@ class _Planner:
                                                         "metacopy=off"]
         self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), 0))
         self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr))
+
+    def _match_root(self, lower: str, upper: str) -> None:
+        """An overlay's root shows its upper dir's mode and owner, not the
+        lower's: give the upper the host directory's. An unprivileged user
+        cannot give it away, so it loses the write bits the user lacks."""
+        st = os.stat(lower)
+        mode = st.st_mode & 0o7777
+        if os.geteuid() == 0:
+            os.chown(upper, st.st_uid, st.st_gid)
+        elif not os.access(lower, os.W_OK):
+            mode &= ~0o222
+        os.chmod(upper, mode)
 
     def split_root(self, host: list[HostMount]) -> None:
         """Rootless: in a user namespace the kernel will not take "/" (with
@@ -234,12 +247,23 @@ def remove_tree(path: str) -> None:
     """rmtree that also takes directories without search permission, which an
     unprivileged user meets in overlay work dirs (work/work is mode 000) and
     wherever the command chmodded a directory shut."""
-    def retry(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-    shutil.rmtree(path, onerror=retry)
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    try:
+        os.chmod(path, 0o700)
+    except OSError:
+        pass
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:  # opened before os.walk descends (top-down)
+            sub = os.path.join(dirpath, d)
+            try:
+                if not os.path.islink(sub):
+                    os.chmod(sub, 0o700)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)

@@ -24,8 +24,12 @@ def tree(path: Path) -> dict:
     for dirpath, dirnames, filenames in os.walk(path):
         for name in sorted(dirnames + filenames):
             p = Path(dirpath, name)
-            st = p.lstat()
             rel = str(p.relative_to(path))
+            try:
+                st = p.lstat()
+            except PermissionError:  # its directory was chmodded unsearchable
+                out[rel] = ("unsearchable",)
+                continue
             if p.is_symlink():
                 out[rel] = ("link", os.readlink(p))
             elif p.is_dir():
