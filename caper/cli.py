@@ -2,6 +2,7 @@
 
     caper run [--task TEXT] [--approver allow|block] [--backend B] [--timeout S]
               [--workspace DIR] [--json] -c 'SHELL STRING'   (or -- ARGV...)
+    caper recover [--state-dir DIR]
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
     caper trace [...] -c 'SHELL STRING'
 
@@ -124,6 +125,23 @@ def cmd_run(args, parser) -> int:
     return outcome.exit_code if outcome.exit_code is not None else EXIT_NOT_COMMITTED
 
 
+def cmd_recover(args, parser) -> int:
+    from caper.commit import recover
+    from caper.errors import CaperError
+    from caper.transaction import default_state_dir
+
+    try:
+        done = recover(args.state_dir or default_state_dir())
+    except CaperError as e:
+        print(f"caper: recover failed: {e}", file=sys.stderr)
+        return 1
+    for line in done:
+        print(line)
+    if not done:
+        print("caper: nothing to recover", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="caper", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -138,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
+    rc = sub.add_parser("recover", help="finish or undo a commit that was interrupted")
+    rc.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+    rc.set_defaults(func=cmd_recover)
     t = sub.add_parser("trace", help="run a command in the sandbox and print what it did")
     t.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
     t.add_argument("--jsonl", action="store_true", help="one JSON object per event")

@@ -19,6 +19,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -1008,3 +1009,21 @@ def test_every_case_label_has_a_test():
     script = Path(__file__).resolve().parent.parent / "scripts" / "check_commit_cases.py"
     p = subprocess.run(["python3", str(script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout
+
+
+def test_caper_recover_command_undoes_an_interrupted_commit(env):
+    env.build({"a": "1", "b": "1"})
+    before = snapshot(env.host)
+    env.run("echo 2 > a; echo 2 > b")
+    assert _killed_at(5, lambda: env.commit())
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(env.state)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0, p.stderr
+    assert "undone" in p.stdout
+    assert snapshot(env.host) == before
+    p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(env.state)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0 and "nothing to recover" in p.stderr
