@@ -70,7 +70,7 @@ from caper.errors import CaperError
 
 __all__ = [
     "Layer", "Change", "CommitResult", "CommitError", "CommitConflict", "CommitIncomplete",
-    "commit", "recover", "plan_changes", "snapshot_clock_ns",
+    "commit", "recover", "plan_changes",
 ]
 
 # --- named defaults -----------------------------------------------------------
@@ -81,10 +81,6 @@ JOURNAL_VERSION = 1
 MAX_OPEN_DIRS = 256                # directory fds kept open per tree
 COPY_CHUNK = 1 << 20
 COMPARE_MAX = 1 << 20             # bytes compared to tell a meta-only change from a write
-# File ctimes come from the kernel's coarse clock (a 4 ms tick at HZ=250) and
-# lag the real time by up to one tick; take the snapshot time this much early
-# so a host change right after the snapshot is never missed (see snapshot_clock_ns).
-CLOCK_MARGIN_NS = 20_000_000
 
 # unit operations
 CREATE, REPLACE, DELETE = "create", "replace", "delete"
@@ -176,15 +172,6 @@ class CommitResult:
     copied: int = 0                 # entries staged by copy (other filesystem)
     bytes_copied: int = 0
     seconds: float = 0.0
-
-
-def snapshot_clock_ns() -> int:
-    """The `since_ns` to record when the snapshot is taken (just before the run).
-
-    File ctimes use the coarse clock, up to one tick behind the real time; the
-    margin makes a host change made right after the snapshot always count as a
-    conflict.  (A change made in the margin before it counts too: safe side.)"""
-    return time.time_ns() - CLOCK_MARGIN_NS
 
 
 # --- syscalls Python lacks ------------------------------------------------------------
@@ -1368,7 +1355,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
     """Apply the upper dirs of `layers` to the host tree, all or nothing.
 
     The overlays must be unmounted (no process may still write to the upper
-    dirs).  `since_ns`: the snapshot time (see `snapshot_clock_ns`); a host path
+    dirs).  `since_ns`: the snapshot time (see caper.snapshot); a host path
     the run changed whose ctime is at or after it raises CommitConflict.
     `exclude`: host paths never touched (state_dir is always excluded).
 

@@ -84,7 +84,7 @@ def host_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[HostMount]:
                                                 m.mount_point))
 
 
-def _tick_boundary_ns() -> int:
+def snapshot_time_ns() -> int:
     """The start of the next tick of the coarse clock that file ctimes use,
     after waiting for it (a few ms at most). Host changes before now carry a
     ctime below it; changes after it, at or above it. So a file the agent
@@ -217,7 +217,7 @@ class OverlaySnapshot:
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
-        since_ns = _tick_boundary_ns()  # host edits from here on are conflicts
+        since_ns = snapshot_time_ns()  # host edits from here on are conflicts
         state_real = os.path.realpath(state_dir)
         plan = _Planner(scratch, stage, userxattr)
         covered = [m for m in host_mounts()

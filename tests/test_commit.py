@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caper import commit as C
-from caper.commit import (Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover,
-                          snapshot_clock_ns)
+from caper.commit import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
+from caper.snapshot import snapshot_time_ns
 from caper.errors import CaperError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
@@ -459,7 +459,7 @@ def test_conflict_names_every_path_and_touches_nothing(env):
     # CASE(*, changed-on-host)
     env.build({"a": "1", "b": "2", "d/x": "x", "c": "3"})
     time.sleep(0.03)
-    env.since = snapshot_clock_ns()
+    env.since = snapshot_time_ns()
     env.seen = overlay(env.host, env.upper, env.work, env.merged, "echo A > a; rm -rf d; rm b; echo C > c")
     (env.host / "a").write_text("host edit\n")         # edited on the host during the run
     (env.host / "d/x").write_text("host edit\n")       # inside a dir the run deleted
