@@ -1404,19 +1404,11 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
         except BaseException as exc:
             _undo_after_failure(journal, exc)
             raise
-        # 5. finish: drop the old versions, set directory times
-        rec = None
-        try:
-            rec = _Recovery(_load(journal.path))
-            rec.finish()
-            journal.remove()
-        except Exception as e:          # applied already: the commit stands; recover() completes it
-            journal.unlock()
-            raise CommitIncomplete(f"commit {jid} is applied but cleaning up failed ({e}); "
-                                   f"run recover({state_dir!r})", journal.path, applied=True) from e
-        finally:
-            if rec is not None:
-                rec.close()
+        # 5. finish: drop the old versions, set directory times. Applied already:
+        # the commit stands even if this fails, and recover() completes it.
+        _replay(journal, "finish", lambda e: CommitIncomplete(
+            f"commit {jid} is applied but cleaning up failed ({e}); run recover({state_dir!r})",
+            journal.path, applied=True))
         return CommitResult(jid, plan.changes, counts, units=len(plan.units), linked=stager.stats.linked,
                             copied=stager.stats.copied, bytes_copied=stager.stats.bytes,
                             seconds=time.perf_counter() - t0)
@@ -1424,24 +1416,31 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
         plan.close()
 
 
-def _undo_after_failure(journal: _Journal, exc: BaseException) -> None:
-    """Roll back a commit that failed before its applied mark; then the caller re-raises
-    (as CommitError unless it is one already or a BaseException like KeyboardInterrupt)."""
+def _replay(journal: _Journal, action: str, failure: Callable[[Exception], CommitError]) -> None:
+    """Run the journal's recovery `action` ("finish" or "undo"), then drop the
+    journal; if that fails, release it for recover() and raise failure(e)."""
     rec = None
     try:
-        if not os.path.exists(journal.path):            # failed before the first change
-            journal.remove()
-        else:
-            rec = _Recovery(_load(journal.path))
-            rec.undo()
-            journal.remove()
+        rec = _Recovery(_load(journal.path))
+        getattr(rec, action)()
+        journal.remove()
     except Exception as e:
         journal.unlock()
-        raise CommitIncomplete(f"commit {journal.id} failed ({exc}) and undoing it failed too ({e}); "
-                               f"run recover()", journal.path, applied=False) from e
+        raise failure(e) from e
     finally:
         if rec is not None:
             rec.close()
+
+
+def _undo_after_failure(journal: _Journal, exc: BaseException) -> None:
+    """Roll back a commit that failed before its applied mark; then the caller re-raises
+    (as CommitError unless it is one already or a BaseException like KeyboardInterrupt)."""
+    if not os.path.exists(journal.path):                # failed before the first change
+        journal.remove()
+    else:
+        _replay(journal, "undo", lambda e: CommitIncomplete(
+            f"commit {journal.id} failed ({exc}) and undoing it failed too ({e}); run recover()",
+            journal.path, applied=False))
     if isinstance(exc, OSError):
         raise _error(exc, "commit", exc.filename or "?") from exc
     if isinstance(exc, Exception) and not isinstance(exc, CaperError):

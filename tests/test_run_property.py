@@ -33,33 +33,24 @@ op = st.one_of(
 )
 
 
+# Each operation as a shell line; {0}, {1} are its (quoted) arguments.
+SHELL = {
+    "create": "printf %s {1} > {0}",
+    "append": "printf %s {1} >> {0}",
+    "truncate": "truncate -s {1} {0}",
+    "delete": "rm -f {0}",
+    "mkdir": "mkdir {0}",
+    "rmdir": "rmdir {0}",
+    "rmtree": "rm -rf {0}",
+    "rename": "mv -T {0} {1}",
+    "symlink": "ln -s {0} {1}",
+    "hardlink": "ln {0} {1}",
+    "chmod": "chmod {0} {1}",
+}
+
+
 def shell(ops) -> str:
-    q = shlex.quote
-    lines = []
-    for o in ops:
-        kind = o[0]
-        if kind == "create":
-            lines.append(f"printf %s {q(o[2])} > {q(o[1])}")
-        elif kind == "append":
-            lines.append(f"printf %s {q(o[2])} >> {q(o[1])}")
-        elif kind == "truncate":
-            lines.append(f"truncate -s {o[2]} {q(o[1])}")
-        elif kind == "delete":
-            lines.append(f"rm -f {q(o[1])}")
-        elif kind == "mkdir":
-            lines.append(f"mkdir {q(o[1])}")
-        elif kind == "rmdir":
-            lines.append(f"rmdir {q(o[1])}")
-        elif kind == "rmtree":
-            lines.append(f"rm -rf {q(o[1])}")
-        elif kind == "rename":
-            lines.append(f"mv -T {q(o[1])} {q(o[2])}")
-        elif kind == "symlink":
-            lines.append(f"ln -s {q(o[1])} {q(o[2])}")
-        elif kind == "hardlink":
-            lines.append(f"ln {q(o[1])} {q(o[2])}")
-        elif kind == "chmod":
-            lines.append(f"chmod {o[1]} {q(o[2])}")
+    lines = [SHELL[o[0]].format(*(shlex.quote(str(a)) for a in o[1:])) for o in ops]
     return "\n".join(f"{l} 2>/dev/null" for l in lines) + "\ntrue\n"
 
 
