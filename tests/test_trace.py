@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 import time
 
 import pytest
@@ -305,3 +306,38 @@ def test_o_tmpfile_is_traced_although_it_carries_the_directory_bit(tmp_path):
     assert r.exit_code == 0, r.stderr.text()
     tmpfile = [e for e in of_kind(events, Kind.OPEN) if e.flags & os.O_TMPFILE == os.O_TMPFILE]
     assert [e.path for e in tmpfile] == [str(tmp_path)] and tmpfile[0].ok
+
+
+def test_the_sandbox_dies_with_caper(tmp_path):
+    """kill -9 of the process running caper: PTRACE_O_EXITKILL and
+    PR_SET_PDEATHSIG take every sandbox process with it, daemons included."""
+    marker = f"{41 + os.getpid() % 1000}.{time.time_ns() % 10**6:06d}"  # a unique sleep length
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from caper.trace import trace\n"
+            "trace(%r, timeout=120).run()\n") % (
+        str(Path(__file__).resolve().parent.parent),
+        f"(setsid sleep {marker} &); sleep {marker}")
+    p = subprocess.Popen([PY, "-c", code])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(_sleepers(marker)) < 2:
+        time.sleep(0.05)
+    assert len(_sleepers(marker)) == 2, "the sandbox did not start"
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _sleepers(marker):
+        time.sleep(0.05)
+    assert _sleepers(marker) == []
+
+
+def _sleepers(marker: str) -> list[int]:
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if f.read() == b"sleep\0" + marker.encode() + b"\0":
+                        found.append(int(d))
+            except OSError:
+                pass
+    return found
