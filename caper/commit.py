@@ -66,6 +66,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from caper import mountinfo
 from caper.errors import CaperError
 
 __all__ = [
@@ -201,17 +202,10 @@ def _proc(fd: int) -> str:
 def _mount_points() -> set[str]:
     """Every mount point of this mount namespace (a bind mount of the same
     filesystem has the same st_dev: only mountinfo shows it)."""
-    out: set[str] = set()
     try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            for line in f:
-                fields = line.split(b" ")
-                if len(fields) > 4:
-                    raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
-                    out.add(os.fsdecode(raw))
+        return {m.point for m in mountinfo.read()}
     except OSError:
-        pass
-    return out
+        return set()
 
 
 def _ftype(mode: int) -> str:

@@ -12,16 +12,7 @@ import os
 import uuid
 from dataclasses import dataclass
 
-
-def _mounts() -> list[tuple[str, str, str]]:
-    """(mount point, fs type, super options) of every mount."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, right = line.split(" - ", 1)
-            fields, rfields = left.split(), right.split()
-            out.append((fields[4], rfields[0], rfields[2] if len(rfields) > 2 else ""))
-    return out
+from caper import mountinfo
 
 
 def _own_cgroups() -> dict[str, str]:
@@ -85,9 +76,10 @@ def _make(parent: str, settings: dict[str, str], version: int) -> MemoryCgroup |
 def memory_cgroup(limit: int) -> MemoryCgroup | None:
     """A fresh cgroup capping the sandbox at `limit` bytes, or None."""
     own = _own_cgroups()
-    for mnt, fstype, opts in _mounts():
-        if fstype == "cgroup2" and "" in own:
-            parent = mnt + own[""]
+    mounts = mountinfo.read()
+    for m in mounts:
+        if m.fstype == "cgroup2" and "" in own:
+            parent = m.point + own[""]
             try:
                 with open(os.path.join(parent, "cgroup.subtree_control")) as f:
                     if "memory" not in f.read().split():
@@ -97,9 +89,9 @@ def memory_cgroup(limit: int) -> MemoryCgroup | None:
             cg = _make(parent, {"memory.max": str(limit), "memory.swap.max": "0"}, 2)
             if cg:
                 return cg
-    for mnt, fstype, opts in _mounts():
-        if fstype == "cgroup" and "memory" in opts.split(",") and "memory" in own:
-            cg = _make(mnt + own["memory"], {"memory.limit_in_bytes": str(limit),
+    for m in mounts:
+        if m.fstype == "cgroup" and "memory" in m.super_options and "memory" in own:
+            cg = _make(m.point + own["memory"], {"memory.limit_in_bytes": str(limit),
                                              "memory.memsw.limit_in_bytes": str(limit)}, 1)
             if cg:
                 return cg

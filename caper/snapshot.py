@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from caper import mountinfo
 from caper.commit import Layer
 from caper.errors import SetupError
 
@@ -56,30 +57,12 @@ class Mount:
     flags: int
 
 
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as \\ooo."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def host_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[HostMount]:
+def host_mounts() -> list[HostMount]:
     """The visible mounts, parents first; of several on one point, the top one."""
     seen: dict[str, HostMount] = {}
-    with open(mountinfo) as f:
-        for line in f:
-            left, right = line.rstrip("\n").split(" - ", 1)
-            fields, rfields = left.split(" "), right.split(" ")
-            point = _unescape(fields[4])
-            opts = fields[5].split(",")
-            seen.pop(point, None)  # an overmount hides what it covers
-            seen[point] = HostMount(point, rfields[0], "ro" in opts)
+    for m in mountinfo.read():
+        seen.pop(m.point, None)  # an overmount hides what it covers
+        seen[m.point] = HostMount(m.point, m.fstype, m.read_only)
     return sorted(seen.values(), key=lambda m: (m.mount_point.count("/") if m.mount_point != "/" else 0,
                                                 m.mount_point))
 

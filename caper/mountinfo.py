@@ -1,0 +1,38 @@
+"""/proc/self/mountinfo, read in one place (snapshot planning, the commit
+engine's mount checks and the memory cgroup lookup all need it)."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+@dataclass(frozen=True, slots=True)
+class MountEntry:
+    point: str                      # the mount point, unescaped (may hold any byte)
+    fstype: str
+    read_only: bool                 # this mount's own "ro" flag
+    super_options: frozenset[str]   # the filesystem's options (cgroup controllers ...)
+
+
+def _unescape(field: bytes) -> str:
+    """mountinfo writes space, tab, newline and backslash as \\ooo."""
+    return os.fsdecode(_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), field))
+
+
+def read(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
+    """Every mount of this mount namespace, in the kernel's order (parents first)."""
+    out = []
+    with open(path, "rb") as f:
+        for line in f:
+            left, _, right = line.rstrip(b"\n").partition(b" - ")
+            fields, rfields = left.split(b" "), right.split(b" ")
+            out.append(MountEntry(
+                point=_unescape(fields[4]),
+                fstype=rfields[0].decode(),
+                read_only=b"ro" in fields[5].split(b","),
+                super_options=frozenset(rfields[2].decode().split(",")) if len(rfields) > 2
+                else frozenset()))
+    return out
