@@ -52,8 +52,6 @@ Exceptions (all `caper.errors.CaperError`):
 """
 from __future__ import annotations
 
-import ctypes
-from contextlib import contextmanager
 import errno
 import fcntl
 import json
@@ -63,11 +61,13 @@ import secrets
 import stat
 import time
 from collections import Counter, OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from caper import mountinfo
 from caper.errors import CaperError
+from caper.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
 
 __all__ = [
     "Layer", "Change", "CommitResult", "CommitError", "CommitConflict", "CommitIncomplete",
@@ -95,8 +95,6 @@ _FTYPES = {
     stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev",
 }
 
-_RENAME_NOREPLACE = 1
-_RENAME_EXCHANGE = 2
 
 # Measurement seams: every lstat and directory listing goes through these
 # names, so a test can count them (tests/test_commit.py wraps them).
@@ -176,23 +174,6 @@ class CommitResult:
 
 
 # --- syscalls Python lacks ------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-_libc.syncfs.argtypes = [ctypes.c_int]
-
-
-def _renameat2(dfd: int, old: str, new: str, flags: int) -> None:
-    if _libc.renameat2(dfd, os.fsencode(old), dfd, os.fsencode(new), flags) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), old, None, new)
-
-
-def _syncfs(fd: int) -> None:
-    if _libc.syncfs(fd) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
 
 def _proc(fd: int) -> str:
     """Path of an O_PATH fd: operations on it reach the object itself, even a symlink."""
@@ -1178,13 +1159,13 @@ def _swap(plan: _Plan) -> None:
         try:
             if unit.op == CREATE:
                 _op("rename")
-                _renameat2(pfd, unit.stage, unit.name, _RENAME_NOREPLACE)
+                renameat2(pfd, unit.stage, unit.name, RENAME_NOREPLACE)
             elif unit.op == REPLACE:
                 _op("exchange")
-                _renameat2(pfd, unit.stage, unit.name, _RENAME_EXCHANGE)
+                renameat2(pfd, unit.stage, unit.name, RENAME_EXCHANGE)
             else:
                 _op("rename")
-                _renameat2(pfd, unit.name, unit.stage, _RENAME_NOREPLACE)
+                renameat2(pfd, unit.name, unit.stage, RENAME_NOREPLACE)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOENT):     # lost a race with a host process
                 raise CommitConflict(f"{hp} changed on the host during the commit", [hp]) from e
@@ -1204,7 +1185,7 @@ def _sync(plan_layers) -> None:
     for lp in plan_layers:
         if lp.dev not in seen:
             seen.add(lp.dev)
-            _syncfs(lp.host.fd(()))
+            syncfs(lp.host.fd(()))
 
 
 class _Recovery:
@@ -1244,7 +1225,7 @@ class _Recovery:
                 if _exists(pfd, stage) is not None:
                     if _exists(pfd, name) is None:
                         _op("rename")
-                        _renameat2(pfd, stage, name, _RENAME_NOREPLACE)
+                        renameat2(pfd, stage, name, RENAME_NOREPLACE)
                     else:
                         self.notes.append(f"{_unit_path(host, u)} exists again; old version kept at {stage}")
                 continue
@@ -1252,10 +1233,10 @@ class _Recovery:
             if phase != "prepared" and cur is not None and cur.st_ino == u["staged_ino"]:
                 if u["op"] == CREATE:
                     _op("rename")
-                    _renameat2(pfd, name, stage, _RENAME_NOREPLACE)
+                    renameat2(pfd, name, stage, RENAME_NOREPLACE)
                 else:
                     _op("exchange")
-                    _renameat2(pfd, stage, name, _RENAME_EXCHANGE)
+                    renameat2(pfd, stage, name, RENAME_EXCHANGE)
             _rmtree_at(pfd, stage, host.dev, host.path(parent))
         if phase != "prepared":
             for m in reversed(self.data["metas"]):
@@ -1295,7 +1276,7 @@ class _Recovery:
         for d in self.hosts:
             if d.dev not in seen:
                 seen.add(d.dev)
-                _syncfs(d.fd(()))
+                syncfs(d.fd(()))
 
     def _times(self, which: str) -> None:
         for t in self.data["times"]:

@@ -1,0 +1,426 @@
+"""caper.btrfs on a real btrfs: a loop-mounted image made once per session.
+
+Needs root (mount, snapshot ioctls, tree search), the kernel's btrfs,
+mkfs.btrfs and the btrfsutil module; skipped with the reason otherwise.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+import caper.btrfs as B
+from caper.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
+from caper.errors import CaperError
+
+
+def _why_not() -> str | None:
+    try:
+        with open("/proc/filesystems") as f:
+            if "btrfs" not in f.read():
+                return "the kernel lacks btrfs (not in /proc/filesystems)"
+    except OSError as e:
+        return f"cannot read /proc/filesystems: {e}"
+    if shutil.which("mkfs.btrfs") is None:
+        return "mkfs.btrfs missing (apt-get install btrfs-progs)"
+    if B.btrfsutil is None:
+        return "python module btrfsutil missing (pip install btrfsutil==6.10)"
+    if os.geteuid() != 0:
+        return "needs root (loop mount, snapshot and tree-search ioctls)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+@pytest.fixture(scope="session")
+def fs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("btrfs")
+    img, mnt = base / "img", base / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(300 << 20)
+    subprocess.run(["mkfs.btrfs", "-q", str(img)], check=True, capture_output=True)
+    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot loop-mount a btrfs image: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"umount {mnt}: {r.stderr.strip()}; detaching it lazily")
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+FILES = {"a": "alpha\n", "b": "beta\n", "d/c": "c\n", "d/e/x": "x\n", "k/r": "r\n", "big": "y" * 70000}
+
+
+def _fill(root: Path, files=FILES) -> None:
+    for rel, body in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(body)
+        os.utime(p, ns=(10**18, 10**18))     # fixed: every reset builds the same state
+    os.symlink("a", root / "l")
+    os.link(root / "a", root / "hl")
+
+
+def _subvol(path: Path) -> None:
+    B.btrfsutil.create_subvolume(str(path))
+
+
+def _delete_tree(path: Path) -> None:
+    """Delete a subvolume (or directory) and any snapshots of ours beside it."""
+    if B.is_subvolume(str(path)):
+        B.btrfsutil.delete_subvolume(str(path), recursive=True)
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+class Env:
+    def __init__(self, fs: Path, name: str):
+        self.parent = fs / name
+        self.parent.mkdir()
+        self.ws = self.parent / "ws"
+        self.state = fs / (name + "-state")
+        self.state.mkdir()
+        self.reset()
+
+    def reset(self) -> None:
+        for p in self.parent.iterdir():
+            _delete_tree(p)
+        shutil.rmtree(self.state / "btrfs", ignore_errors=True)
+        _subvol(self.ws)
+        _fill(self.ws)
+
+    def siblings(self) -> list[str]:
+        return sorted(os.listdir(self.parent))
+
+    def close(self) -> None:
+        for p in self.parent.iterdir():
+            _delete_tree(p)
+
+
+@pytest.fixture
+def env(fs, request):
+    e = Env(fs, request.node.name.replace("[", "_").replace("]", ""))
+    yield e
+    e.close()
+
+
+def state(root: Path) -> dict:
+    """Everything a commit must carry: type, mode, owner, bytes, link target, xattrs, mtime."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, root)
+            x = {n: os.getxattr(p, n, follow_symlinks=False) for n in os.listxattr(p, follow_symlinks=False)}
+            if os.path.islink(p):
+                out[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[rel] = ("dir", st.st_mode, st.st_uid, st.st_gid, x)
+            else:
+                out[rel] = ("file", st.st_mode, st.st_uid, st.st_gid, x, st.st_mtime_ns,
+                            Path(p).read_bytes())
+    return out
+
+
+def brute_diff(ws: Path, snap: Path) -> list[str]:
+    a, b = state(ws), state(snap)
+    return sorted(str(ws / r) for r in set(a) | set(b) if a.get(r) != b.get(r))
+
+
+def mutate(root: Path) -> None:
+    (root / "a").write_text("ALPHA\n")            # modified (hl shares it)
+    (root / "b").unlink()                         # deleted
+    (root / "new").write_text("new\n")            # created
+    os.rename(root / "d", root / "d2")            # renamed directory
+    os.chmod(root / "k", 0o700)                   # directory mode
+    (root / "k" / "r").read_text()                # read only: not a change
+    os.setxattr(root / "k" / "r", "user.t", b"1")  # xattr
+    with open(root / "big", "r+b") as f:           # in-place write, same size
+        f.seek(5000)
+        f.write(b"Z")
+    os.symlink("b", root / "l2")
+    os.unlink(root / "l")
+    os.symlink("new", root / "l")                 # symlink retargeted
+    for rel in ("a", "new", "big"):               # fixed mtimes: every run has the same post-state
+        os.utime(root / rel, ns=(2 * 10**18, 2 * 10**18))
+
+
+# --- is_subvolume ----------------------------------------------------------------------------
+
+def test_is_subvolume(env, fs, tmp_path):
+    assert is_subvolume(str(env.ws))
+    assert is_subvolume(str(fs))                       # the top-level subvolume
+    assert not is_subvolume(str(env.ws / "d"))         # a plain directory inside btrfs
+    assert not is_subvolume(str(env.ws / "a"))
+    assert not is_subvolume(str(tmp_path))             # another filesystem
+    assert not is_subvolume("/proc")
+    assert not is_subvolume(str(tmp_path / "missing"))
+
+
+def test_errors_are_caper_errors():
+    assert issubclass(BtrfsError, CaperError) and issubclass(BtrfsConflict, BtrfsError)
+
+
+# --- create / changed_paths / discard / commit --------------------------------------------------------
+
+def test_snapshot_is_isolated_and_discard_restores(env):
+    pre = state(env.ws)
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    sp = Path(snap.path)
+    assert sp.parent == env.ws.parent and sp.name.startswith(".caper-snap-")
+    assert os.stat(sp).st_dev != os.stat(env.ws).st_dev or is_subvolume(str(sp))
+    assert state(sp) == pre and snap.changed_paths() == []
+    mutate(sp)
+    assert state(env.ws) == pre                        # writes in the snapshot do not reach it
+    snap.discard()
+    assert state(env.ws) == pre and env.siblings() == ["ws"]
+    assert os.listdir(env.state / "btrfs") == []
+    with pytest.raises(BtrfsError):
+        snap.commit()
+
+
+def test_changed_paths(env):
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    mutate(Path(snap.path))
+    got = snap.changed_paths()
+    w = str(env.ws)
+    expected = {f"{w}/{r}" for r in ["a", "hl", "b", "new", "d", "d/c", "d/e", "d/e/x", "d2", "d2/c", "d2/e",
+                                     "d2/e/x", "k", "k/r", "big", "l", "l2"]}
+    assert set(got) == expected
+    assert got == brute_diff(env.ws, Path(snap.path))
+    snap.discard()
+
+
+def test_changed_paths_random(env):
+    """Random operation scripts: changed_paths equals a brute-force tree comparison."""
+    rng = random.Random(7)
+    for _round in range(int(os.environ.get("BTRFS_ROUNDS", "6"))):
+        env.reset()
+        snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+        root = Path(snap.path)
+        for _ in range(rng.randint(1, 12)):
+            entries = sorted(p for p in root.rglob("*"))
+            p = rng.choice(entries) if entries else root / "x"
+            op = rng.choice(["write", "rm", "mkdir", "mv", "chmod", "touch", "read", "link"])
+            try:
+                if op == "write" and not p.is_dir():
+                    p.write_text(rng.choice(["", "q", "qq" * 3000]))
+                elif op == "rm":
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+                elif op == "mkdir":
+                    (root / f"n{rng.randint(0, 99)}").mkdir()
+                elif op == "mv":
+                    os.rename(p, root / f"m{rng.randint(0, 99)}")
+                elif op == "chmod":
+                    os.chmod(p, 0o700, follow_symlinks=False)
+                elif op == "touch" and not p.is_symlink():
+                    os.utime(p, (1, 1))
+                elif op == "read" and p.is_file():
+                    p.read_bytes()
+                elif op == "link" and p.is_file() and not p.is_symlink():
+                    os.link(p, root / f"h{rng.randint(0, 99)}")
+            except (OSError, NotImplementedError):
+                pass
+        assert snap.changed_paths() == brute_diff(env.ws, root), f"round {_round}"
+        snap.discard()
+
+
+def test_commit_shows_new_state_and_old_is_gone(env):
+    old_id = B.btrfsutil.subvolume_id(str(env.ws))
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    mutate(Path(snap.path))
+    post = state(Path(snap.path))
+    snap_id = B.btrfsutil.subvolume_id(snap.path)
+    snap.commit()
+    assert state(env.ws) == post
+    assert B.btrfsutil.subvolume_id(str(env.ws)) == snap_id
+    assert env.siblings() == ["ws"]
+    listed = [i for _p, i in B.btrfsutil.SubvolumeIterator(str(env.parent.parent), top=5)]
+    assert old_id not in listed
+    assert os.listdir(env.state / "btrfs") == [] and recover_btrfs(str(env.state)) == []
+    # and the committed workspace can be snapshotted again
+    again = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    assert again.changed_paths() == []
+    again.discard()
+
+
+def test_conflict_leaves_both_intact(env):
+    time.sleep(0.05)    # the files' ctime a few clock ticks before the snapshot's: else
+    #                     the host's reads below (atime) would conservatively conflict too
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    mutate(Path(snap.path))
+    post = state(Path(snap.path))
+    (env.ws / "d" / "c").write_text("host edit\n")
+    pre = state(env.ws)
+    with pytest.raises(BtrfsConflict) as ei:
+        snap.commit()
+    assert ei.value.paths == [str(env.ws / "d" / "c")]
+    assert "d/c" in str(ei.value)
+    assert state(env.ws) == pre and state(Path(snap.path)) == post
+    snap.discard()
+    assert state(env.ws) == pre and env.siblings() == ["ws"]
+
+
+def test_host_reads_are_not_a_conflict(env):
+    for n in ("a", "b"):        # atime before mtime: the next read updates atime (relatime)
+        os.utime(env.ws / n, (0, os.stat(env.ws / n).st_mtime))
+    time.sleep(0.05)            # their ctime a few clock ticks before the snapshot's
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    (Path(snap.path) / "a").write_text("A\n")
+    for n in ("a", "b"):        # host reads: atime-only updates, "a" on both sides
+        (env.ws / n).read_bytes()
+        assert os.stat(env.ws / n).st_atime > 0
+    snap.commit()
+    assert (env.ws / "a").read_text() == "A\n"
+
+
+def test_nested_subvolume_refused(env):
+    _subvol(env.ws / "inner")
+    with pytest.raises(BtrfsError) as ei:
+        BtrfsSnapshot.create(str(env.ws), str(env.state))
+    assert ei.value.step == "nested" and "inner" in str(ei.value)
+    assert env.siblings() == ["ws"]
+
+
+def test_refuses_non_subvolume_and_mount_point(env):
+    with pytest.raises(BtrfsError, match="not the root of a btrfs subvolume"):
+        BtrfsSnapshot.create(str(env.ws / "d"), str(env.state))
+    subprocess.run(["mount", "--bind", str(env.ws), str(env.ws)], check=True)
+    try:
+        with pytest.raises(BtrfsError) as ei:
+            BtrfsSnapshot.create(str(env.ws), str(env.state))
+        assert ei.value.errno == 16    # EBUSY
+    finally:
+        subprocess.run(["umount", str(env.ws)], check=True)
+
+
+# --- kill -9 at every step ---------------------------------------------------------------------
+
+class _Killer:
+    def __init__(self, at: int):
+        self.at, self.n = at, 0
+
+    def __call__(self, what: str) -> None:
+        self.n += 1
+        if self.n == self.at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _killed_at(at: int, fn) -> bool:
+    """Run fn in a child that SIGKILLs itself at its `at`-th step; True if it was killed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            B._fault_hook = _Killer(at)
+            fn()
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+            code = 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        return True
+    assert os.WEXITSTATUS(status) == 0, "the child failed"
+    return False
+
+
+def test_kill_at_every_step(env):
+    pre = state(env.ws)
+
+    def run():      # the whole life: create, the command's writes, commit
+        snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+        mutate(Path(snap.path))
+        snap.commit()
+
+    # the post-state, from an uninterrupted run
+    assert not _killed_at(0, run)
+    post = state(env.ws)
+    assert post != pre
+
+    def check(label: str) -> str:
+        s = state(env.ws)
+        assert env.siblings() == ["ws"], label
+        assert not os.path.exists(env.state / "btrfs") or os.listdir(env.state / "btrfs") == [], label
+        assert s in (pre, post), label
+        return "pre" if s == pre else "post"
+
+    outcomes = []
+    n = 0
+    while True:
+        n += 1
+        env.reset()
+        if not _killed_at(n, run):
+            assert check("no kill") == "post"
+            break
+        recover_btrfs(str(env.state))
+        outcomes.append(check(f"killed at step {n}"))
+        assert recover_btrfs(str(env.state)) == []       # idempotent
+    first_post = outcomes.index("post")
+    assert all(o == "pre" for o in outcomes[:first_post]) and all(o == "post" for o in outcomes[first_post:])
+    assert first_post >= 4 and len(outcomes) - first_post >= 3, outcomes
+
+    # kill recovery too, at each of its steps, for every commit kill point
+    nested = 0
+    for k in range(1, len(outcomes) + 1):
+        m = 0
+        while True:
+            m += 1
+            env.reset()
+            assert _killed_at(k, run)
+            if not _killed_at(m, lambda: recover_btrfs(str(env.state))):
+                break
+            nested += 1
+            recover_btrfs(str(env.state))
+            assert check(f"commit killed at {k}, recover at {m}") == outcomes[k - 1]
+    print(f"\nbtrfs kill test: {len(outcomes)} steps, outcomes {outcomes}, {nested} nested recoveries")
+    assert nested >= len(outcomes)
+
+
+# --- cost ------------------------------------------------------------------------------------------
+
+def test_cost_10k_files(env):
+    shutil.rmtree(env.ws / "d")
+    for i in range(100):
+        d = env.ws / f"t{i:02d}"
+        d.mkdir()
+        for j in range(100):
+            (d / f"f{j:02d}").write_text(f"{i} {j}\n")
+    B.btrfsutil.sync(str(env.ws))
+    discard, commit, changed = [], [], []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        s = BtrfsSnapshot.create(str(env.ws), str(env.state))
+        s.discard()
+        discard.append(time.perf_counter() - t0)
+    for i in range(15):
+        t0 = time.perf_counter()
+        s = BtrfsSnapshot.create(str(env.ws), str(env.state))
+        (Path(s.path) / f"t{i:02d}" / "f00").write_text("changed\n")
+        t1 = time.perf_counter()
+        assert s.changed_paths() == [str(env.ws / f"t{i:02d}" / "f00")]
+        t2 = time.perf_counter()
+        s.commit()
+        commit.append(t1 - t0 + time.perf_counter() - t2)
+        changed.append(t2 - t1)
+    med = {k: round(statistics.median(v) * 1000, 2) for k, v in
+           (("create+discard", discard), ("create+commit", commit), ("changed_paths(1 change)", changed))}
+    print(f"\nbtrfs 10k files, median ms: {med}")
+    assert len(list((env.ws).rglob("*"))) >= 10000
