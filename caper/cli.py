@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
     r.add_argument("--task", help="what the user asked for (evidence for the approver)")
     r.add_argument("--approver", default="allow", choices=["allow", "block"])
-    r.add_argument("--backend", default="auto", choices=["auto", "overlay"])
+    r.add_argument("--backend", default="auto", choices=["auto", "overlay", "btrfs"],
+                   help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
+                        "else overlay")
     r.add_argument("--timeout", type=float, default=600.0, metavar="S")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")

@@ -15,6 +15,7 @@ import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from caper import mountinfo
 from caper.commit import Layer
@@ -185,19 +186,23 @@ class OverlaySnapshot:
     hidden: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, state_dir: str, *, userxattr: bool) -> "OverlaySnapshot":
+    def create(cls, state_dir: str, *, userxattr: bool,
+               binds: Sequence[tuple[str, str]] = ()) -> "OverlaySnapshot":
+        """binds: (host path, sandbox path) pairs mounted over the overlays,
+        e.g. a btrfs snapshot of the workspace at the workspace's path."""
         runs = os.path.join(state_dir, "runs")
         os.makedirs(runs, mode=0o700, exist_ok=True)
         scratch = os.path.join(runs, uuid.uuid4().hex[:16])
         os.mkdir(scratch, 0o700)
         try:
-            return cls._plan(scratch, state_dir, userxattr)
+            return cls._plan(scratch, state_dir, userxattr, binds)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
 
     @classmethod
-    def _plan(cls, scratch: str, state_dir: str, userxattr: bool) -> "OverlaySnapshot":
+    def _plan(cls, scratch: str, state_dir: str, userxattr: bool,
+              binds: Sequence[tuple[str, str]]) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
         since_ns = snapshot_time_ns()  # host edits from here on are conflicts
@@ -215,6 +220,8 @@ class OverlaySnapshot:
                 plan.layers.clear()
         if not plan.layers:
             raise SetupError("no writable mount to snapshot", step="MOUNT_ROOT")
+        for source, path in binds:
+            plan.mounts.append(Mount(source, stage + path, None, None, MS_BIND))
         # caper's own state (other runs' pending changes) is not the command's business.
         plan.mounts.append(Mount("tmpfs", stage + state_real, "tmpfs", "size=4k,mode=0",
                                  MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC))

@@ -21,6 +21,7 @@ from caper.errors import CaperError, ConfigError, SetupError
 from caper.events import End, Event, Output, RunResult
 
 DEFAULT_TIMEOUT_S = 600.0
+BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
@@ -93,7 +94,7 @@ def _report(events: list[Event], result: RunResult, changes: list) -> dict:
         "end": result.status,
         "exit_code": result.exit_code,
         "counts": dict(Counter(e.kind.name.lower() for e in events)),
-        "changes": [asdict(c) for c in changes],
+        "changes": changes,
         "events": [e.to_dict() for e in events],
     }
 
@@ -104,13 +105,14 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = ()) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back."""
+    from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
     from caper.commit import CommitConflict, commit, plan_changes, recover
     from caper.snapshot import OverlaySnapshot
     from caper.trace import trace
 
     judge = get_approver(approver)
-    if backend not in ("auto", "overlay"):
-        raise ConfigError(f"backend {backend!r} is not available here (known: auto, overlay)")
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     cwd = os.path.realpath(cwd or os.getcwd())
     if not os.path.isdir(cwd):
         raise ConfigError(f"working directory does not exist: {cwd}")
@@ -122,43 +124,75 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     text = command if isinstance(command, str) else " ".join(command)
     timings: dict[str, float] = {}
 
+    # The workspace's own snapshot is btrfs's where it is a subvolume (listing
+    # its changes needs root); everything else, and every other case, overlay.
+    btrfs = backend == "btrfs" or (backend == "auto" and os.geteuid() == 0
+                                   and is_subvolume(workspace))
+    if btrfs and not is_subvolume(workspace):
+        raise ConfigError(f"--backend btrfs: {workspace} is not a btrfs subvolume "
+                          "(or btrfsutil is not installed)")
+
     recover(state_dir)  # an interrupted commit is finished or undone first
+    recover_btrfs(state_dir)
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
-        snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0)
+        bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
+        try:
+            snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
+                                          binds=[(bsnap.path, workspace)] if bsnap else [])
+        except BaseException:
+            if bsnap:
+                bsnap.discard()
+            raise
+        # The overlay must not commit what the btrfs snapshot holds.
+        hidden = snap.hidden + ([workspace, bsnap.path] if bsnap else [])
         timings["snapshot_ms"] = (time.perf_counter() - t) * 1000
-        keep = False
+        kept: str | None = None   # a conflicting run's changes, left for the user
+        committed = workspace_swapped = False
         try:
             t = time.perf_counter()
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage)
             events, result = tr.run()
-            changes = plan_changes(snap.layers, exclude=snap.hidden)
+            changes = [asdict(c) for c in plan_changes(snap.layers, exclude=hidden)]
+            if bsnap:
+                changes += [{"path": p, "kind": "changed", "backend": "btrfs"}
+                            for p in bsnap.changed_paths()]
             timings["run_ms"] = (time.perf_counter() - t) * 1000
             report = _report(events, result, changes)
+            report["backend"] = "btrfs" if bsnap else "overlay"
 
             t = time.perf_counter()
             decision = _decide(judge, ApprovalRequest(text, task, report, tuple(history)), result)
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
-            committed = False
             if decision.allowed:
                 try:
+                    # The workspace first: its conflict check comes before any change.
+                    # (A conflict outside it after that leaves the workspace committed.)
+                    if bsnap:
+                        bsnap.commit()
+                        workspace_swapped = True
                     commit(snap.layers, state_dir=state_dir, since_ns=snap.since_ns,
-                           exclude=snap.hidden)
+                           exclude=hidden)
                     committed = True
+                except BtrfsConflict as e:
+                    kept = bsnap.path
+                    decision = Decision("block", f"not committed: {e}", approver="caper")
                 except CommitConflict as e:
-                    keep = True
+                    kept = snap.scratch
                     decision = Decision("block", f"not committed: {e}", approver="caper")
             timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=result.stdout,
                               stderr=result.stderr, report=report, timings=timings,
-                              committed=committed, kept_upper=snap.scratch if keep else None)
+                              committed=committed, kept_upper=kept)
         finally:
-            if not keep:
+            if kept != snap.scratch:
                 snap.discard()
+            if bsnap and not workspace_swapped and kept != bsnap.path:
+                bsnap.discard()
 
 
 def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult) -> Decision:

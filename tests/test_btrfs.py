@@ -424,3 +424,41 @@ def test_cost_10k_files(env):
            (("create+discard", discard), ("create+commit", commit), ("changed_paths(1 change)", changed))}
     print(f"\nbtrfs 10k files, median ms: {med}")
     assert len(list((env.ws).rglob("*"))) >= 10000
+
+
+# ---- caper run with the btrfs backend ----------------------------------------------------
+
+def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_path):
+    import caper
+    from test_run import tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    before = tree(env.ws)
+    cmd = f"echo new > a; rm -r d; mkdir n; echo 1 > n/f; echo out > {outside}/o; echo done"
+    out = caper.run(cmd, cwd=str(env.ws), approver="block", state_dir=str(env.state))
+    assert out.report["backend"] == "btrfs" and not out.committed
+    assert out.stdout.text() == b"done\n"
+    assert tree(env.ws) == before and not (outside / "o").exists()
+    changed = {c["path"] for c in out.report["changes"]}
+    assert {str(env.ws / "a"), str(env.ws / "n/f"), str(outside / "o")} <= changed
+    assert env.siblings() == ["ws"]                 # the snapshot is gone
+
+    out = caper.run(cmd, cwd=str(env.ws), approver="allow", state_dir=str(env.state))
+    assert out.committed, out.reason
+    assert (env.ws / "a").read_text() == "new\n" and not (env.ws / "d").exists()
+    assert (env.ws / "n" / "f").read_text() == "1\n" and (outside / "o").read_text() == "out\n"
+    assert B.is_subvolume(str(env.ws)) and env.siblings() == ["ws"]
+
+    out = caper.run("true", cwd=str(env.ws), approver="block", backend="overlay",
+                    state_dir=str(env.state))
+    assert out.report["backend"] == "overlay"
+
+
+def test_backend_btrfs_refuses_a_plain_directory(tmp_path):
+    import caper
+    from caper.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a btrfs subvolume"):
+        caper.run("true", cwd=str(tmp_path), workspace=str(tmp_path), backend="btrfs",
+                  state_dir=str(tmp_path / "state"))
