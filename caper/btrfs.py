@@ -693,13 +693,15 @@ def _recover_one(journal: _Journal, rec: dict) -> str:
 
 def recover_btrfs(state_dir: str) -> list[str]:
     """Finish or undo every interrupted btrfs commit, and delete the snapshots of
-    runs whose owner died.  Records held by a live owner are left alone."""
-    _need_btrfsutil()
+    runs whose owner died.  Records held by a live owner are left alone.
+    With no records there is nothing to do, btrfsutil or not."""
     jdir = os.path.join(os.path.abspath(state_dir), JOURNAL_DIR)
     try:
         names = sorted(os.listdir(jdir))
     except FileNotFoundError:
         return []
+    if names:
+        _need_btrfsutil()
     ids = sorted({m.group(1) for m in map(re.compile(r"([0-9a-f]{12})\.(?:json|json\.tmp|lock)").fullmatch,
                                           names) if m})
     done = []
