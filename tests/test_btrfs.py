@@ -41,7 +41,10 @@ def _why_not() -> str | None:
 pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
 
 
-@pytest.fixture(scope="session")
+# Module scope: the loop mount must be gone before other modules run, because
+# an unprivileged caper cannot overlay a directory with a mount below it (the
+# rootless tests write to /tmp, where this mount lives).
+@pytest.fixture(scope="module")
 def fs(tmp_path_factory):
     base = tmp_path_factory.mktemp("btrfs")
     img, mnt = base / "img", base / "mnt"
