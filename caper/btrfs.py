@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -61,6 +60,7 @@ from typing import Callable, Iterable
 
 from caper import mountinfo
 from caper.errors import CaperError
+from caper.journal import Journal, fsync_dir
 from caper.syscalls import RENAME_EXCHANGE, renameat2
 
 try:
@@ -381,76 +381,16 @@ def is_subvolume(path: str) -> bool:
         return False
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class _Journal:
+class _Journal(Journal):
     def __init__(self, state_dir: str, jid: str):
-        self.dir = os.path.join(state_dir, JOURNAL_DIR)
-        self.id = jid
-        self.path = os.path.join(self.dir, jid + ".json")
-        self.lock_path = os.path.join(self.dir, jid + ".lock")
-        self.lock_fd: int | None = None
-
-    def lock(self, block: bool) -> bool:
-        os.makedirs(self.dir, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self.lock_fd = fd
-        return True
-
-    def write(self, data: dict) -> None:
-        body = json.dumps(data, separators=(",", ":")).encode()
-        tmp = self.path + ".tmp"
-        _op("journal")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _op("journal-rename")
-        os.rename(tmp, self.path)
-        _fsync_dir(self.dir)
+        super().__init__(state_dir, JOURNAL_DIR, jid, _op)
 
     def read(self) -> dict | None:
-        try:
-            with open(self.path, "rb") as f:
-                data = json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        if data.get("version") != JOURNAL_VERSION:
-            raise BtrfsError(f"{self.path}: unknown journal version {data.get('version')!r}", step="recover")
+        data = super().read()
+        if data is not None and data.get("version") != JOURNAL_VERSION:
+            raise BtrfsError(f"{self.path}: unknown journal version {data.get('version')!r}",
+                             step="recover")
         return data
-
-    def remove(self) -> None:
-        _op("journal-remove")
-        for p in (self.path, self.path + ".tmp"):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        _fsync_dir(self.dir)
-        self.unlock(remove=True)
-
-    def unlock(self, remove: bool = False) -> None:
-        if self.lock_fd is not None:
-            if remove:
-                try:
-                    os.unlink(self.lock_path)
-                except FileNotFoundError:
-                    pass
-            os.close(self.lock_fd)
-            self.lock_fd = None
 
 
 def _info(path: str):

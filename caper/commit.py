@@ -53,7 +53,6 @@ Exceptions (all `caper.errors.CaperError`):
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import re
@@ -67,6 +66,7 @@ from typing import Callable, Iterable, Sequence
 
 from caper import mountinfo
 from caper.errors import CaperError
+from caper.journal import Journal, fsync_dir
 from caper.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
 
 __all__ = [
@@ -912,69 +912,8 @@ def plan_changes(layers: Sequence[Layer], exclude: Iterable[str] = ()) -> list[C
 
 # --- the journal ---------------------------------------------------------------------------
 
-def _fsync_dir(path: str) -> None:
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-class _Journal:
-    def __init__(self, state_dir: str, jid: str):
-        self.dir = os.path.join(state_dir, JOURNAL_DIR)
-        self.id = jid
-        self.path = os.path.join(self.dir, jid + ".json")
-        self.lock_path = os.path.join(self.dir, jid + ".lock")
-        self.lock_fd: int | None = None
-
-    def lock(self, block: bool) -> bool:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self.lock_fd = fd
-        return True
-
-    def write(self, data: dict) -> None:
-        """Atomically replace the journal, durably (tmp, fsync, rename, fsync dir)."""
-        body = json.dumps(data, separators=(",", ":")).encode("ascii")   # names: \udcxx escapes
-        tmp = self.path + ".tmp"
-        _op("journal")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _op("journal-rename")
-        os.rename(tmp, self.path)
-        self._sync_dir()
-
-    def _sync_dir(self) -> None:
-        _fsync_dir(self.dir)
-
-    def remove(self) -> None:
-        _op("journal-remove")
-        for p in (self.path, self.path + ".tmp"):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        self._sync_dir()
-        self.unlock(remove=True)
-
-    def unlock(self, remove: bool = False) -> None:
-        if self.lock_fd is not None:
-            if remove:
-                try:
-                    os.unlink(self.lock_path)
-                except FileNotFoundError:
-                    pass
-            os.close(self.lock_fd)
-            self.lock_fd = None
+def _journal(state_dir: str, jid: str) -> Journal:
+    return Journal(state_dir, JOURNAL_DIR, jid, _op)
 
 
 def _journal_data(jid: str, phase: str, plan: _Plan) -> dict:
@@ -1341,7 +1280,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
     jdir = os.path.join(state_dir, JOURNAL_DIR)
     if not os.path.isdir(jdir):
         os.makedirs(jdir, mode=0o700, exist_ok=True)
-        _fsync_dir(state_dir)
+        fsync_dir(state_dir)
     stale = _abandoned(state_dir)
     if stale:
         raise CommitError(f"interrupted commit(s) {', '.join(stale)} in {state_dir}: run recover() first",
@@ -1361,7 +1300,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
             return CommitResult(jid, plan.changes, counts, seconds=time.perf_counter() - t0)
         for n, unit in enumerate(plan.units):
             unit.stage = f"{STAGE_PREFIX}{jid}-{n}"
-        journal = _Journal(state_dir, jid)
+        journal = _journal(state_dir, jid)
         journal.lock(block=True)
         stager = _Stager(plan)
         try:
@@ -1391,7 +1330,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
         plan.close()
 
 
-def _replay(journal: _Journal, action: str, failure: Callable[[Exception], CommitError]) -> None:
+def _replay(journal: Journal, action: str, failure: Callable[[Exception], CommitError]) -> None:
     """Run the journal's recovery `action` ("finish" or "undo"), then drop the
     journal; if that fails, release it for recover() and raise failure(e)."""
     rec = None
@@ -1407,7 +1346,7 @@ def _replay(journal: _Journal, action: str, failure: Callable[[Exception], Commi
             rec.close()
 
 
-def _undo_after_failure(journal: _Journal, exc: BaseException) -> None:
+def _undo_after_failure(journal: Journal, exc: BaseException) -> None:
     """Roll back a commit that failed before its applied mark; then the caller re-raises
     (as CommitError unless it is one already or a BaseException like KeyboardInterrupt)."""
     if not os.path.exists(journal.path):                # failed before the first change
@@ -1432,7 +1371,7 @@ def _abandoned(state_dir: str) -> list[str]:
     for n in sorted(os.listdir(jdir)):
         m = _JOURNAL_NAME.fullmatch(n)
         if m and n.endswith(".json"):
-            j = _Journal(state_dir, m.group(1))
+            j = _journal(state_dir, m.group(1))
             if j.lock(block=False):
                 j.unlock()
                 out.append(m.group(1))
@@ -1449,7 +1388,7 @@ def recover(state_dir: str) -> list[str]:
         return done
     ids = {m.group(1) for m in map(_JOURNAL_NAME.fullmatch, names) if m}
     for jid in sorted(ids):
-        journal = _Journal(os.path.abspath(state_dir), jid)
+        journal = _journal(os.path.abspath(state_dir), jid)
         if not journal.lock(block=False):
             done.append(f"{jid}: in progress in another process; left alone")
             continue

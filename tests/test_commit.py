@@ -829,7 +829,7 @@ def test_commit_refuses_until_an_interrupted_commit_is_recovered(env):
 def test_recover_leaves_a_running_commit_alone(env):
     env.build({"a": "1"})
     env.run("echo 2 > a")
-    j = C._Journal(str(env.state), "deadbeef0000")
+    j = C._journal(str(env.state), "deadbeef0000")
     os.makedirs(j.dir, exist_ok=True)
     r, w = os.pipe()
     pid = os.fork()

@@ -1,0 +1,85 @@
+"""Write-ahead journals of the commit engines (caper.commit, caper.btrfs).
+
+One record per commit, `<state_dir>/<kind>/<id>.json`, replaced atomically
+and durably (tmp, fsync, rename, fsync dir), with `<id>.lock` held by the
+process that owns it, so recovery can tell an abandoned commit from a
+running one. Each step reports itself to the engine's fault hook (`op`),
+which the crash tests use to kill the process at every step.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from typing import Callable
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    def __init__(self, state_dir: str, kind: str, jid: str, op: Callable[[str], None]):
+        self.dir = os.path.join(state_dir, kind)
+        self.id = jid
+        self.path = os.path.join(self.dir, jid + ".json")
+        self.lock_path = os.path.join(self.dir, jid + ".lock")
+        self.lock_fd: int | None = None
+        self._op = op
+
+    def lock(self, block: bool) -> bool:
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.lock_fd = fd
+        return True
+
+    def write(self, data: dict) -> None:
+        """Atomically replace the record, durably."""
+        body = json.dumps(data, separators=(",", ":")).encode("ascii")   # names: \udcxx escapes
+        tmp = self.path + ".tmp"
+        self._op("journal")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._op("journal-rename")
+        os.rename(tmp, self.path)
+        fsync_dir(self.dir)
+
+    def read(self) -> dict | None:
+        try:
+            with open(self.path, "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def remove(self) -> None:
+        self._op("journal-remove")
+        for p in (self.path, self.path + ".tmp"):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        fsync_dir(self.dir)
+        self.unlock(remove=True)
+
+    def unlock(self, remove: bool = False) -> None:
+        if self.lock_fd is not None:
+            if remove:
+                try:
+                    os.unlink(self.lock_path)
+                except FileNotFoundError:
+                    pass
+            os.close(self.lock_fd)
+            self.lock_fd = None
