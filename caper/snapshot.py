@@ -19,7 +19,7 @@ from typing import Sequence
 
 from caper import mountinfo
 from caper.commit import Layer
-from caper.errors import SetupError
+from caper.errors import ConfigError, SetupError
 
 # Filesystems whose contents are kernel state, not files: /proc, /sys and
 # /dev are rebuilt by the native core, the rest are never overlaid.
@@ -29,6 +29,9 @@ PSEUDO_FS = frozenset({
     "autofs", "efivarfs", "rpc_pipefs", "nsfs",
 })
 KERNEL_TREES = ("/proc", "/sys", "/dev")
+# overlayfs refuses these as upper layers (no whiteouts, no trusted xattrs, or overlay itself).
+UNUSABLE_UPPER_FS = frozenset({"overlay", "nfs", "nfs4", "fuse", "squashfs", "iso9660", "vfat",
+                               "exfat", "ntfs", "ntfs3", "9p", "virtiofs", "cifs", "smb3"})
 
 CLOCK_REALTIME_COARSE = 5  # linux/time.h; the os module does not name it
 
@@ -190,6 +193,7 @@ class OverlaySnapshot:
                binds: Sequence[tuple[str, str]] = ()) -> "OverlaySnapshot":
         """binds: (host path, sandbox path) pairs mounted over the overlays,
         e.g. a btrfs snapshot of the workspace at the workspace's path."""
+        cls.check_state_dir(state_dir)
         runs = os.path.join(state_dir, "runs")
         os.makedirs(runs, mode=0o700, exist_ok=True)
         scratch = os.path.join(runs, uuid.uuid4().hex[:16])
@@ -199,6 +203,18 @@ class OverlaySnapshot:
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
+
+    @staticmethod
+    def check_state_dir(state_dir: str) -> None:
+        """Upper layers live in the state directory: refuse a filesystem that
+        cannot hold them before anything runs, with a way out."""
+        real = os.path.realpath(state_dir)
+        fstype = max((m for m in mountinfo.read() if _below(real, m.point)),
+                     key=lambda m: len(m.point)).fstype
+        if fstype in UNUSABLE_UPPER_FS:
+            raise ConfigError(f"caper's state directory {real} is on {fstype}, which cannot hold "
+                              "an overlay upper layer; set CAPER_STATE_DIR to a directory on "
+                              "another filesystem (ext4, xfs, btrfs, tmpfs)")
 
     @classmethod
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool,

@@ -106,7 +106,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         history: Sequence[dict] = ()) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back."""
     from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
-    from caper.commit import CommitConflict, commit, plan_changes, recover
+    from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
+                              plan_changes, recover)
     from caper.snapshot import OverlaySnapshot
     from caper.trace import trace
 
@@ -182,6 +183,14 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
                     decision = Decision("block", f"not committed: {e}", approver="caper")
                 except CommitConflict as e:
                     kept = snap.scratch
+                    decision = Decision("block", f"not committed: {e}", approver="caper")
+                except CommitIncomplete as e:
+                    # Applied, only the clean-up failed: the run counts (caper recover
+                    # finishes it). Not applied and not undone: recover undoes it.
+                    committed = e.applied
+                    if not e.applied:
+                        decision = Decision("block", f"not committed: {e}", approver="caper")
+                except CommitError as e:  # undone: nothing changed
                     decision = Decision("block", f"not committed: {e}", approver="caper")
             timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
             return RunOutcome(decision=decision.decision, reason=decision.reason,

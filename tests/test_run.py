@@ -172,3 +172,78 @@ def test_cli_json_and_block_status(ws, state):
                        text=True, timeout=60)
     assert (p.returncode, p.stdout) == (4, "out\n")
     assert (ws / "f").read_text() == "hi\n"
+
+
+def test_runs_on_different_workspaces_go_in_parallel(tmp_path, state):
+    spans = []
+
+    def one(i):
+        w = tmp_path / f"w{i}"
+        w.mkdir()
+        out = run("date +%s.%N; sleep 0.5; date +%s.%N", cwd=w, approver="allow", state_dir=state)
+        a, b = out.stdout.text().split()
+        spans.append((float(a), float(b)))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    (a0, a1), (b0, b1) = sorted(spans)
+    assert b0 < a1, f"runs on different workspaces were serialized: {spans}"
+
+
+def test_writes_to_home_are_held_and_committed(ws, state):
+    rc = Path.home() / f".caper-test-rc-{os.getpid()}"
+    try:
+        run(f"echo 'alias x=y' >> {rc}", cwd=ws, approver="block", state_dir=state)
+        assert not rc.exists()
+        run(f"echo 'alias x=y' >> {rc}", cwd=ws, approver="allow", state_dir=state)
+        assert rc.read_text() == "alias x=y\n"
+    finally:
+        rc.unlink(missing_ok=True)
+
+
+def test_read_only_workspace_is_a_clear_failure_and_nothing_changes(tmp_path, state):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "f").write_text("keep\n")
+    subprocess.run(["mount", "--bind", str(ro), str(ro)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+    try:
+        out = run("echo x > f; echo $?", cwd=ro, approver="allow", state_dir=state)
+        assert out.stdout.text().strip() != b"0" and b"Read-only" in out.stderr.text()
+        assert (ro / "f").read_text() == "keep\n"
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_state_dir_on_a_full_disk_fails_the_write_inside_and_loses_nothing(ws, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        before = tree(ws)
+        out = run("head -c 5000000 /dev/zero > big; echo rc=$?", cwd=ws, approver="block",
+                  state_dir=str(small))
+        assert b"rc=0" not in out.stdout.text() and b"No space" in out.stderr.text()
+        assert tree(ws) == before
+        out = run("head -c 5000000 /dev/zero > big; echo rc=$?", cwd=ws, approver="allow",
+                  state_dir=str(small))
+        # the commit's own journal does not fit either: undone, said, nothing lost
+        assert not out.committed and "No space" in out.reason
+        assert tree(ws) == before
+        assert os.listdir(small / "runs") == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_state_dir_on_overlayfs_is_refused_with_a_hint(ws, tmp_path):
+    lower, upper, work, merged = (tmp_path / n for n in ("l", "u", "w", "m"))
+    for d in (lower, upper, work, merged):
+        d.mkdir()
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)], check=True)
+    try:
+        with pytest.raises(ConfigError, match="CAPER_STATE_DIR"):
+            run("true", cwd=ws, approver="allow", state_dir=str(merged / "state"))
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
