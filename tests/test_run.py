@@ -16,6 +16,8 @@ from caper.errors import ConfigError
 from caper.transaction import EXIT_NOT_COMMITTED, run
 
 ROOT = Path(__file__).resolve().parent.parent
+# These build their bad filesystems with mount(8); the rootless run skips them.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts filesystems")
 
 
 def tree(path: Path) -> dict:
@@ -202,6 +204,7 @@ def test_writes_to_home_are_held_and_committed(ws, state):
         rc.unlink(missing_ok=True)
 
 
+@needs_root
 def test_read_only_workspace_is_a_clear_failure_and_nothing_changes(tmp_path, state):
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -216,6 +219,7 @@ def test_read_only_workspace_is_a_clear_failure_and_nothing_changes(tmp_path, st
         subprocess.run(["umount", str(ro)], check=True)
 
 
+@needs_root
 def test_state_dir_on_a_full_disk_fails_the_write_inside_and_loses_nothing(ws, tmp_path):
     small = tmp_path / "small"
     small.mkdir()
@@ -236,6 +240,7 @@ def test_state_dir_on_a_full_disk_fails_the_write_inside_and_loses_nothing(ws, t
         subprocess.run(["umount", str(small)], check=True)
 
 
+@needs_root
 def test_state_dir_on_overlayfs_is_refused_with_a_hint(ws, tmp_path):
     lower, upper, work, merged = (tmp_path / n for n in ("l", "u", "w", "m"))
     for d in (lower, upper, work, merged):
