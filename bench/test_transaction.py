@@ -4,8 +4,10 @@ allow) and the rollback path (approver block), in a 10,000-file workspace.
     python3 -m pytest bench/test_transaction.py --benchmark-columns=min,median,max,rounds
 
 Variants: native (subprocess), caper (caper.run in this process: what an
-embedding agent pays), caper-cli (python3 -m caper run: what a hook pays,
-interpreter start-up included); each with allow and block.
+embedding agent pays, overlay backend), caper-btrfs (the same with the
+workspace a subvolume on a loop-mounted btrfs image the bench makes),
+caper-cli (python3 -m caper run: what a hook pays, interpreter start-up
+included); each with allow and block.
 """
 from __future__ import annotations
 
@@ -28,17 +30,43 @@ WORKLOADS = {
 }
 
 
+def _fill(ws: str) -> None:
+    """10,000 files in 100 directories."""
+    for d in range(100):
+        os.makedirs(os.path.join(ws, f"d{d:03}"))
+        for f in range(100):
+            with open(os.path.join(ws, f"d{d:03}", f"f{f:03}"), "w") as fh:
+                fh.write(f"{d} {f}\n")
+
+
 @pytest.fixture(scope="session")
 def workspace(workdir):
-    """10,000 files in 100 directories, plus what the rm workload deletes."""
     ws = os.path.join(workdir, "ws10k")
     if not os.path.exists(ws):
-        for d in range(100):
-            os.makedirs(os.path.join(ws, f"d{d:03}"))
-            for f in range(100):
-                with open(os.path.join(ws, f"d{d:03}", f"f{f:03}"), "w") as fh:
-                    fh.write(f"{d} {f}\n")
+        _fill(ws)
     return ws
+
+
+@pytest.fixture(scope="session")
+def btrfs_workspace(workdir):
+    """The same workspace as a subvolume on a loop-mounted btrfs image."""
+    from caper.btrfs import is_subvolume
+    if not shutil.which("mkfs.btrfs"):
+        pytest.skip("mkfs.btrfs missing")
+    img, mnt = os.path.join(workdir, "btrfs.img"), os.path.join(workdir, "btrfs")
+    os.mkdir(mnt)
+    with open(img, "wb") as f:
+        f.truncate(512 << 20)
+    subprocess.run(["mkfs.btrfs", "-q", img], check=True)
+    subprocess.run(["mount", "-o", "loop", img, mnt], check=True)
+    try:
+        ws = os.path.join(mnt, "ws10k")
+        subprocess.run(["btrfs", "-q", "subvolume", "create", ws], check=True)
+        _fill(ws)
+        assert is_subvolume(ws)
+        yield ws
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=False)
 
 
 def _reset(ws: str) -> None:
@@ -54,11 +82,14 @@ def _reset(ws: str) -> None:
 
 
 @pytest.mark.parametrize("variant", ["native", "caper-allow", "caper-block",
-                                     "caper-cli-allow", "caper-cli-block"])
+                                     "caper-cli-allow", "caper-cli-block",
+                                     "caper-btrfs-allow", "caper-btrfs-block"])
 @pytest.mark.parametrize("workload", list(WORKLOADS))
-def test_run(benchmark, workspace, workdir, workload, variant):
+def test_run(benchmark, request, workdir, workload, variant):
     import caper
 
+    workspace = request.getfixturevalue(
+        "btrfs_workspace" if "btrfs" in variant else "workspace")
     cmd = WORKLOADS[workload]
     state = os.path.join(workdir, "caper-state")
     env = {**os.environ, "CAPER_STATE_DIR": state, "PYTHONPATH": str(ROOT)}
@@ -68,11 +99,12 @@ def test_run(benchmark, workspace, workdir, workload, variant):
                                     capture_output=True)
     elif variant.startswith("caper-cli"):
         approver = variant.rsplit("-", 1)[1]
-        argv = [sys.executable, "-m", "caper", "run", "--approver", approver, "--workspace",
-                workspace, "-c", cmd]
+        argv = [sys.executable, "-m", "caper", "run", "--approver", approver, "--backend",
+                "overlay", "--workspace", workspace, "-c", cmd]
         fn = lambda: subprocess.run(argv, cwd=workspace, env=env, capture_output=True)
     else:
         approver = variant.rsplit("-", 1)[1]
+        backend = "btrfs" if "btrfs" in variant else "overlay"
         fn = lambda: caper.run(cmd, cwd=workspace, workspace=workspace, approver=approver,
-                               state_dir=state)
+                               backend=backend, state_dir=state)
     benchmark.pedantic(fn, setup=lambda: _reset(workspace), rounds=ROUNDS, warmup_rounds=1)

@@ -156,9 +156,9 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
                        new_root=snap.stage)
             events, result = tr.run()
             changes = [asdict(c) for c in plan_changes(snap.layers, exclude=hidden)]
-            if bsnap:
-                changes += [{"path": p, "kind": "changed", "backend": "btrfs"}
-                            for p in bsnap.changed_paths()]
+            workspace_changes = bsnap.changed_paths() if bsnap else []
+            changes += [{"path": p, "kind": "changed", "backend": "btrfs"}
+                        for p in workspace_changes]
             timings["run_ms"] = (time.perf_counter() - t) * 1000
             report = _report(events, result, changes)
             report["backend"] = "btrfs" if bsnap else "overlay"
@@ -172,7 +172,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
                 try:
                     # The workspace first: its conflict check comes before any change.
                     # (A conflict outside it after that leaves the workspace committed.)
-                    if bsnap:
+                    if workspace_changes:  # an unchanged snapshot is just dropped
                         bsnap.commit()
                         workspace_swapped = True
                     commit(snap.layers, state_dir=state_dir, since_ns=snap.since_ns,
