@@ -180,18 +180,18 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
                     committed = True
                 except BtrfsConflict as e:
                     kept = bsnap.path
-                    decision = Decision("block", f"not committed: {e}", approver="caper")
+                    decision = _not_committed(e, workspace_swapped)
                 except CommitConflict as e:
                     kept = snap.scratch
-                    decision = Decision("block", f"not committed: {e}", approver="caper")
+                    decision = _not_committed(e, workspace_swapped)
                 except CommitIncomplete as e:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
                     committed = e.applied
                     if not e.applied:
-                        decision = Decision("block", f"not committed: {e}", approver="caper")
+                        decision = _not_committed(e, workspace_swapped)
                 except CommitError as e:  # undone: nothing changed
-                    decision = Decision("block", f"not committed: {e}", approver="caper")
+                    decision = _not_committed(e, workspace_swapped)
             timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=result.stdout,
@@ -202,6 +202,12 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
                 snap.discard()
             if bsnap and not workspace_swapped and kept != bsnap.path:
                 bsnap.discard()
+
+
+def _not_committed(e: CaperError, workspace_swapped: bool) -> Decision:
+    where = ("the workspace (btrfs) was committed, changes outside it were not"
+             if workspace_swapped else "not committed")
+    return Decision("block", f"{where}: {e}", approver="caper")
 
 
 def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult) -> Decision:
