@@ -71,7 +71,7 @@ class Trace:
                  noise: NoiseProfile | None = None, collapse: bool = True,
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
-                 share_cpu: bool = True, debug_filter: bool = False,
+                 share_cpu: bool = True,
                  mounts: Sequence["Mount"] = (), new_root: str | None = None):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
@@ -93,8 +93,6 @@ class Trace:
             flags |= lib.CAPER_F_KEEP_NOISE
         if share_cpu:
             flags |= lib.CAPER_F_SHARE_CPU
-        if debug_filter:
-            flags |= lib.CAPER_F_DEBUG_FILTER
         cfg.flags = flags
         cfg.max_pids = max_pids or 0
         self.max_memory = max_memory

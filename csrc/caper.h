@@ -108,7 +108,6 @@ enum caper_flags {
     CAPER_F_USERNS       = 1, /* make a user namespace (needed when not root) */
     CAPER_F_NO_COLLAPSE  = 2, /* emit repeated identical events one by one */
     CAPER_F_KEEP_NOISE   = 4, /* do not drop baseline noise (the probe itself) */
-    CAPER_F_DEBUG_FILTER = 8, /* write the seccomp program as pseudocode to stderr */
     CAPER_F_SHARE_CPU    = 16 /* run the tracer and the sandbox on one CPU: a stop then
                                  costs a context switch, not a cross-CPU wake-up */
 };
