@@ -77,6 +77,7 @@ struct tracer {
     pid_t init_pid;
     int killed;          /* the sandbox was killed on purpose: end says why */
     struct sock_id *bound;  /* unix sockets bound inside the sandbox */
+    struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
     size_t n_bound, cap_bound;
 };
 
@@ -440,7 +441,10 @@ static int unix_refusal(struct tracer *t, struct proc *p, struct pending *pd)
 static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
                            uint64_t vec, uint64_t vlen)
 {
-    static struct pending scratch;  /* the tracer is one thread */
+    /* One per tracer: several caper runs may trace at once in one process. */
+    if (!t->scratch && !(t->scratch = malloc(sizeof *t->scratch)))
+        return 0;
+    struct pending *scratch = t->scratch;
     int found = 0;
     if (vlen > 1024)
         vlen = 1024;  /* UIO_MAXIOV: the kernel sends no more */
@@ -450,9 +454,9 @@ static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
             break;
         if (!m.msg_hdr.msg_name)
             continue;
-        struct pending *into = found ? &scratch : pd;
+        struct pending *into = found ? scratch : pd;
         if (found)
-            memset(&scratch.ev, 0, sizeof scratch.ev);
+            memset(&scratch->ev, 0, sizeof scratch->ev);
         take_sockaddr(p, into, (uint64_t)(uintptr_t)m.msg_hdr.msg_name, m.msg_hdr.msg_namelen);
         if (into->ev.h.flags == CAPER_AF_UNIX && unix_refusal(t, p, into)) {
             if (into != pd) {  /* report the refused one */
@@ -827,6 +831,7 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
         while (t.buckets[i])
             destroy(&t, t.buckets[i]);
     free(t.bound);
+    free(t.scratch);
     (void)w;
     return 0;
 }
