@@ -72,7 +72,8 @@ class Trace:
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
                  share_cpu: bool = True,
-                 mounts: Sequence["Mount"] = (), new_root: str | None = None):
+                 mounts: Sequence["Mount"] = (), new_root: str | None = None,
+                 not_before_ns: int = 0):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -124,6 +125,7 @@ class Trace:
         cfg.output_head = output_head
         cfg.output_tail = output_tail
         cfg.stdin_fd = -1
+        cfg.not_before_ns = not_before_ns
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
         self.result: RunResult | None = None

@@ -153,7 +153,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         try:
             t = time.perf_counter()
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
-                       new_root=snap.stage)
+                       new_root=snap.stage, not_before_ns=snap.since_ns)
             events, result = tr.run()
             changes = [asdict(c) for c in plan_changes(snap.layers, exclude=hidden)]
             workspace_changes = bsnap.changed_paths() if bsnap else []

@@ -154,6 +154,8 @@ struct caper_config {
     uint32_t output_head;        /* bytes kept from the start of stdout and of stderr */
     uint32_t output_tail;        /* bytes kept from the end of each */
     int stdin_fd;                /* -1: /dev/null */
+    uint64_t not_before_ns;      /* the command starts only once CLOCK_REALTIME_COARSE,
+                                    the clock of file ctimes, reaches this; 0: at once */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes

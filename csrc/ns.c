@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -172,6 +173,16 @@ static _Noreturn void run_init(const struct caper_config *c, int sync_fd, int st
     if (sethostname(host, strlen(host)) < 0) { /* cosmetic */ }
     if (loopback_up(&f) < 0)
         die_inside(status_fd, &f, 126);
+    /* The snapshot's conflict threshold: a host change stamped below it must
+     * have happened before the command could look. Waiting here overlaps the
+     * coarse clock's lag (~5 ms) with the setup above. */
+    while (c->not_before_ns) {
+        struct timespec now, nap = { 0, 200000 };
+        clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        if ((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec >= c->not_before_ns)
+            break;
+        nanosleep(&nap, NULL);
+    }
     /* vfork: the command shares init's memory until it execs, so its start
      * does not copy the page tables of the (possibly large) caller again. */
     pid_t cmd = vfork();

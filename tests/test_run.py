@@ -252,3 +252,17 @@ def test_state_dir_on_overlayfs_is_refused_with_a_hint(ws, tmp_path):
             run("true", cwd=ws, approver="allow", state_dir=str(merged / "state"))
     finally:
         subprocess.run(["umount", str(merged)], check=True)
+
+
+def test_files_written_just_before_the_run_are_not_conflicts(ws, state):
+    """The agent saves files, then runs a command at once: their ctimes (the
+    coarse clock lags the real time by more than a tick here; multigrain
+    timestamps can be finer) must fall below the snapshot's threshold."""
+    for round_ in range(10):
+        doomed = ws / "doomed"
+        doomed.mkdir()
+        for i in range(100):
+            (doomed / f"f{i}").write_text("x")
+        out = run("rm -rf doomed", cwd=ws, approver="allow", state_dir=state)
+        assert out.committed, f"round {round_}: {out.reason}"
+        assert not doomed.exists()
