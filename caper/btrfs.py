@@ -60,7 +60,7 @@ from typing import Callable, Iterable
 
 from caper import mountinfo
 from caper.errors import CaperError
-from caper.journal import Journal, fsync_dir
+from caper.journal import Journal, fsync_dir, step
 from caper.syscalls import RENAME_EXCHANGE, renameat2
 
 try:
@@ -73,15 +73,6 @@ __all__ = ["is_subvolume", "BtrfsSnapshot", "BtrfsError", "BtrfsConflict", "reco
 SNAP_PREFIX = ".caper-snap-"
 JOURNAL_DIR = "btrfs"
 JOURNAL_VERSION = 1
-
-# --- fault injection (as caper.commit) ---------------------------------------------------
-
-_fault_hook: Callable[[str], None] | None = None
-
-
-def _op(what: str) -> None:
-    if _fault_hook is not None:
-        _fault_hook(what)
 
 
 # --- errors --------------------------------------------------------------------------------
@@ -383,7 +374,7 @@ def is_subvolume(path: str) -> bool:
 
 class _Journal(Journal):
     def __init__(self, state_dir: str, jid: str):
-        super().__init__(state_dir, JOURNAL_DIR, jid, _op)
+        super().__init__(state_dir, JOURNAL_DIR, jid)
 
     def read(self) -> dict | None:
         data = super().read()
@@ -410,7 +401,7 @@ def _delete(path: str, uuid_hex: str, what: str) -> bool:
     info = _info(path)
     if info is None or info.uuid.hex() != uuid_hex:
         return False
-    _op("delete " + what)
+    step("delete " + what)
     try:
         btrfsutil.delete_subvolume(path)
     except btrfsutil.BtrfsUtilError as e:
@@ -465,7 +456,7 @@ class BtrfsSnapshot:
                "snapshot": snap, "ws_uuid": ws_info.uuid.hex(), "snap_uuid": None}
         try:
             journal.write(rec)              # before the snapshot exists: recover can find it
-            _op("snapshot")
+            step("snapshot")
             try:
                 btrfsutil.create_snapshot(ws, snap)
             except btrfsutil.BtrfsUtilError as e:
@@ -556,13 +547,13 @@ class BtrfsSnapshot:
         except OSError as e:
             raise _oserr("open", parent, e) from e
         try:
-            _op("exchange")
+            step("exchange")
             try:
                 renameat2(pfd, os.path.basename(self.path), os.path.basename(self.workspace), RENAME_EXCHANGE)
             except OSError as e:
                 self._journal.write(self._record("created"))   # nothing moved: back to a live snapshot
                 raise _oserr("renameat2(RENAME_EXCHANGE)", f"{self.path} <-> {self.workspace}", e) from e
-            _op("syncfs")
+            step("syncfs")
             os.fsync(pfd)                       # btrfs: commits the log of the parent dir
             try:
                 btrfsutil.sync(parent)

@@ -66,7 +66,7 @@ from typing import Callable, Iterable, Sequence
 
 from caper import mountinfo
 from caper.errors import CaperError
-from caper.journal import Journal, fsync_dir
+from caper.journal import Journal, fsync_dir, step
 from caper.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
 
 __all__ = [
@@ -100,15 +100,6 @@ _FTYPES = {
 # names, so a test can count them (tests/test_commit.py wraps them).
 _lstat = os.lstat
 _scandir = os.scandir
-
-# Fault injection for the crash tests: called with a short description before
-# every step that changes the filesystem (journal writes included).
-_fault_hook: Callable[[str], None] | None = None
-
-
-def _op(what: str) -> None:
-    if _fault_hook is not None:
-        _fault_hook(what)
 
 
 # --- public types ---------------------------------------------------------------
@@ -344,7 +335,7 @@ def _set_xattrs(target, new: dict[str, bytes], old: dict[str, bytes]) -> None:
     """Make the managed xattrs of `target` exactly `new` (old: what it has)."""
     for n in old:
         if n not in new:
-            _op("removexattr")
+            step("removexattr")
             try:
                 os.removexattr(target, n)
             except OSError as e:
@@ -352,7 +343,7 @@ def _set_xattrs(target, new: dict[str, bytes], old: dict[str, bytes]) -> None:
                     raise
     for n, v in new.items():
         if old.get(n) != v:
-            _op("setxattr")
+            step("setxattr")
             try:
                 os.setxattr(target, n, v)
             except OSError as e:
@@ -362,7 +353,7 @@ def _set_xattrs(target, new: dict[str, bytes], old: dict[str, bytes]) -> None:
 
 
 def _set_owner(target, uid: int, gid: int) -> None:
-    _op("chown")
+    step("chown")
     try:
         os.chown(target, uid, gid)
     except PermissionError:
@@ -382,10 +373,10 @@ def _apply_attrs(dfd: int, name: str, mode: int, uid: int, gid: int, xattrs: dic
         if xattrs is not None:
             _set_xattrs(p, xattrs, _xattrs_of(p) if old_xattrs is None else old_xattrs)
         if not stat.S_ISLNK(st.st_mode):
-            _op("chmod")
+            step("chmod")
             os.chmod(p, stat.S_IMODE(mode))        # after chown, which clears set-id bits
         if times is not None:
-            _op("utime")
+            step("utime")
             os.utime(p, ns=times)
     finally:
         os.close(ofd)
@@ -417,7 +408,7 @@ def _set_meta(dfd: int, name: str, meta: dict) -> None:
             _set_owner(p, meta["uid"], meta["gid"])
         _set_xattrs(p, {k: bytes.fromhex(v) for k, v in meta["xattrs"].items()}, _xattrs_of(p))
         if stat.S_IMODE(os.fstat(ofd).st_mode) != meta["mode"]:
-            _op("chmod")
+            step("chmod")
             os.chmod(p, meta["mode"])
     finally:
         os.close(ofd)
@@ -449,7 +440,7 @@ def _rmtree_at(dfd: int, name: str, dev: int, where: str) -> int:
     except FileNotFoundError:
         return 0
     if not stat.S_ISDIR(st.st_mode):
-        _op("unlink")
+        step("unlink")
         os.unlink(name, dir_fd=dfd)
         return 1
     if st.st_dev != dev:
@@ -463,7 +454,7 @@ def _rmtree_at(dfd: int, name: str, dev: int, where: str) -> int:
             n += _rmtree_at(cfd, child, dev, f"{where}/{name}")
     finally:
         os.close(cfd)
-    _op("rmdir")
+    step("rmdir")
     os.rmdir(name, dir_fd=dfd)
     return n + 1
 
@@ -913,7 +904,7 @@ def plan_changes(layers: Sequence[Layer], exclude: Iterable[str] = ()) -> list[C
 # --- the journal ---------------------------------------------------------------------------
 
 def _journal(state_dir: str, jid: str) -> Journal:
-    return Journal(state_dir, JOURNAL_DIR, jid, _op)
+    return Journal(state_dir, JOURNAL_DIR, jid)
 
 
 def _journal_data(jid: str, phase: str, plan: _Plan) -> dict:
@@ -952,12 +943,12 @@ class _Stager:
             self._entry(lp, unit.upper, unit.parent, unit.stage)
         else:
             base = unit.parent + (unit.stage,)
-            _op("mkdir")
+            step("mkdir")
             os.mkdir(unit.stage, 0o700, dir_fd=lp.host.fd(unit.parent))
             dirs: list[tuple] = [()]
             for trel, st in unit.tree:
                 if stat.S_ISDIR(st.st_mode):
-                    _op("mkdir")
+                    step("mkdir")
                     os.mkdir(trel[-1], 0o700, dir_fd=lp.host.fd(base + trel[:-1]))
                     dirs.append(trel)
                 else:
@@ -982,7 +973,7 @@ class _Stager:
         ust = _lstat(u[-1], dir_fd=lp.up.fd(u[:-1]))
         if lp.can_link:
             try:
-                _op("link")
+                step("link")
                 os.link(u[-1], name, src_dir_fd=lp.up.fd(u[:-1]), dst_dir_fd=lp.host.fd(hparent),
                         follow_symlinks=False)
             except OSError as e:
@@ -1000,7 +991,7 @@ class _Stager:
             slp = self.plan.layers[sl]
             src_fd = os.dup(slp.host.fd(sparent))
             try:
-                _op("link")
+                step("link")
                 os.link(sname, name, src_dir_fd=src_fd, dst_dir_fd=lp.host.fd(hparent), follow_symlinks=False)
                 return
             except OSError as e:
@@ -1019,7 +1010,7 @@ class _Stager:
             p = _proc(ofd)
             for n in os.listxattr(p):
                 if n.startswith(_OVERLAY_PREFIXES):
-                    _op("removexattr")
+                    step("removexattr")
                     os.removexattr(p, n)
         finally:
             os.close(ofd)
@@ -1035,11 +1026,11 @@ class _Stager:
         if stat.S_ISREG(ust.st_mode):
             src = os.open(u[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=ufd)
             try:
-                _op("create")
+                step("create")
                 dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                               dir_fd=lp.host.fd(hparent))
                 try:
-                    _op("write")
+                    step("write")
                     self.stats.bytes += _copy_data(src, dst, ust.st_size)
                 finally:
                     os.close(dst)
@@ -1047,10 +1038,10 @@ class _Stager:
                 os.close(src)
         elif stat.S_ISLNK(ust.st_mode):
             target = os.readlink(u[-1], dir_fd=ufd)
-            _op("symlink")
+            step("symlink")
             os.symlink(target, name, dir_fd=lp.host.fd(hparent))
         else:                                           # fifo, socket
-            _op("mknod")
+            step("mknod")
             os.mknod(name, stat.S_IFMT(ust.st_mode) | 0o600, dir_fd=lp.host.fd(hparent))
         _apply_attrs(lp.host.fd(hparent), name, ust.st_mode, ust.st_uid, ust.st_gid, xattrs, times)
 
@@ -1097,13 +1088,13 @@ def _swap(plan: _Plan) -> None:
             raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
         try:
             if unit.op == CREATE:
-                _op("rename")
+                step("rename")
                 renameat2(pfd, unit.stage, unit.name, RENAME_NOREPLACE)
             elif unit.op == REPLACE:
-                _op("exchange")
+                step("exchange")
                 renameat2(pfd, unit.stage, unit.name, RENAME_EXCHANGE)
             else:
-                _op("rename")
+                step("rename")
                 renameat2(pfd, unit.name, unit.stage, RENAME_NOREPLACE)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOENT):     # lost a race with a host process
@@ -1163,7 +1154,7 @@ class _Recovery:
             if u["op"] == DELETE:
                 if _exists(pfd, stage) is not None:
                     if _exists(pfd, name) is None:
-                        _op("rename")
+                        step("rename")
                         renameat2(pfd, stage, name, RENAME_NOREPLACE)
                     else:
                         self.notes.append(f"{_unit_path(host, u)} exists again; old version kept at {stage}")
@@ -1171,10 +1162,10 @@ class _Recovery:
             cur = _exists(pfd, name)
             if phase != "prepared" and cur is not None and cur.st_ino == u["staged_ino"]:
                 if u["op"] == CREATE:
-                    _op("rename")
+                    step("rename")
                     renameat2(pfd, name, stage, RENAME_NOREPLACE)
                 else:
-                    _op("exchange")
+                    step("exchange")
                     renameat2(pfd, stage, name, RENAME_EXCHANGE)
             _rmtree_at(pfd, stage, host.dev, host.path(parent))
         if phase != "prepared":
@@ -1228,7 +1219,7 @@ class _Recovery:
                 fd = host.fd(rel)
             except CommitError:
                 continue
-            _op("utime")
+            step("utime")
             os.utime(fd, ns=tuple(ts))
 
 

@@ -3,8 +3,9 @@
 One record per commit, `<state_dir>/<kind>/<id>.json`, replaced atomically
 and durably (tmp, fsync, rename, fsync dir), with `<id>.lock` held by the
 process that owns it, so recovery can tell an abandoned commit from a
-running one. Each step reports itself to the engine's fault hook (`op`),
-which the crash tests use to kill the process at every step.
+running one. Every step that changes the filesystem, here and in the
+engines, calls `step()` first: the crash tests set `fault_hook` to kill the
+process at each one.
 """
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ import fcntl
 import json
 import os
 from typing import Callable
+
+# Fault injection for the crash tests, shared by both commit engines.
+fault_hook: Callable[[str], None] | None = None
+
+
+def step(what: str) -> None:
+    """Called with a short description before each filesystem change."""
+    if fault_hook is not None:
+        fault_hook(what)
 
 
 def fsync_dir(path: str) -> None:
@@ -23,13 +33,12 @@ def fsync_dir(path: str) -> None:
 
 
 class Journal:
-    def __init__(self, state_dir: str, kind: str, jid: str, op: Callable[[str], None]):
+    def __init__(self, state_dir: str, kind: str, jid: str):
         self.dir = os.path.join(state_dir, kind)
         self.id = jid
         self.path = os.path.join(self.dir, jid + ".json")
         self.lock_path = os.path.join(self.dir, jid + ".lock")
         self.lock_fd: int | None = None
-        self._op = op
 
     def lock(self, block: bool) -> bool:
         os.makedirs(self.dir, exist_ok=True)
@@ -46,14 +55,14 @@ class Journal:
         """Atomically replace the record, durably."""
         body = json.dumps(data, separators=(",", ":")).encode("ascii")   # names: \udcxx escapes
         tmp = self.path + ".tmp"
-        self._op("journal")
+        step("journal")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, body)
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._op("journal-rename")
+        step("journal-rename")
         os.rename(tmp, self.path)
         fsync_dir(self.dir)
 
@@ -65,7 +74,7 @@ class Journal:
             return None
 
     def remove(self) -> None:
-        self._op("journal-remove")
+        step("journal-remove")
         for p in (self.path, self.path + ".tmp"):
             try:
                 os.unlink(p)

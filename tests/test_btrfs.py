@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import pytest
 import caper.btrfs as B
 from caper.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
 from caper.errors import CaperError
+from crash import killed_at
 
 
 def _why_not() -> str | None:
@@ -314,37 +313,6 @@ def test_refuses_non_subvolume_and_mount_point(env):
 
 # --- kill -9 at every step ---------------------------------------------------------------------
 
-class _Killer:
-    def __init__(self, at: int):
-        self.at, self.n = at, 0
-
-    def __call__(self, what: str) -> None:
-        self.n += 1
-        if self.n == self.at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _killed_at(at: int, fn) -> bool:
-    """Run fn in a child that SIGKILLs itself at its `at`-th step; True if it was killed."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            B._fault_hook = _Killer(at)
-            fn()
-        except BaseException:  # noqa: BLE001
-            traceback.print_exc()
-            code = 3
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        return True
-    assert os.WEXITSTATUS(status) == 0, "the child failed"
-    return False
-
-
 def test_kill_at_every_step(env):
     pre = state(env.ws)
 
@@ -354,7 +322,7 @@ def test_kill_at_every_step(env):
         snap.commit()
 
     # the post-state, from an uninterrupted run
-    assert not _killed_at(0, run)
+    assert not killed_at(0, run)
     post = state(env.ws)
     assert post != pre
 
@@ -370,7 +338,7 @@ def test_kill_at_every_step(env):
     while True:
         n += 1
         env.reset()
-        if not _killed_at(n, run):
+        if not killed_at(n, run):
             assert check("no kill") == "post"
             break
         recover_btrfs(str(env.state))
@@ -387,8 +355,8 @@ def test_kill_at_every_step(env):
         while True:
             m += 1
             env.reset()
-            assert _killed_at(k, run)
-            if not _killed_at(m, lambda: recover_btrfs(str(env.state))):
+            assert killed_at(k, run)
+            if not killed_at(m, lambda: recover_btrfs(str(env.state))):
                 break
             nested += 1
             recover_btrfs(str(env.state))

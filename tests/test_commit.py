@@ -29,9 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caper import commit as C
+from caper import journal
 from caper.commit import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
 from caper.snapshot import snapshot_time_ns
 from caper.errors import CaperError
+from crash import killed_at
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 
@@ -625,12 +627,12 @@ def test_race_at_swap_is_undone(env):
     def racer(what):
         if what == "rename" and not (env.host / "c").exists():
             (env.host / "c").write_text("host\n")
-    C._fault_hook = racer
+    journal.fault_hook = racer
     try:
         with pytest.raises(CommitConflict):
             env.commit()
     finally:
-        C._fault_hook = None
+        journal.fault_hook = None
     after = snapshot(env.host)
     assert after.pop("c")[4] == b"host\n"
     assert after == before
@@ -696,37 +698,6 @@ KILL_SPEC = {"a": "a", "b": "b", "c": "c", "d/x": "x", "d/y/z": "z", "e/p": "p",
              "g/h": "h", "l": Link("a"), "m/old": "o", "k/1": "1", "k/s/2": "2"}
 
 
-class _Killer:
-    def __init__(self, at: int):
-        self.at, self.n = at, 0
-
-    def __call__(self, what: str) -> None:
-        self.n += 1
-        if self.n == self.at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _killed_at(at: int, fn) -> bool:
-    """Run fn in a child that SIGKILLs itself at the `at`-th step; True if it was killed."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            C._fault_hook = _Killer(at)
-            fn()
-        except BaseException:  # noqa: BLE001
-            traceback.print_exc()
-            code = 3
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        return True
-    assert os.WEXITSTATUS(status) == 0, "commit failed in the child"
-    return False
-
-
 def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
     """Build the scenario once with a real overlay, then for N = 1, 2, ... kill the
     commit at its N-th step, recover, and require the pre-state or the post-state."""
@@ -765,7 +736,7 @@ def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
     while True:
         n += 1
         assert reset() == pre
-        if not _killed_at(n, do_commit):
+        if not killed_at(n, do_commit):
             assert check("no kill") == "post"
             break
         recover(str(work.state))
@@ -787,8 +758,8 @@ def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
         while True:
             m += 1
             reset()
-            assert _killed_at(k, do_commit)
-            if not _killed_at(m, lambda: recover(str(work.state))):
+            assert killed_at(k, do_commit)
+            if not killed_at(m, lambda: recover(str(work.state))):
                 break
             nested += 1
             recover(str(work.state))
@@ -817,7 +788,7 @@ def test_kill_at_every_step_exdev(tmp_path):
 def test_commit_refuses_until_an_interrupted_commit_is_recovered(env):
     env.build({"a": "1", "b": "1"})
     env.run("echo 2 > a; echo 2 > b")
-    assert _killed_at(5, lambda: env.commit())
+    assert killed_at(5, lambda: env.commit())
     with pytest.raises(CommitError, match="recover"):
         env.commit()
     (out,) = recover(str(env.state))
@@ -1015,7 +986,7 @@ def test_caper_recover_command_undoes_an_interrupted_commit(env):
     env.build({"a": "1", "b": "1"})
     before = snapshot(env.host)
     env.run("echo 2 > a; echo 2 > b")
-    assert _killed_at(5, lambda: env.commit())
+    assert killed_at(5, lambda: env.commit())
     root = Path(__file__).resolve().parent.parent
     p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(env.state)],
                        capture_output=True, text=True, timeout=60,

@@ -253,7 +253,9 @@ def test_connect_to_host_unix_socket_is_refused_and_reported(tmp_path, host_unix
     assert ev.error == "EACCES"
 
 
-def test_datagram_to_host_unix_socket_is_refused_for_sendto_and_sendmsg(tmp_path, cfixture):
+def _datagrams_to_host(tmp_path, cfixture):
+    """Run the unix_dgram fixture against a host datagram socket; return the
+    events, the result, what the host socket received and its path."""
     host = str(tmp_path / "host-dgram.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
         receiver.bind(host)
@@ -266,6 +268,11 @@ def test_datagram_to_host_unix_socket_is_refused_for_sendto_and_sendmsg(tmp_path
                 got.append(receiver.recv(100))
         except BlockingIOError:
             pass
+    return events, result, got, host
+
+
+def test_datagram_to_host_unix_socket_is_refused_for_sendto_and_sendmsg(tmp_path, cfixture):
+    events, result, got, host = _datagrams_to_host(tmp_path, cfixture)
     r = report_lines(result)
     assert r["bind_own"] == "OK" and r["sendto_own"] == "OK"
     assert r["sendto_host"] == "EACCES"
@@ -276,18 +283,7 @@ def test_datagram_to_host_unix_socket_is_refused_for_sendto_and_sendmsg(tmp_path
 
 
 def test_sendmmsg_cannot_smuggle_a_datagram_to_a_host_unix_socket(tmp_path, cfixture):
-    host = str(tmp_path / "host-dgram.sock")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
-        receiver.bind(host)
-        events, result = sandbox([cfixture("unix_dgram"), str(tmp_path / "own.sock"), host],
-                                 tmp_path)
-        got = []
-        receiver.setblocking(False)
-        try:
-            while True:
-                got.append(receiver.recv(100))
-        except BlockingIOError:
-            pass
+    events, result, got, host = _datagrams_to_host(tmp_path, cfixture)
     assert report_lines(result)["bind_own"] == "OK"
     assert b"LEAK-sendmmsg" not in got, "the host socket received the sandbox's datagram"
     assert any(e.syscall == "sendmmsg" and e.path == host for e in of_kind(events, Kind.SENDTO))

@@ -129,19 +129,23 @@ def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, sta
     assert out.kept_upper and any(Path(out.kept_upper).rglob("other.txt"))
 
 
-def test_runs_on_one_workspace_take_turns(ws, state, tmp_path):
+def _spans_of_concurrent_runs(workspaces, state) -> list[tuple[float, float]]:
+    """Start one run per workspace at once; each reports when its command ran."""
     spans = []
 
-    def one(i):
-        out = run("date +%s.%N; sleep 0.5; date +%s.%N", cwd=ws, approver="allow",
-                  state_dir=state)
+    def one(w):
+        out = run("date +%s.%N; sleep 0.5; date +%s.%N", cwd=w, approver="allow", state_dir=state)
         a, b = out.stdout.text().split()
         spans.append((float(a), float(b)))
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=one, args=(w,)) for w in workspaces]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    (a0, a1), (b0, b1) = sorted(spans)
+    return sorted(spans)
+
+
+def test_runs_on_one_workspace_take_turns(ws, state):
+    (a0, a1), (b0, b1) = spans = _spans_of_concurrent_runs([ws, ws], state)
     assert a1 <= b0, f"runs overlapped: {spans}"
 
 
@@ -177,19 +181,10 @@ def test_cli_json_and_block_status(ws, state):
 
 
 def test_runs_on_different_workspaces_go_in_parallel(tmp_path, state):
-    spans = []
-
-    def one(i):
-        w = tmp_path / f"w{i}"
+    workspaces = [tmp_path / "w0", tmp_path / "w1"]
+    for w in workspaces:
         w.mkdir()
-        out = run("date +%s.%N; sleep 0.5; date +%s.%N", cwd=w, approver="allow", state_dir=state)
-        a, b = out.stdout.text().split()
-        spans.append((float(a), float(b)))
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    (a0, a1), (b0, b1) = sorted(spans)
+    (a0, a1), (b0, b1) = spans = _spans_of_concurrent_runs(workspaces, state)
     assert b0 < a1, f"runs on different workspaces were serialized: {spans}"
 
 
