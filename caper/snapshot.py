@@ -61,10 +61,10 @@ class Mount:
     flags: int
 
 
-def host_mounts() -> list[HostMount]:
+def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
     """The visible mounts, parents first; of several on one point, the top one."""
     seen: dict[str, HostMount] = {}
-    for m in mountinfo.read():
+    for m in entries:
         seen.pop(m.point, None)  # an overmount hides what it covers
         seen[m.point] = HostMount(m.point, m.fstype, m.read_only)
     return sorted(seen.values(), key=lambda m: (m.mount_point.count("/") if m.mount_point != "/" else 0,
@@ -200,23 +200,24 @@ class OverlaySnapshot:
                binds: Sequence[tuple[str, str]] = ()) -> "OverlaySnapshot":
         """binds: (host path, sandbox path) pairs mounted over the overlays,
         e.g. a btrfs snapshot of the workspace at the workspace's path."""
-        cls.check_state_dir(state_dir)
+        entries = mountinfo.read()
+        cls.check_state_dir(state_dir, entries)
         runs = os.path.join(state_dir, "runs")
         os.makedirs(runs, mode=0o700, exist_ok=True)
         scratch = os.path.join(runs, uuid.uuid4().hex[:16])
         os.mkdir(scratch, 0o700)
         try:
-            return cls._plan(scratch, state_dir, userxattr, binds)
+            return cls._plan(scratch, state_dir, userxattr, binds, entries)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
 
     @staticmethod
-    def check_state_dir(state_dir: str) -> None:
+    def check_state_dir(state_dir: str, entries: list[mountinfo.MountEntry]) -> None:
         """Upper layers live in the state directory: refuse a filesystem that
         cannot hold them before anything runs, with a way out."""
         real = os.path.realpath(state_dir)
-        fstype = max((m for m in mountinfo.read() if _below(real, m.point)),
+        fstype = max((m for m in entries if _below(real, m.point)),
                      key=lambda m: len(m.point)).fstype
         if fstype in UNUSABLE_UPPER_FS:
             raise ConfigError(f"caper's state directory {real} is on {fstype}, which cannot hold "
@@ -225,13 +226,14 @@ class OverlaySnapshot:
 
     @classmethod
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool,
-              binds: Sequence[tuple[str, str]]) -> "OverlaySnapshot":
+              binds: Sequence[tuple[str, str]],
+              entries: list[mountinfo.MountEntry]) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
         since_ns = time.time_ns()  # the command starts once ctimes reach it: see snapshot_time_ns
         state_real = os.path.realpath(state_dir)
         plan = _Planner(scratch, stage, userxattr)
-        covered = [m for m in host_mounts()
+        covered = [m for m in host_mounts(entries)
                    if m.fstype not in PSEUDO_FS and not _below(m.mount_point, state_real)
                    and not any(_below(m.mount_point, t) for t in KERNEL_TREES)]
         if userxattr:
