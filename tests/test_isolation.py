@@ -25,6 +25,7 @@ import pytest
 
 from caper.events import End, Event, Family, Kind, Refusal
 from caper.trace import trace
+from hostprocs import pids_with_cmdline
 
 PY = sys.executable  # not the pyenv shim: a shell script that forks a lot
 
@@ -481,25 +482,12 @@ def test_signal_event_reports_negative_targets_as_negative(tmp_path):
     assert [e.to_dict()["target"] for e in of_kind(events, Kind.SIGNAL)] == [-1, -2]
 
 
-def _host_processes_with(marker: str) -> list[int]:
-    found = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(d))
-            except OSError:
-                pass
-    return found
-
-
 def test_daemons_started_inside_do_not_outlive_the_run(tmp_path):
     marker = f"{31 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"  # sleep DURATION
     events, result = sandbox(f"setsid sleep {marker} & (nohup sleep {marker} >/dev/null 2>&1 &); "
                              "echo started", tmp_path)
     assert stdout(result).split() == ["started"]
-    assert _host_processes_with(f"sleep\0{marker}") == []
+    assert pids_with_cmdline(f"sleep\0{marker}".encode()) == []
 
 
 def test_proc_shows_only_the_sandbox_and_pid_1_is_caper_init(tmp_path):

@@ -19,6 +19,7 @@ from caper._native import lib
 from caper.errors import STEP_ERRORS, ConfigError, ExecError
 from caper.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
 from caper.trace import Trace, baseline, trace
+from hostprocs import pids_with_cmdline
 
 PY = os.path.realpath(sys.executable)
 
@@ -331,13 +332,4 @@ def test_the_sandbox_dies_with_caper(tmp_path):
 
 
 def _sleepers(marker: str) -> list[int]:
-    found = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    if f.read() == b"sleep\0" + marker.encode() + b"\0":
-                        found.append(int(d))
-            except OSError:
-                pass
-    return found
+    return pids_with_cmdline(b"sleep\0" + marker.encode() + b"\0")
