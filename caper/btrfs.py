@@ -3,6 +3,7 @@
     snap = BtrfsSnapshot.create(workspace, state_dir)   # writable snapshot, a hidden sibling
     ...  the sandbox bind-mounts snap.path at the workspace path and runs the command ...
     snap.changed_paths()                                # what differs, as workspace paths
+    snap.changes()                                      # the same as commit.Change, for reports
     snap.commit()   or   snap.discard()
     recover_btrfs(state_dir)                            # after a crash: finish or undo
 
@@ -55,10 +56,12 @@ import fcntl
 import os
 import re
 import secrets
+import stat
 import struct
 from typing import Callable, Iterable
 
 from caper import mountinfo
+from caper.commit import Change, file_type
 from caper.errors import CaperError
 from caper.journal import Journal, fsync_dir, step
 from caper.syscalls import RENAME_EXCHANGE, renameat2
@@ -502,6 +505,27 @@ class BtrfsSnapshot:
             ws.close()
             snap.close()
 
+    def changes(self) -> list[Change]:
+        """changed_paths as report entries: created (only in the snapshot),
+        deleted (only in the workspace), replaced (the type changed), else
+        modified."""
+        out = []
+        for p in self.changed_paths():
+            rel = os.path.relpath(p, self.workspace)
+            old = _lstat_or_none(p)
+            new = _lstat_or_none(os.path.join(self.path, rel))
+            if old is None and new is None:
+                continue
+            if old is None:
+                out.append(Change(p, "created", file_type(new.st_mode)))
+            elif new is None:
+                out.append(Change(p, "deleted", file_type(old.st_mode)))
+            elif stat.S_IFMT(old.st_mode) != stat.S_IFMT(new.st_mode):
+                out.append(Change(p, "replaced", file_type(new.st_mode), file_type(old.st_mode)))
+            else:
+                out.append(Change(p, "modified", file_type(new.st_mode)))
+        return out
+
     def _conflicts(self) -> list[str]:
         ws, snap = self._trees()
         try:
@@ -650,3 +674,10 @@ def recover_btrfs(state_dir: str) -> list[str]:
             journal.unlock()
             done.append(f"{jid}: FAILED, record kept: {e}")
     return done
+
+
+def _lstat_or_none(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None

@@ -1,14 +1,15 @@
 """caper's command line.
 
     caper run [--task TEXT] [--approver allow|block] [--backend B] [--timeout S]
-              [--workspace DIR] [--json] -c 'SHELL STRING'   (or -- ARGV...)
+              [--workspace DIR] [--json] [-q] -c 'SHELL STRING'   (or -- ARGV...)
     caper recover [--state-dir DIR]
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
     caper trace [...] -c 'SHELL STRING'
 
 run executes the command once in a copy-on-write snapshot, asks the approver,
 then commits the changes and prints the held output (exit status: the
-command's), or throws them away and says why (exit status 125).
+command's), or throws them away and says why (exit status 125). The effect
+report the approver judged goes to stderr as a short card (-q: not).
 
 trace prints what the command did, one event a line (strace-like, or JSON
 lines), then how it ended; the command's held output goes to caper's own
@@ -115,10 +116,14 @@ def cmd_run(args, parser) -> int:
         return EXIT_NOT_COMMITTED
     if args.json:
         print(json.dumps(outcome.to_json(), ensure_ascii=True))
-    elif outcome.committed:
+        return EXIT_NOT_COMMITTED if not outcome.committed else (
+            outcome.exit_code if outcome.exit_code is not None else EXIT_NOT_COMMITTED)
+    if outcome.committed:
         os.write(1, outcome.stdout.text())
         os.write(2, outcome.stderr.text())
-    else:
+    if not args.quiet:
+        sys.stderr.write(outcome.report.card())
+    if not outcome.committed:
         print(f"caper: blocked: {outcome.reason}", file=sys.stderr)
     if not outcome.committed:
         return EXIT_NOT_COMMITTED
@@ -155,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=600.0, metavar="S")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
-    r.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    r.add_argument("--json", action="store_true",
+                   help="one JSON object on stdout (with the effect report)")
+    r.add_argument("-q", "--quiet", action="store_true",
+                   help="no effect report card on stderr")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
     rc = sub.add_parser("recover", help="finish or undo a commit that was interrupted")

@@ -180,7 +180,7 @@ def _mount_points() -> set[str]:
         return set()
 
 
-def _ftype(mode: int) -> str:
+def file_type(mode: int) -> str:
     return _FTYPES.get(stat.S_IFMT(mode), "other")
 
 
@@ -660,27 +660,27 @@ class _Planner:
                     # made over a deleted host entry opaque; a plain one here means the
                     # host changed or the upper is not from this tree.  Never follow.
                     raise CommitError(f"{hp}: the run saw a directory here but the host has a "
-                                      f"{_ftype(hst.st_mode)}; refusing", step="plan")
+                                      f"{file_type(hst.st_mode)}; refusing", step="plan")
             elif fmt in (stat.S_IFREG, stat.S_IFLNK, stat.S_IFIFO, stat.S_IFSOCK):
                 if fmt == stat.S_IFREG:
                     self._upper_marks(lp, u, ust)
                 if hst is None:
                     # CASE(file, none)  CASE(symlink, none)  CASE(fifo, none)
                     self._unit(lp, CREATE, u, hrel, name, None, ust)
-                    self.plan.changes.append(Change(hp, CREATED, _ftype(ust.st_mode), None,
+                    self.plan.changes.append(Change(hp, CREATED, file_type(ust.st_mode), None,
                                                     self._link_detail(lp, u, ust)))
                 elif stat.S_ISDIR(hst.st_mode):
                     # CASE(file, dir)  CASE(symlink, dir): the host tree goes
                     n = self._doomed(lp, hrel, name, hst, replacing=True)
                     self._unit(lp, REPLACE, u, hrel, name, hst, ust)
-                    self.plan.changes.append(Change(hp, REPLACED, _ftype(ust.st_mode), "dir",
+                    self.plan.changes.append(Change(hp, REPLACED, file_type(ust.st_mode), "dir",
                                                     self._link_detail(lp, u, ust), n))
                 else:
                     # CASE(file, file)  CASE(file, symlink)  CASE(symlink, file)  CASE(symlink, symlink)
                     self._replace_leaf(lp, u, hrel, name, ust, hst)
             else:
                 # CASE(device, *): the sandbox cannot make devices; never committed
-                raise CommitError(f"{lp.up.path(u)}: a {_ftype(ust.st_mode)} in the upper dir; refusing",
+                raise CommitError(f"{lp.up.path(u)}: a {file_type(ust.st_mode)} in the upper dir; refusing",
                                   step="plan")
         if opaque:
             with _scandir(lp.host.fd(hrel)) as it:
@@ -704,7 +704,7 @@ class _Planner:
 
     def _replace_leaf(self, lp, u, hrel, name, ust, hst) -> None:
         hp = lp.host.path(hrel + (name,))
-        new_t, old_t = _ftype(ust.st_mode), _ftype(hst.st_mode)
+        new_t, old_t = file_type(ust.st_mode), file_type(hst.st_mode)
         if new_t != old_t:
             self._conflict(hp, hst)
             self._unit(lp, REPLACE, u, hrel, name, hst, ust)
@@ -792,7 +792,7 @@ class _Planner:
             self._conflict(hp, hst)
         tree = []
         changes = [Change(hp, CREATED if hst is None else REPLACED, "dir",
-                          None if hst is None else _ftype(hst.st_mode))]
+                          None if hst is None else file_type(hst.st_mode))]
 
         def scan(trel: tuple) -> None:
             ufd = lp.up.fd(u + trel)
@@ -815,10 +815,10 @@ class _Planner:
                 elif fmt == stat.S_IFREG:
                     self._upper_marks(lp, u + trel + (n,), st)
                 elif fmt not in (stat.S_IFLNK, stat.S_IFIFO, stat.S_IFSOCK):
-                    raise CommitError(f"{lp.up.path(u + trel + (n,))}: a {_ftype(st.st_mode)} "
+                    raise CommitError(f"{lp.up.path(u + trel + (n,))}: a {file_type(st.st_mode)} "
                                       f"in the upper dir; refusing", step="plan")
                 tree.append((trel + (n,), st))
-                changes.append(Change(cp, CREATED, _ftype(st.st_mode), None,
+                changes.append(Change(cp, CREATED, file_type(st.st_mode), None,
                                       self._link_detail(lp, u + trel + (n,), st)))
                 if fmt == stat.S_IFDIR:
                     scan(trel + (n,))
@@ -843,7 +843,7 @@ class _Planner:
             return
         n = self._doomed(lp, hrel, name, hst, replacing=False)
         self._unit(lp, DELETE, None, hrel, name, hst)
-        self.plan.changes.append(Change(hp, DELETED, _ftype(hst.st_mode), None, "", n))
+        self.plan.changes.append(Change(hp, DELETED, file_type(hst.st_mode), None, "", n))
 
     def _doomed(self, lp, hrel, name, hst, replacing: bool) -> int:
         """Check a host entry (and the tree below it) that the commit removes:

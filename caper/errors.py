@@ -5,7 +5,8 @@
   |   + UnsupportedKernelError   a kernel feature caper needs is missing here
   + ExecError                 the command could not be executed (not found, not executable)
   + TraceError                the tracer lost control of the sandbox (it was killed)
-  + ConfigError               caper was called with bad arguments
+  + ConfigError               caper was called with bad arguments (or a bad config file)
+  + ReportError               the effect report could not be built (the run is blocked)
 
 Native failures arrive as a step code plus errno; `from_native` maps each
 step to its class in one place, and a test checks that every step is mapped.
@@ -43,6 +44,10 @@ class TraceError(CaperError):
 
 class ConfigError(CaperError):
     """caper was called with bad arguments."""
+
+
+class ReportError(CaperError):
+    """The effect report could not be built: without evidence, no approval."""
 
 
 # caper_step names (without CAPER_STEP_) -> exception class.

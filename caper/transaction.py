@@ -9,16 +9,19 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import subprocess
 import time
-from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from caper.approve import ApprovalRequest, Approver, Decision, get_approver
-from caper.errors import CaperError, ConfigError, SetupError
-from caper.events import End, Event, Output, RunResult
+from caper.errors import CaperError, ConfigError, ReportError, SetupError
+from caper.events import End, Output, RunResult
+from caper.workspace import find_workspace
+
+if TYPE_CHECKING:
+    from caper.report import Report
+    from caper.config import Config
 
 DEFAULT_TIMEOUT_S = 600.0
 BACKENDS = ("auto", "overlay", "btrfs")
@@ -34,18 +37,6 @@ def default_state_dir() -> str:
         return "/var/lib/caper"
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return os.path.join(base, "caper")
-
-
-def find_workspace(cwd: str) -> str:
-    """The git top level of cwd, else cwd itself."""
-    try:
-        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True,
-                             text=True, timeout=10)
-        if top.returncode == 0 and top.stdout.strip():
-            return os.path.realpath(top.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.path.realpath(cwd)
 
 
 @contextmanager
@@ -70,10 +61,9 @@ class RunOutcome:
     exit_code: int | None
     stdout: Output
     stderr: Output
-    report: dict
+    report: "Report"
     timings: dict[str, float]
     committed: bool = False
-    changes: list[dict] = field(default_factory=list)
     kept_upper: str | None = None   # a conflicting run's changes, kept for the user
 
     def to_json(self) -> dict:
@@ -83,34 +73,28 @@ class RunOutcome:
             "stdout": self.stdout.text().decode(errors="replace"),
             "stderr": self.stderr.text().decode(errors="replace"),
             "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,
-            "report": self.report, "timings": self.timings,
+            "report": self.report.to_dict(), "timings": self.timings,
             **({"kept_upper": self.kept_upper} if self.kept_upper else {}),
         }
-
-
-def _report(events: list[Event], result: RunResult, changes: list) -> dict:
-    """The event data, until the bounded effect report replaces it."""
-    return {
-        "end": result.status,
-        "exit_code": result.exit_code,
-        "counts": dict(Counter(e.kind.name.lower() for e in events)),
-        "changes": changes,
-        "events": [e.to_dict() for e in events],
-    }
 
 
 def run(command: Sequence[str] | str, *, task: str | None = None,
         approver: "str | Approver" = "allow", workspace: str | None = None,
         backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
-        history: Sequence[dict] = ()) -> RunOutcome:
+        history: Sequence[dict] = (), config: "Config | None" = None) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back."""
     from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
     from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
+    from caper.config import load_config
+    from caper.content import RunTree
+    from caper.report import RunFacts, build
+    from caper.secrets import Protected, default_patterns
     from caper.snapshot import OverlaySnapshot
     from caper.trace import trace
 
+    config = config or load_config()
     judge = get_approver(approver)
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
@@ -155,13 +139,27 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage, not_before_ns=snap.since_ns)
             events, result = tr.run()
-            changes = [asdict(c) for c in plan_changes(snap.layers, exclude=hidden)]
-            workspace_changes = bsnap.changed_paths() if bsnap else []
-            changes += [{"path": p, "kind": "changed", "backend": "btrfs"}
-                        for p in workspace_changes]
+            changes = plan_changes(snap.layers, exclude=hidden)
+            workspace_changes = bsnap.changes() if bsnap else []
             timings["run_ms"] = (time.perf_counter() - t) * 1000
-            report = _report(events, result, changes)
-            report["backend"] = "btrfs" if bsnap else "overlay"
+
+            t = time.perf_counter()
+            roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
+            roots += [(workspace, bsnap.path)] if bsnap else []
+            run_env = os.environ if env is None else env
+            try:
+                report = build(RunFacts(
+                    command=text, events=events, result=result,
+                    changes=changes + workspace_changes, workspace=workspace,
+                    tree=RunTree.of(roots), home=run_env.get("HOME"),
+                    protected=Protected(default_patterns() + tuple(config.protected_patterns()),
+                                        run_env.get("HOME"), workspace),
+                    backend="btrfs" if bsnap else "overlay"))
+            except CaperError:
+                raise
+            except Exception as e:   # a bug here must block, not commit unjudged
+                raise ReportError(f"building the effect report failed: {e!r}") from e
+            timings["report_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
             decision = _decide(judge, ApprovalRequest(text, task, report, tuple(history)), result)

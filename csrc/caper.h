@@ -26,7 +26,8 @@ enum caper_event_kind {
     CAPER_EV_CHOWN      = 12, /* path, arg0 = uid, arg1 = gid (-1: unchanged) */
     CAPER_EV_MKDIR      = 13, /* path, mode */
     CAPER_EV_MKNOD      = 14, /* path, mode, arg0 = dev */
-    CAPER_EV_CONNECT    = 15, /* address: family, path = address text, arg0 = port */
+    CAPER_EV_CONNECT    = 15, /* address: family, path = address text, arg0 = port,
+                                 mode = socket type | protocol << 8 (0: unknown) */
     CAPER_EV_SENDTO     = 16, /* same as connect; sendto and sendmsg with a destination */
     CAPER_EV_BIND       = 17, /* same as connect */
     CAPER_EV_SIGNAL     = 18, /* arg0 = target pid as the sandbox names it, arg1 = signal */

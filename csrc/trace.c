@@ -437,6 +437,31 @@ static int unix_refusal(struct tracer *t, struct proc *p, struct pending *pd)
     return EACCES;
 }
 
+/* The type and protocol of a tracee's socket (SOCK_STREAM | IPPROTO_TCP << 8),
+ * read from a copy of its descriptor: a tracer may take it (pidfd_getfd needs
+ * the same access as ptrace). 0 when unknown. */
+static uint32_t socket_kind(pid_t tid, uint64_t fd)
+{
+    int pidfd = (int)syscall(SYS_pidfd_open, tid, 0);
+    if (pidfd < 0 && errno == EINVAL)  /* not a thread-group leader (Linux >= 6.9) */
+        pidfd = (int)syscall(SYS_pidfd_open, tid, O_EXCL /* PIDFD_THREAD */);
+    if (pidfd < 0)
+        return 0;
+    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
+    close(pidfd);
+    if (sock < 0)
+        return 0;
+    int type = 0, proto = 0;
+    socklen_t n = sizeof type;
+    if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &n) < 0)
+        type = 0;
+    n = sizeof proto;
+    if (getsockopt(sock, SOL_SOCKET, SO_PROTOCOL, &proto, &n) < 0)
+        proto = 0;
+    close(sock);
+    return (uint32_t)(type & 0xff) | (uint32_t)(proto & 0xff) << 8;
+}
+
 /* sendmmsg: decode every message's destination; 0 when none names one. */
 static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
                            uint64_t vec, uint64_t vlen)
@@ -576,12 +601,14 @@ static void on_seccomp(struct tracer *t, struct proc *p)
             take_sockaddr(p, pd, a[4], a[5]);
         else
             take_sockaddr(p, pd, a[1], a[2]);
+        h->mode = socket_kind(p->tid, a[0]);
         break;
     case DEC_MSGHDR: {
         struct msghdr m;
         if (tracee_read(p->tid, a[1], &m, sizeof m) < 0 || !m.msg_name)
             return;  /* no destination: the socket's connect was already seen */
         take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
+        h->mode = socket_kind(p->tid, a[0]);
         break;
     }
     case DEC_MMSGHDR:
@@ -589,6 +616,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
          * first refused (or else the first named) is reported. */
         if (!take_mmsg_dests(t, p, pd, a[1], a[2]))
             return;
+        h->mode = socket_kind(p->tid, a[0]);
         break;
     case DEC_SIGNAL:
         /* pid_t is an int: kill(-1) and process groups stay negative. */

@@ -408,11 +408,12 @@ def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_
     before = tree(env.ws)
     cmd = f"echo new > a; rm -r d; mkdir n; echo 1 > n/f; echo out > {outside}/o; echo done"
     out = caper.run(cmd, cwd=str(env.ws), approver="block", state_dir=str(env.state))
-    assert out.report["backend"] == "btrfs" and not out.committed
+    assert out.report.backend == "btrfs" and not out.committed
     assert out.stdout.text() == b"done\n"
     assert tree(env.ws) == before and not (outside / "o").exists()
-    changed = {c["path"] for c in out.report["changes"]}
-    assert {str(env.ws / "a"), str(env.ws / "n/f"), str(outside / "o")} <= changed
+    changed = {c.path: c.op for c in out.report.changes}   # workspace paths are relative
+    assert {"a": "modified", "n/f": "created", "d": "deleted", str(outside / "o"): "created"}.items() \
+        <= changed.items()
     assert env.siblings() == ["ws"]                 # the snapshot is gone
 
     out = caper.run(cmd, cwd=str(env.ws), approver="allow", state_dir=str(env.state))
@@ -423,7 +424,7 @@ def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_
 
     out = caper.run("true", cwd=str(env.ws), approver="block", backend="overlay",
                     state_dir=str(env.state))
-    assert out.report["backend"] == "overlay"
+    assert out.report.backend == "overlay"
 
 
 def test_backend_btrfs_refuses_a_plain_directory(tmp_path):

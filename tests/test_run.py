@@ -83,8 +83,9 @@ def test_block_leaves_everything_byte_identical(ws, state, tmp_path):
     assert tree(ws) == before and home_file.read_bytes() == home_before
     assert "block" in out.reason or "preview" in out.reason
     # the report says what would have changed
-    changed = {c["path"] for c in out.report["changes"]}
-    assert str(ws / "src") in changed and str(home_file) in changed
+    changed = {c.path: c.op for c in out.report.changes}   # workspace paths are relative
+    assert changed["src"] == "deleted"
+    assert [op for p, op in changed.items() if p.endswith("/home-rc")] == ["modified"]
 
 
 def test_writes_outside_the_workspace_are_held_too(ws, state, tmp_path):

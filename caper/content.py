@@ -1,0 +1,205 @@
+"""What a changed file holds, before and after the run, for the effect report:
+a bounded unified diff of small text files, sizes of binaries, the tables
+and row counts of SQLite databases, and the secrets found in new content.
+
+The run's version of a file lives in caper's scratch space (an overlay upper
+layer, a btrfs snapshot), which the command wrote: it is opened one
+component at a time without following symlinks, and only regular files are
+read. The host's version is the user's own file, read as it is.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import sqlite3
+import stat
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+from caper.secrets import Redactor
+
+MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
+MAX_DIFF_LINES = 400          # kept from a diff before the report's budget trims it
+MAX_SCAN_BYTES = 1 << 20      # read of a new file's content, for secrets
+MAX_TABLES = 32
+SQLITE_DEADLINE_S = 0.2       # per database, for counting rows
+SQLITE_MAGIC = b"SQLite format 3\0"
+
+
+@dataclass(frozen=True, slots=True)
+class RunTree:
+    """Where the run's version of a host path can be read: (host prefix, root
+    holding the run's files for that prefix), the longest prefix first."""
+    roots: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, str]]) -> "RunTree":
+        return cls(tuple(sorted(pairs, key=lambda p: len(p[0]), reverse=True)))
+
+    def locate(self, path: str) -> tuple[str, str] | None:
+        """(root, path relative to it) of path's run version, or None."""
+        for prefix, root in self.roots:
+            if prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+                return root, os.path.relpath(path, prefix) if path != prefix else "."
+        return None
+
+
+@dataclass(slots=True)
+class Blob:
+    size: int
+    data: bytes          # at most the limit asked for
+    complete: bool
+
+
+def _open_beneath(root: str, rel: str) -> int:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise OSError(f"'..' in {rel!r}")
+        for part in parts[:-1]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        if not parts:
+            return os.dup(fd)
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_blob(root: str, rel: str, limit: int) -> Blob | None:
+    """The first `limit` bytes of a regular file below root, never following
+    a symlink on the way; None if it is not a readable regular file."""
+    try:
+        fd = _open_beneath(root, rel)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        chunks, got = [], 0
+        while got < limit:
+            b = os.read(fd, min(limit - got, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        data = b"".join(chunks)
+        return Blob(st.st_size, data, len(data) >= st.st_size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class TableRows:
+    name: str
+    before: int | None   # None: the table did not exist (or could not be counted)
+    after: int | None
+
+
+@dataclass(slots=True)
+class FileDetail:
+    size_before: int | None = None
+    size_after: int | None = None
+    text: bool = False
+    added: int | None = None       # lines, for text files
+    removed: int | None = None
+    diff: list[str] = field(default_factory=list)
+    tables: list[TableRows] | None = None
+    secrets: set[str] = field(default_factory=set)
+    uncertain: list[str] = field(default_factory=list)   # what could not be inspected
+
+
+def _as_text(b: Blob | None) -> str | None:
+    if b is None:
+        return ""
+    if b"\0" in b.data[:8192]:
+        return None
+    try:
+        return b.data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
+    """Tables and row counts of a database file, read-only and immutable (no
+    journal or -shm file is created next to it), or None if it is not one."""
+    head = read_blob(root, rel, len(SQLITE_MAGIC))
+    if head is None or head.data != SQLITE_MAGIC:
+        return None
+    path = os.path.join(root, rel)
+    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    try:
+        con = sqlite3.connect(uri, uri=True, timeout=0)
+    except sqlite3.Error:
+        return None
+    deadline = time.monotonic() + SQLITE_DEADLINE_S
+    con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    try:
+        names = [r[0] for r in con.execute(
+            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name LIMIT ?",
+            (MAX_TABLES + 1,))]
+        out: dict[str, int | None] = {}
+        for n in names:
+            try:
+                q = 'SELECT count(*) FROM "' + n.replace('"', '""') + '"'
+                out[n] = con.execute(q).fetchone()[0]
+            except sqlite3.Error:
+                out[n] = None
+        return out
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+
+
+def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
+            old_path: str | None = None) -> FileDetail:
+    """Compare the host's version of path (of old_path, for a rename) with
+    the run's. A created file has no host version, a deleted one no run version."""
+    d = FileDetail()
+    where = tree.locate(path)
+    old_path = old_path or path
+    before = read_blob("/", old_path.lstrip("/"), MAX_DIFF_BYTES + 1) if op != "created" else None
+    after = (read_blob(where[0], where[1], max(MAX_DIFF_BYTES + 1, MAX_SCAN_BYTES))
+             if where and op != "deleted" else None)
+    d.size_before = before.size if before else None
+    d.size_after = after.size if after else None
+    if after is not None:
+        redactor.text(after.data[:MAX_SCAN_BYTES].decode("utf-8", "replace"), d.secrets)
+        if after.size > MAX_SCAN_BYTES:
+            d.uncertain.append("secret-scan-partial")
+
+    b_db = _sqlite_tables("/", old_path.lstrip("/")) if before else None
+    a_db = _sqlite_tables(*where) if where and after else None
+    if b_db is not None or a_db is not None:
+        b_db, a_db = b_db or {}, a_db or {}
+        rows = [TableRows(n, b_db.get(n), a_db.get(n)) for n in sorted(set(b_db) | set(a_db))]
+        rows.sort(key=lambda r: r.before == r.after)   # changed tables first
+        d.tables = rows[:MAX_TABLES]
+        wal = read_blob(where[0], where[1] + "-wal", 1) if where else None
+        if wal is not None and wal.size:   # rows still in the log were not counted
+            d.uncertain.append("sqlite-wal")
+        return d
+
+    too_large = any(b is not None and b.size > MAX_DIFF_BYTES for b in (before, after))
+    old, new = _as_text(before), _as_text(after)
+    if old is None or new is None:
+        return d          # binary: sizes only
+    d.text = True
+    if too_large:
+        d.uncertain.append("too-large-to-diff")
+        return d
+    a, b = old.splitlines(), new.splitlines()
+    lines = list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]
+    d.added = sum(1 for s in lines if s.startswith("+"))
+    d.removed = sum(1 for s in lines if s.startswith("-"))
+    d.diff = lines[:MAX_DIFF_LINES]
+    return d

@@ -1,0 +1,223 @@
+"""Credential locations, and secret values kept out of the effect report.
+
+Two sources of secrets: the values found in credential files the run read
+(a `.env`, `~/.aws/credentials` ...), and common token shapes (cloud keys,
+private-key blocks, bearer tokens, URLs with a password). Every string the
+report shows passes through `Redactor.text`, which replaces them with their
+kind (`<redacted:aws-secret-key>`) and remembers what it found, because
+*that a secret was there* is evidence the approver needs.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Sequence
+
+# Shorter values are not treated as secrets: redacting every "true" or
+# "8080" found in a .env would blank the report without protecting anything.
+MIN_SECRET_LEN = 6
+MAX_SECRET_FILE = 256 * 1024  # larger credential files are not parsed for values
+# A value cut by the held output's head/tail boundary leaves a fragment: a
+# prefix (or suffix) of a known value at least this long is redacted too.
+MIN_FRAGMENT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedPattern:
+    path: str   # glob: ~ = home, ** = any directories; no '/' = that name anywhere,
+                # relative with a '/' = below the workspace
+    kind: str
+
+
+@functools.cache
+def default_patterns() -> tuple[ProtectedPattern, ...]:
+    data = tomllib.loads(resources.files("caper").joinpath("data/protected.toml").read_text())
+    return tuple(ProtectedPattern(p["path"], p["kind"]) for p in data["protected"])
+
+
+def _glob_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+class Protected:
+    """Which paths are credential locations, and of what kind."""
+
+    def __init__(self, patterns: "Sequence[ProtectedPattern]", home: str | None,
+                 workspace: str | None = None):
+        self._rules: list[tuple[re.Pattern, str]] = []
+        for p in patterns:
+            glob = p.path
+            if glob.startswith("~/"):
+                if not home:
+                    continue
+                glob = home.rstrip("/") + glob[1:]
+            elif "/" in glob and not glob.startswith("/"):
+                if not workspace:
+                    continue
+                glob = workspace.rstrip("/") + "/" + glob
+            rx = _glob_regex(glob) if "/" in glob else "(?:.*/)?" + _glob_regex(glob)
+            self._rules.append((re.compile(rx + r"\Z", re.S), p.kind))
+
+    def kind(self, path: str) -> str | None:
+        for rx, kind in self._rules:
+            if rx.match(path):
+                return kind
+        return None
+
+
+# Token shapes: (kind, pattern). The whole match is replaced.
+SHAPES: list[tuple[str, re.Pattern]] = [(k, re.compile(p)) for k, p in [
+    ("private-key", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+                    r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)"),
+    ("aws-access-key", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[0-9A-Z]{16}\b"),
+    ("aws-secret-key", r"(?i)(?<=aws_secret_access_key)[\"']?\s*[:=]\s*[\"']?[A-Za-z0-9/+=]{40}"),
+    ("github-token", r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
+    ("gitlab-token", r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    ("slack-token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    ("anthropic-key", r"\bsk-ant-[A-Za-z0-9_-]{20,}"),
+    ("openai-key", r"\bsk-(?:proj-)?[A-Za-z0-9_-]{20,}"),
+    ("google-api-key", r"\bAIza[0-9A-Za-z_-]{35}"),
+    ("stripe-key", r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"),
+    ("npm-token", r"\bnpm_[A-Za-z0-9]{36}"),
+    ("pypi-token", r"\bpypi-[A-Za-z0-9_-]{50,}"),
+    ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+    ("bearer-token", r"(?i)(?<=bearer )[A-Za-z0-9._~+/=-]{16,}"),
+    ("url-password", r"(?<=://)[^/\s:@]{1,256}:[^/\s@]{1,256}(?=@)"),
+    ("password", r"(?i)(?<=password)[\"']?\s*[:=]\s*[\"']?[^\s\"',;]{6,}"),
+]]
+
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?["']?[\w.\-]+["']?\s*[:=]\s*(.*?)\s*,?\s*$""")
+_KEYWORD = re.compile(r"(?i)\b(?:password|passwd|secret|token|login)\s+(\S+)")
+
+
+def values_in(data: bytes) -> list[str]:
+    """The secret values a credential file holds: right-hand sides of
+    `KEY=value` / `key: value` / `"key": "value"` lines, netrc-style
+    `password X`, private-key blocks, and lines that are a bare token."""
+    if len(data) > MAX_SECRET_FILE or b"\0" in data[:8192]:
+        return []
+    text = data.decode("utf-8", "replace")
+    found = [m.group(0) for _, rx in SHAPES[:1] for m in rx.finditer(text)]
+    try:
+        found += _json_strings(json.loads(text))
+    except (ValueError, RecursionError):
+        pass
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s[0] in "#;[" or s.startswith("-----"):
+            continue
+        m = _ASSIGN.match(s)
+        if m:
+            v = m.group(1).strip().strip("\"'")
+            if v and v[0] not in "{[":
+                found.append(v)
+        found += _KEYWORD.findall(s)
+        if not m and " " not in s:
+            found.append(s)
+    return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_LEN]
+
+
+def _json_strings(doc) -> list[str]:
+    """Every string value in a JSON document (docker's config.json, gcloud's)."""
+    out, stack = [], [doc]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, dict):
+            stack += x.values()
+        elif isinstance(x, list):
+            stack += x
+    return out
+
+
+class Redactor:
+    """Replaces secret values and token shapes in report text, and records
+    which kinds it replaced."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}   # value -> kind
+        self._order: list[str] = []
+
+    def add_values(self, values: list[str], kind: str) -> None:
+        for v in values:
+            self._values.setdefault(v, kind)
+        self._order = sorted(self._values, key=len, reverse=True)
+
+    @property
+    def values(self) -> dict[str, str]:
+        return dict(self._values)
+
+    def text(self, s: str, found: set[str] | None = None) -> str:
+        """s with every secret replaced by `<redacted:KIND>`; the kinds replaced
+        are added to found."""
+        for v in self._order:
+            if v in s:
+                kind = self._values[v]
+                s = s.replace(v, f"<redacted:{kind}>")
+                if found is not None:
+                    found.add(kind)
+        for kind, rx in SHAPES:
+            s, n = rx.subn(f"<redacted:{kind}>", s)
+            if n and found is not None:
+                found.add(kind)
+        return s
+
+    def cut_ends(self, s: str, start: bool, end: bool, found: set[str] | None = None) -> str:
+        """Also redact a value cut by a boundary of held output: a prefix of a
+        value at the end of s (end=True), a suffix at its start (start=True).
+        Only for text cut at a boundary: elsewhere it would blank innocent
+        names that happen to end like a secret begins."""
+        for v in self._order:
+            kind, hit = self._values[v], False
+            for n in range(min(len(v) - 1, len(s)), MIN_FRAGMENT - 1, -1) if end else ():
+                if s.endswith(v[:n]):
+                    s, hit = s[:-n] + f"<redacted:{kind}>", True
+                    break
+            for n in range(min(len(v) - 1, len(s)), MIN_FRAGMENT - 1, -1) if start else ():
+                if s.startswith(v[-n:]):
+                    s, hit = f"<redacted:{kind}>" + s[n:], True
+                    break
+            if hit and found is not None:
+                found.add(kind)
+        return s
+
+
+def read_values(path: str) -> list[str]:
+    """Secret values of a credential file on this host ([] if unreadable)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > MAX_SECRET_FILE:
+            return []
+        return values_in(os.read(fd, MAX_SECRET_FILE + 1))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+

@@ -1,0 +1,150 @@
+"""The workspace a command runs against, and where a changed path stands:
+tracked by git, ignored, untracked, git's own files, or outside the
+workspace (home dot files, temp, caches, the system).
+
+git runs on the host's repository with the options that keep it from running
+anything the repository configures (fsmonitor hooks) or writing to it.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import subprocess
+
+GIT_TIMEOUT_S = 10
+ARG_BYTES = 128 * 1024   # of pathspecs per git call (ARG_MAX is larger; MAX_ARG_STRLEN per arg)
+_GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
+        "-c", "core.hooksPath=/dev/null"]
+_GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# Under $HOME: caches that package managers and tools own.
+HOME_CACHES = (".cache", ".npm", ".yarn", ".pnpm-store", ".cargo/registry", ".cargo/git",
+               ".m2/repository", ".gradle/caches", ".rustup/tmp", ".local/share/virtualenvs")
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
+               "/opt", "/var", "/srv", "/root", "/home")
+
+
+def _git(workspace: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **_GIT_ENV}
+    return subprocess.run(_GIT + ["-C", workspace, *args], input=stdin, capture_output=True,
+                          timeout=GIT_TIMEOUT_S, env=env)
+
+
+def find_workspace(cwd: str) -> str:
+    """The git top level of cwd, else cwd itself."""
+    try:
+        top = _git(cwd, "rev-parse", "--show-toplevel")
+        if top.returncode == 0 and top.stdout.strip():
+            return os.path.realpath(os.fsdecode(top.stdout.strip()))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.path.realpath(cwd)
+
+
+def _chunks(items: list[str], max_bytes: int) -> list[list[str]]:
+    """items in runs whose total length stays under max_bytes (argv limits)."""
+    out: list[list[str]] = [[]]
+    size = 0
+    for it in items:
+        n = len(os.fsencode(it)) + 1
+        if out[-1] and size + n > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(it)
+        size += n
+    return out
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+class PathView:
+    """Classifies host paths for the report, and names them briefly:
+    workspace paths relative to it, home paths as ~/..., others absolute."""
+
+    def __init__(self, workspace: str, home: str | None):
+        self.workspace = workspace
+        self.home = home if home and home != "/" else None
+        self.is_git = os.path.exists(os.path.join(workspace, ".git"))
+        self._tracked: list[str] = []     # sorted, workspace-relative
+        self._ignored: set[str] = set()
+        self.git_failed: str | None = None
+
+    def inside(self, path: str) -> bool:
+        return _under(path, self.workspace)
+
+    def rel(self, path: str) -> str:
+        return os.path.relpath(path, self.workspace) if self.inside(path) else path
+
+    def short(self, path: str) -> str:
+        if self.inside(path):
+            return self.rel(path)
+        if self.home and _under(path, self.home):
+            return "~" + path[len(self.home.rstrip("/")):]
+        return path
+
+    def learn(self, paths: list[tuple[str, bool]]) -> None:
+        """Ask git once about every changed (path, is_dir) inside the workspace."""
+        dirs = {self.rel(p) for p, is_dir in paths if is_dir}
+        rels = sorted({self.rel(p) for p, _ in paths if self.inside(p) and p != self.workspace})
+        rels = [r for r in rels if not self._git_internal(r)]
+        if not self.is_git or not rels:
+            return
+        try:
+            tracked: list[str] = []
+            for chunk in _chunks(rels, ARG_BYTES):
+                ls = _git(self.workspace, "--literal-pathspecs", "ls-files", "-z", "--full-name",
+                          "--", *chunk)
+                if ls.returncode != 0:
+                    raise OSError(ls.stderr.decode(errors="replace").strip()[:200])
+                tracked += (os.fsdecode(x) for x in ls.stdout.split(b"\0") if x)
+            self._tracked = sorted(set(tracked))
+            rest = [r for r in rels if self.tracked_below(r) == 0]
+            if rest:
+                # A trailing / lets dir-only patterns (build/) match a
+                # directory the host does not have yet.
+                ci = _git(self.workspace, "check-ignore", "-z", "--stdin",
+                          stdin=b"\0".join(os.fsencode(r + "/" if r in dirs else r)
+                                           for r in rest))
+                if ci.returncode not in (0, 1):
+                    raise OSError(ci.stderr.decode(errors="replace").strip()[:200])
+                self._ignored = {os.fsdecode(x).rstrip("/") for x in ci.stdout.split(b"\0") if x}
+        except (OSError, subprocess.SubprocessError) as e:
+            self.git_failed = str(e) or type(e).__name__
+
+    @staticmethod
+    def _git_internal(rel: str) -> bool:
+        return rel == ".git" or rel.startswith(".git/")
+
+    def tracked_below(self, rel: str) -> int:
+        """Tracked files at rel or below it."""
+        i = bisect.bisect_left(self._tracked, rel)
+        n = 0
+        while i < len(self._tracked) and (self._tracked[i] == rel
+                                          or self._tracked[i].startswith(rel + "/")):
+            n += 1
+            i += 1
+        return n
+
+    def where(self, path: str) -> str:
+        """tracked | ignored | untracked | git-internal | workspace (no git) |
+        tmp | cache | home | system | outside."""
+        if self.inside(path):
+            rel = self.rel(path)
+            if not self.is_git:
+                return "workspace"
+            if self._git_internal(rel):
+                return "git-internal"
+            if self.tracked_below(rel):
+                return "tracked"
+            return "ignored" if rel in self._ignored else "untracked"
+        if self.home and _under(path, self.home):
+            rel = path[len(self.home.rstrip("/")) + 1:]
+            return "cache" if any(_under(rel, c) for c in HOME_CACHES) else "home"
+        if any(_under(path, t) for t in TEMP_DIRS):
+            return "tmp"
+        if any(_under(path, s) for s in SYSTEM_DIRS):
+            return "system"
+        return "outside"
