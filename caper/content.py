@@ -135,7 +135,7 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
     if head is None or head.data != SQLITE_MAGIC:
         return None
     path = os.path.join(root, rel)
-    uri = "file:" + urllib.parse.quote(path) + "?mode=ro&immutable=1"
+    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=ro&immutable=1"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=0)
     except sqlite3.Error:

@@ -654,6 +654,8 @@ def _group_dir(view: PathView, p: str, depth: int) -> str:
 def _render_change(c: FileChange, d: _Draft, lim: Limits, path, actor, reads) -> FileChange:
     out = c.model_copy()
     out.path = path(c.path)
+    if c.detail:   # may hold a symlink's target
+        out.detail = _clean(d.redactor, c.detail, lim.path_chars)
     if c.renamed_from:
         out.renamed_from = path(c.renamed_from)
     if c.path in d.writer_of:

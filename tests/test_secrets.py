@@ -1,0 +1,81 @@
+"""Credential locations and redaction: which paths are protected, which
+values a credential file holds, and that each token shape is replaced."""
+from __future__ import annotations
+
+import pytest
+
+from caper.secrets import Protected, ProtectedPattern, Redactor, default_patterns, values_in
+
+HOME = "/home/u"
+
+
+@pytest.mark.parametrize("path, kind", [
+    ("/w/.env", "dotenv"), ("/w/sub/.env.production", "dotenv"), ("/w/prod.env", "dotenv"),
+    (f"{HOME}/.ssh/id_ed25519", "ssh-private-key"), (f"{HOME}/.ssh/id_rsa", "ssh-private-key"),
+    (f"{HOME}/.aws/credentials", "aws-credentials"), (f"{HOME}/.netrc", "netrc"),
+    (f"{HOME}/.config/gcloud/legacy_credentials/a/adc.json", "gcloud-credentials"),
+    (f"{HOME}/.docker/config.json", "docker-credentials"), (f"{HOME}/.npmrc", "npm-token"),
+    (f"{HOME}/.pypirc", "pypi-token"), (f"{HOME}/.local/share/keyrings/login.keyring", "keyring"),
+    (f"{HOME}/.mozilla/firefox/x.default/logins.json", "browser-profile"),
+    ("/etc/shadow", "system-credentials"),
+    (f"{HOME}/.ssh/id_ed25519.pub", None), (f"{HOME}/.ssh/known_hosts", None),
+    ("/etc/ssl/certs/ca-certificates.crt", None), ("/w/src/env.py", None),
+    ("/w/.environment", None), ("/other/.aws/credentials", None),
+])
+def test_default_protected_locations(path, kind):
+    assert Protected(default_patterns(), HOME, "/w").kind(path) == kind
+
+
+def test_extra_patterns_relative_to_workspace_and_home():
+    p = Protected([ProtectedPattern("deploy/**/*.json", "deploy"),
+                   ProtectedPattern("~/.vault-token", "vault")], HOME, "/w")
+    assert p.kind("/w/deploy/a/b/prod.json") == "deploy" and p.kind("/w/deploy/x.json") == "deploy"
+    assert p.kind("/elsewhere/deploy/x.json") is None
+    assert p.kind(f"{HOME}/.vault-token") == "vault"
+
+
+def test_values_of_credential_files():
+    data = (b"# comment\n[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"
+            b"export TOKEN=\"quoted-token-1\"\nDEBUG=1\nmachine h login bob password hunter22\n"
+            b"gho_bareTokenOnItsOwnLine\nurl: https://example.org\n")
+    vals = values_in(data)
+    assert {"AKIAIOSFODNN7EXAMPLE", "quoted-token-1", "hunter22",
+            "gho_bareTokenOnItsOwnLine"} <= set(vals)
+    assert "1" not in vals and "bob" not in vals          # too short to be a secret
+    assert values_in(b'{"auths": {"r.io": {"auth": "dXNlcjpwYXNzd29yZA=="}}}') == ["dXNlcjpwYXNzd29yZA=="]
+    key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----\n"
+    assert any("b3BlbnNzaC1rZXk" in v for v in values_in(key))
+    assert values_in(b"\0binary keyring") == []
+
+
+@pytest.mark.parametrize("text, kind", [
+    ("AKIAIOSFODNN7EXAMPLE", "aws-access-key"),
+    ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws-secret-key"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----", "private-key"),
+    ("ghp_" + "a" * 36, "github-token"),
+    ("xoxb-1234567890-abcdef", "slack-token"),
+    ("sk-ant-api03-" + "x" * 30, "anthropic-key"),
+    ("sk-proj-" + "y" * 30, "openai-key"),
+    ("AIza" + "b" * 35, "google-api-key"),
+    ("Authorization: Bearer abcdefghijklmnopqrstuvwxyz", "bearer-token"),
+    ("https://user:pa55word@example.org/x", "url-password"),
+    ("password = hunter2222", "password"),
+    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "jwt"),
+])
+def test_token_shapes_are_replaced_by_their_kind(text, kind):
+    found: set[str] = set()
+    out = Redactor().text(f"before {text} after", found)
+    assert f"<redacted:{kind}>" in out and kind in found
+    assert out.startswith("before ") and out.endswith(" after")
+
+
+def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
+    r = Redactor()
+    r.add_values(["abcdef12", "abcdef12345678"], "dotenv")
+    assert r.text("x abcdef12345678 y") == "x <redacted:dotenv> y"
+    found: set[str] = set()
+    assert r.cut_ends("tail of head abcdef1", start=False, end=True, found=found) \
+        == "tail of head <redacted:dotenv>" and found == {"dotenv"}
+    assert r.cut_ends("345678 rest", start=True, end=False) == "<redacted:dotenv> rest"
+    # Not at a cut: a name that merely ends like a value begins stays as it is.
+    assert r.text("src/abcd") == "src/abcd"
