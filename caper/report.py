@@ -38,6 +38,8 @@ from caper.workspace import PathView
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
 CAP_BYTES = 8192
+CREATED_DIFF_LINES = 4
+ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 
@@ -216,8 +218,8 @@ class Limits:
 
 
 LEVELS = (
-    Limits(40, 24, 160, 800, 240, 10, 160, 6, 16, 20, 8, 3),
-    Limits(24, 12, 120, 400, 200, 8, 120, 4, 10, 40, 4, 2),
+    Limits(24, 16, 120, 400, 240, 8, 100, 4, 6, 35, 8, 3),
+    Limits(16, 10, 120, 300, 200, 8, 120, 4, 8, 40, 4, 2),
     Limits(16, 6, 100, 200, 160, 6, 80, 3, 6, 60, 2, 1),
     Limits(10, 0, 0, 120, 120, 4, 60, 2, 4, 80, 2, 1),
     Limits(6, 0, 0, 60, 100, 3, 40, 2, 2, 100, 2, 1),
@@ -226,14 +228,34 @@ LEVELS = (
 
 # --- severity ---------------------------------------------------------------------------
 
+_OUTSIDE = ("system", "home", "outside", "tmp", "cache")
 _WHERE_SEVERITY = {"system": 90, "home": 85, "outside": 85, "git-internal": 80, "tracked": 50,
                    "workspace": 30, "untracked": 30, "ignored": 15, "cache": 10, "tmp": 5}
 
 
-def _change_severity(c: FileChange) -> int:
+# git's own bookkeeping, rewritten by every ordinary git command; the rest of
+# .git (config, hooks, info) is where persistence and redirection live.
+_GIT_ROUTINE = ("objects", "logs", "refs", "index", "index.lock", "HEAD", "ORIG_HEAD",
+                "FETCH_HEAD", "COMMIT_EDITMSG", "packed-refs", "AUTO_MERGE", "MERGE_RR")
+
+
+def _change_severity(c: FileChange, rel: str = "") -> int:
+    """rel: the path below the workspace (for .git's own files)."""
     sev = _WHERE_SEVERITY.get(c.where, 50)
+    parts = rel.split("/")
+    if c.where == "git-internal" and len(parts) > 1 and parts[1] in _GIT_ROUTINE:
+        # Writes there are routine; so are deletions inside objects/xx (gc
+        # packing loose objects), not of objects/ or refs/ themselves.
+        if c.op != "deleted":
+            sev = 15
+        elif len(parts) > 2:
+            sev = 30
     if c.where in ("tracked", "workspace") and c.op in ("deleted", "replaced"):
         sev = 80
+    elif c.where == "workspace" and c.op != "created":
+        sev = 60            # no version control: the old content exists nowhere else
+    elif c.where == "untracked" and c.op in ("modified", "deleted", "replaced", "renamed"):
+        sev = 70            # the user's own files that git does not keep
     if c.tables and any(t.rows_after is None or (t.rows_before or 0) > (t.rows_after or 0)
                         for t in c.tables):
         sev = max(sev, 75)
@@ -337,6 +359,15 @@ class _Analysis:
         elif k == Kind.LOST:
             self.uncertain["events-lost"] += max(1, e.arg0)
 
+    def writer_of(self, path: str) -> tuple[int, int] | None:
+        """(pid, seq) of the last call that wrote path, or else the nearest
+        directory above it (a directory built elsewhere and renamed into place)."""
+        while path and path != "/":
+            if path in self.writers:
+                return self.writers[path]
+            path = os.path.dirname(path)
+        return None
+
     def exe(self, pid: int, seq: int) -> tuple[str, list[str]] | None:
         """The program pid was running at seq (inherited from its parent if it
         had not exec'd yet)."""
@@ -390,6 +421,7 @@ class _Draft:
     protected_reads: list[tuple[int, ProtectedRead]]
     net: list[tuple[int, NetAttempt]]
     out_secrets: dict[str, set[str]]
+    held: dict[str, "_Held"]
     uncertain: list[str]
 
 
@@ -462,10 +494,10 @@ def _draft(facts: RunFacts) -> _Draft:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
                 fc.tracked_files = n
-        w = an.writers.get(c.path) or an.writers.get(renamed_from.get(c.path, ""))
+        w = an.writer_of(c.path) or an.writer_of(renamed_from.get(c.path, ""))
         if w:
             writer_of[c.path] = w
-        changes.append((_change_severity(fc), fc))
+        changes.append((_change_severity(fc, view.rel(fc.path)), fc))
     untraced = sum(1 for _, fc in changes if fc.path not in writer_of and fc.op != "meta")
     if untraced:
         uncertain["changes-without-a-traced-cause"] = untraced
@@ -494,7 +526,7 @@ def _draft(facts: RunFacts) -> _Draft:
         if d and d.tables is not None:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after)
                          for t in d.tables]
-        rescored.append((_change_severity(fc), fc))
+        rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
     protected_reads = []
@@ -508,10 +540,10 @@ def _draft(facts: RunFacts) -> _Draft:
         net.append((100 if creds else 90 if e.kind != Kind.BIND else 60, e, reads))
 
     out_secrets: dict[str, set[str]] = {}
+    held: dict[str, _Held] = {}
     for name in ("stdout", "stderr"):
         found: set[str] = set()
-        out: Output = getattr(facts.result, name)
-        redactor.text(out.text().decode("utf-8", "replace"), found)
+        held[name] = _Held.of(getattr(facts.result, name), redactor, found)
         if found:
             out_secrets[name] = found
     argv_found: set[str] = set()
@@ -532,7 +564,7 @@ def _draft(facts: RunFacts) -> _Draft:
         uncertain["run-did-not-finish"] = 1
     flags = [k if v == 1 else f"{k}: {v}" for k, v in sorted(uncertain.items())]
     return _Draft(facts, view, an, redactor, rescored, writer_of, details, secrets,
-                  protected_reads, net, out_secrets, flags)
+                  protected_reads, net, out_secrets, held, flags)
 
 
 def _render(d: _Draft, lim: Limits) -> Report:
@@ -560,22 +592,28 @@ def _render(d: _Draft, lim: Limits) -> Report:
         return out
 
     # Changes: low severity aggregated by directory first, then the rest listed.
-    listed: list[FileChange] = []
-    groups: dict[tuple[str, str, str], list[FileChange]] = defaultdict(list)
-    for sev, c in d.changes:
-        if sev < lim.agg_below:
-            groups[(_group_dir(view, c.path, lim.agg_depth), c.op, c.where)].append(c)
-        else:
-            listed.append(c)
+    # A created directory that holds created entries says nothing they don't.
+    implied = {os.path.dirname(c.path) for _, c in d.changes if c.op == "created"}
+    shown = [(sev, c) for sev, c in d.changes
+             if not (c.op == "created" and c.type == "dir" and c.path in implied)]
+    listed = [(sev, c) for sev, c in shown if sev >= lim.agg_below]
+    pending = [(sev, c) for sev, c in shown if sev < lim.agg_below]
     aggregates: list[Aggregate] = []
-    for (under, op, where), cs in groups.items():
-        if len(cs) >= lim.agg_group:
-            aggregates.append(Aggregate(under=path(under), op=op, where=where, files=len(cs)))
-        else:
-            listed.extend(cs)
-    listed.sort(key=_change_severity, reverse=True)
+    # The deepest directory that gathers a group, then shallower ones for the rest.
+    for depth in range(lim.agg_depth, -1, -1):
+        groups: dict[tuple[str, str, str], list] = defaultdict(list)
+        for sc in pending:
+            groups[(_group_dir(view, sc[1].path, depth), sc[1].op, sc[1].where)].append(sc)
+        pending = []
+        for (under, op, where), cs in groups.items():
+            if len(cs) >= lim.agg_group:
+                aggregates.append(Aggregate(under=path(under), op=op, where=where, files=len(cs)))
+            else:
+                pending += cs
+    listed += pending
+    listed.sort(key=lambda sc: -sc[0])
     aggregates.sort(key=lambda a: (-_WHERE_SEVERITY.get(a.where, 50), -a.files))
-    changes = [_render_change(c, d, lim, path, actor, reads) for c in listed[:lim.items]]
+    changes = [_render_change(c, sev, d, lim, path, actor, reads) for sev, c in listed[:lim.items]]
     aggregates = aggregates[:lim.items]
     n_changes = len(d.changes)
 
@@ -610,8 +648,8 @@ def _render(d: _Draft, lim: Limits) -> Report:
                for e in an.signals[:lim.items]]
 
     cred_reads = sorted({r for p in an.procs.values() for _, r in p.reads if f.protected.kind(r)})
-    output = OutputSummary(stdout=_stream(f.result.stdout, red, lim.out_chars),
-                           stderr=_stream(f.result.stderr, red, lim.out_chars),
+    output = OutputSummary(stdout=d.held["stdout"].stream(lim.out_chars),
+                           stderr=d.held["stderr"].stream(lim.out_chars),
                            read_before=reads(0, 0, cred_reads))
 
     res = f.result
@@ -651,7 +689,8 @@ def _group_dir(view: PathView, p: str, depth: int) -> str:
     return os.path.join(base, *parts[:depth]) if parts[:depth] else base
 
 
-def _render_change(c: FileChange, d: _Draft, lim: Limits, path, actor, reads) -> FileChange:
+def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
+                   reads) -> FileChange:
     out = c.model_copy()
     out.path = path(c.path)
     if c.detail:   # may hold a symlink's target
@@ -661,17 +700,26 @@ def _render_change(c: FileChange, d: _Draft, lim: Limits, path, actor, reads) ->
     if c.path in d.writer_of:
         pid, seq = d.writer_of[c.path]
         out.by = actor(pid, seq)
-        out.read_before = reads(pid, seq)
+        rs = d.an.read_before(pid, seq)
+        # Repository data written back into the repository goes nowhere: the
+        # reads are shown where data could leave it, or when they include
+        # credentials.
+        if c.where in _OUTSIDE or any(d.facts.protected.kind(r) for r in rs):
+            out.read_before = reads(pid, seq, rs)
     det = d.details.get(c.path)
     if det:
         if det.size_before is not None or det.size_after is not None:
             out.size = (det.size_before, det.size_after)
         if det.added is not None:
             out.lines = (det.added, det.removed or 0)
-        if det.diff and lim.diff_lines:
-            lines = [_clean(d.redactor, s, lim.line_chars) for s in det.diff[:lim.diff_lines]]
-            if len(det.diff) > lim.diff_lines:
-                lines.append(f"... {len(det.diff) - lim.diff_lines} more diff lines")
+        # A new file's first lines say what it is; a change needs more context.
+        # Build outputs, caches and git's bookkeeping: sizes are enough.
+        n = min(lim.diff_lines, CREATED_DIFF_LINES) if c.op == "created" else lim.diff_lines
+        n = 0 if sev < ROUTINE_SEVERITY else n
+        if det.diff and n:
+            lines = [_clean(d.redactor, s, lim.line_chars) for s in det.diff[:n]]
+            if len(det.diff) > n:
+                lines.append(f"... {len(det.diff) - n} more diff lines")
             out.diff = lines
         if out.tables:
             out.tables = [TableDelta(table=_clean(d.redactor, t.table, 64),
@@ -680,26 +728,33 @@ def _render_change(c: FileChange, d: _Draft, lim: Limits, path, actor, reads) ->
     return out
 
 
-def _stream(o: Output, red: Redactor, chars: int) -> Stream:
-    s = Stream(bytes=o.total)
-    if not o.total or not chars:
-        s.omitted_bytes = o.total
+@dataclass
+class _Held:
+    """One held output stream, redacted once: the text from its start, and
+    (when the middle was not held) the text at its end."""
+    total: int
+    head: str
+    tail: str
+
+    @classmethod
+    def of(cls, o: Output, red: Redactor, found: set[str]) -> "_Held":
+        if not o.truncated:
+            return cls(o.total, red.text(o.text().decode("utf-8", "replace"), found), "")
+        head = red.cut_ends(red.text(o.head.decode("utf-8", "replace"), found), False, True, found)
+        tail = red.cut_ends(red.text(o.tail.decode("utf-8", "replace"), found), True, False, found)
+        return cls(o.total, head, tail)
+
+    def stream(self, chars: int) -> Stream:
+        s = Stream(bytes=self.total)
+        if not self.total or not chars:
+            s.omitted_bytes = self.total
+            return s
+        if not self.tail and len(self.head) <= 2 * chars:
+            s.head = self.head
+            return s
+        s.head, s.tail = self.head[:chars], (self.tail or self.head)[-chars:]
+        s.omitted_bytes = max(0, self.total - len(s.head.encode()) - len(s.tail.encode()))
         return s
-    found: set[str] = set()
-    head_b = o.head[:o.total]
-    head = red.text(head_b.decode("utf-8", "replace"), found)
-    cut_end = o.total > len(o.head)
-    head = red.cut_ends(head, False, cut_end, found)
-    if o.total <= len(o.head) and len(head) <= 2 * chars:
-        s.head = head
-        return s
-    s.head = head[:chars]
-    tail = red.text(o.tail.decode("utf-8", "replace"), found)
-    tail = red.cut_ends(tail, o.total > len(o.tail), False, found)
-    s.tail = tail[-chars:]
-    shown = len(s.head.encode()) + len(s.tail.encode())
-    s.omitted_bytes = max(0, o.total - shown)
-    return s
 
 
 def _squeeze(r: Report) -> Report:

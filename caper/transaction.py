@@ -90,7 +90,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     from caper.config import load_config
     from caper.content import RunTree
     from caper.report import RunFacts, build
-    from caper.secrets import Protected, default_patterns
+    from caper.secrets import default_patterns, protected_for
     from caper.snapshot import OverlaySnapshot
     from caper.trace import trace
 
@@ -152,8 +152,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
                     tree=RunTree.of(roots), home=run_env.get("HOME"),
-                    protected=Protected(default_patterns() + tuple(config.protected_patterns()),
-                                        run_env.get("HOME"), workspace),
+                    protected=protected_for(default_patterns() + tuple(config.protected_patterns()),
+                                            run_env.get("HOME"), workspace),
                     backend="btrfs" if bsnap else "overlay"))
             except CaperError:
                 raise

@@ -25,10 +25,31 @@ SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/li
                "/opt", "/var", "/srv", "/root", "/home")
 
 
-def _git(workspace: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **_GIT_ENV}
-    return subprocess.run(_GIT + ["-C", workspace, *args], input=stdin, capture_output=True,
-                          timeout=GIT_TIMEOUT_S, env=env)
+def _git(workspace: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(_GIT + ["-C", workspace, *args], capture_output=True,
+                          timeout=GIT_TIMEOUT_S, env={**os.environ, **_GIT_ENV})
+
+
+class _Git:
+    """A git command started now, its output collected by result()."""
+
+    def __init__(self, workspace: str, *args: str, stdin: bytes = b""):
+        self.proc = subprocess.Popen(_GIT + ["-C", workspace, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={**os.environ, **_GIT_ENV})
+        self.stdin = stdin
+
+    def result(self, ok: tuple[int, ...]) -> bytes:
+        try:
+            out, err = self.proc.communicate(self.stdin, timeout=GIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise
+        if self.proc.returncode not in ok:
+            raise OSError(err.decode(errors="replace").strip()[:200] or
+                          f"git exited {self.proc.returncode}")
+        return out
 
 
 def find_workspace(cwd: str) -> str:
@@ -92,27 +113,28 @@ class PathView:
         rels = [r for r in rels if not self._git_internal(r)]
         if not self.is_git or not rels:
             return
+        ignored = None
         try:
+            # Both questions at once: check-ignore never reports tracked files.
+            # A trailing / lets dir-only patterns (build/) match a directory
+            # the host does not have yet.
+            ignored = _Git(self.workspace, "check-ignore", "-z", "--stdin",
+                           stdin=b"\0".join(os.fsencode(r + "/" if r in dirs else r)
+                                            for r in rels))
             tracked: list[str] = []
             for chunk in _chunks(rels, ARG_BYTES):
-                ls = _git(self.workspace, "--literal-pathspecs", "ls-files", "-z", "--full-name",
-                          "--", *chunk)
-                if ls.returncode != 0:
-                    raise OSError(ls.stderr.decode(errors="replace").strip()[:200])
-                tracked += (os.fsdecode(x) for x in ls.stdout.split(b"\0") if x)
+                ls = _Git(self.workspace, "--literal-pathspecs", "ls-files", "-z", "--full-name",
+                          "--", *chunk).result(ok=(0,))
+                tracked += (os.fsdecode(x) for x in ls.split(b"\0") if x)
             self._tracked = sorted(set(tracked))
-            rest = [r for r in rels if self.tracked_below(r) == 0]
-            if rest:
-                # A trailing / lets dir-only patterns (build/) match a
-                # directory the host does not have yet.
-                ci = _git(self.workspace, "check-ignore", "-z", "--stdin",
-                          stdin=b"\0".join(os.fsencode(r + "/" if r in dirs else r)
-                                           for r in rest))
-                if ci.returncode not in (0, 1):
-                    raise OSError(ci.stderr.decode(errors="replace").strip()[:200])
-                self._ignored = {os.fsdecode(x).rstrip("/") for x in ci.stdout.split(b"\0") if x}
+            out = ignored.result(ok=(0, 1))    # 1: nothing ignored
+            self._ignored = {os.fsdecode(x).rstrip("/") for x in out.split(b"\0") if x}
         except (OSError, subprocess.SubprocessError) as e:
             self.git_failed = str(e) or type(e).__name__
+        finally:
+            if ignored and ignored.proc.returncode is None:
+                ignored.proc.kill()
+                ignored.proc.communicate()
 
     @staticmethod
     def _git_internal(rel: str) -> bool:
