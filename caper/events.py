@@ -32,6 +32,12 @@ _FILE = (Kind.OPEN, Kind.UNLINK, Kind.RMDIR, Kind.RENAME, Kind.LINK, Kind.SYMLIN
          Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR, Kind.MKNOD)
 
 
+# (SOCK_* type, IPPROTO_*) of a network event's socket, as the tracer reads it.
+_PROTOCOLS = {(1, 6): "tcp", (1, 0): "stream", (2, 17): "udp", (2, 0): "dgram", (2, 1): "icmp",
+              (3, 1): "icmp", (2, 58): "icmpv6", (3, 58): "icmpv6", (3, 0): "raw",
+              (5, 0): "seqpacket", (1, 262): "mptcp"}
+
+
 class DecodeError(ValueError):
     """A record on the event pipe is malformed (the C side broke its contract)."""
 
@@ -75,6 +81,13 @@ class Event:
         return Family(self.flags) if self.kind in _NET else None
 
     @property
+    def protocol(self) -> str | None:
+        """tcp, udp, ... of a network event's socket (None when unknown)."""
+        if self.kind not in _NET or not self.mode:
+            return None
+        return _PROTOCOLS.get((self.mode & 0xff, self.mode >> 8), f"type {self.mode & 0xff}")
+
+    @property
     def port(self) -> int | None:
         return self.arg0 if self.kind in _NET and self.flags in (Family.INET, Family.INET6) else None
 
@@ -105,6 +118,8 @@ class Event:
             d["address"] = self.path
             if self.port is not None:
                 d["port"] = self.port
+            if self.protocol:
+                d["protocol"] = self.protocol
         if self.kind == Kind.SIGNAL:
             d["target"], d["signal"] = self.arg0, self.arg1
         if self.kind == Kind.REFUSED:

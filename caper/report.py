@@ -295,9 +295,6 @@ class _Proc:
 
 _WRITE_KINDS = (Kind.UNLINK, Kind.RMDIR, Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR,
                 Kind.MKNOD)
-_PROTOCOLS = {(1, 6): "tcp", (1, 0): "stream", (2, 17): "udp", (2, 0): "dgram", (3, 1): "icmp",
-              (2, 1): "icmp", (3, 0): "raw", (5, 0): "seqpacket", (3, 58): "icmpv6",
-              (2, 58): "icmpv6", (1, 262): "mptcp"}
 _CLONE_VM = 0x100
 _STATUS_FILES = ("status", "stat")   # /proc/*/status shows TracerPid
 
@@ -623,7 +620,7 @@ def _render(d: _Draft, lim: Limits) -> Report:
         net.append(NetAttempt(
             call=e.kind.name.lower(), family=Family(e.flags).name.lower() if e.flags in
             Family._value2member_map_ else str(e.flags), address=_clean(red, e.path or "", lim.path_chars),
-            port=e.port, protocol=_PROTOCOLS.get((e.mode & 0xff, e.mode >> 8)),
+            port=e.port, protocol=e.protocol,
             result="ok" if e.ok else (e.error or "unknown"), count=e.count,
             by=actor(e.pid, e.seq), argv=argv(exe[1]) if exe else None,
             read_before=reads(e.pid, e.seq, rs)))

@@ -78,8 +78,9 @@ def test_a_true_has_no_file_events_at_all(repo, tmp_path):
 
 
 def test_make_clean_deleting_src_and_git_differs_from_one_deleting_build(repo, tmp_path):
-    good = go("rm -rf build", repo, tmp_path).report
-    bad = go("rm -rf build src .git", repo, tmp_path).report
+    (repo / "Makefile").write_text("clean:\n\trm -rf build\nclean-evil:\n\trm -rf build src .git\n")
+    good = go("make -s clean", repo, tmp_path).report
+    bad = go("make -s clean-evil", repo, tmp_path).report
     g = {c.path: (c.op, c.where) for c in good.changes}
     b = {c.path: (c.op, c.where) for c in bad.changes}
     assert g == {"build": ("deleted", "ignored")}
