@@ -188,6 +188,7 @@ def test_many_files_are_aggregated_and_the_budget_holds(repo, tmp_path, home):
     assert c.observed == c.included + c.omitted and c.observed >= 600 + 40 + 2
     assert r.output.stdout.bytes == len("".join(f"{i}\n" for i in range(1, 100001)))
     assert r.output.stdout.head.startswith("1\n2\n") and r.output.stdout.tail.endswith("100000\n")
+    assert any(u.startswith("stdout-not-all-held") for u in r.uncertain)   # > 64 KiB head + tail
 
 
 def test_refused_calls_signals_and_tracing_visibility(repo, tmp_path):
@@ -272,3 +273,29 @@ def test_a_report_that_cannot_be_built_blocks_and_changes_nothing(repo, tmp_path
     with pytest.raises(ReportError, match="report bug"):
         go("rm -rf src; echo x > new", repo, tmp_path, approver="allow", config=Config())
     assert tree(repo) == before
+
+
+def test_metadata_binaries_large_files_and_system_writes(repo, tmp_path):
+    (repo / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (repo / "big.txt").write_text("line\n" * 60_000)          # 300 KB: too large to diff
+    git(repo, "add", "blob.bin", "big.txt")
+    git(repo, "commit", "-qm", "data")
+    probe = f"/etc/caper-report-probe-{os.getpid()}"
+    r = go(f"chmod 600 Makefile; head -c 3000 /dev/urandom > blob.bin; echo more >> big.txt; "
+           f"echo x > {probe}", repo, tmp_path).report
+    by = {c.path: c for c in r.changes}
+    assert by["Makefile"].op == "meta" and "mode" in by["Makefile"].detail
+    assert by["blob.bin"].size == (1024, 3000) and by["blob.bin"].diff is None
+    assert by["big.txt"].diff is None and "too-large-to-diff" in r.uncertain
+    assert by[probe].where == "system" and r.changes[0].path == probe
+    assert not os.path.exists(probe)
+
+
+def test_a_write_outside_after_reading_a_credential_carries_the_read(repo, tmp_path, home):
+    r = go(f"cp .env ~/stash; {sys.executable} -c 'print(1)' --token={SECRET}",
+           repo, tmp_path, home=home).report
+    stash = next(c for c in r.changes if c.path == "~/stash")
+    assert stash.where == "home" and stash.read_before == [".env"]
+    assert stash.secrets == ["dotenv"]
+    assert SECRET not in dump(r)                            # not from argv either
+    assert any(s.where == "argv" for s in r.secrets)
