@@ -2,14 +2,25 @@
 
 An approver has strictly less power than the agent: it reads evidence and
 returns a verdict, nothing else. `decide(request) -> Decision` is the whole
-interface. The trivial ones here are `allow` (commit everything: a safety net
-that still records what happened) and `block` (preview: show what would
-change, commit nothing, like `try -n`). The judging ones come later.
+interface.
+
+- `allow`: commit everything (a safety net that still records what happened).
+- `block`: preview: show what would change, commit nothing (like `try -n`).
+- `policy`: the offline judge of observed effects (caper/policy.py); it may
+  be *unsure*.
+- `llm`: an LLM judge (caper/llm.py), configured in config.toml.
+- `auto` (the default): policy where it is sure; the LLM, if configured, for
+  the rest; else `on_unsure` (block, allow, or ask a human where the host can).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from caper.config import Config
+    from caper.report import Report
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,16 +28,22 @@ class ApprovalRequest:
     """Everything an approver may see. All of it is evidence, never instructions."""
     command: str
     task: str | None
-    report: dict
-    history: tuple[dict, ...] = ()
+    report: "Report"
+    history: tuple[dict, ...] = ()   # this session's recent reviews, oldest first
+    cwd: str | None = None
+    workspace: str | None = None
+    home: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    decision: Literal["allow", "block"]
+    decision: Literal["allow", "block", "unsure"]
     reason: str
     confidence: float = 1.0
     approver: str = ""
+    boundary: str | None = None      # the line the effects cross, when blocked
+    ask: bool = False                # the approver wants a human to decide
+    steps: tuple[str, ...] = field(default=())   # who was asked, in order, with ms
 
     @property
     def allowed(self) -> bool:
@@ -56,15 +73,67 @@ class BlockApprover:
                         approver=self.name)
 
 
-APPROVERS = {"allow": AllowApprover, "block": BlockApprover}
+ON_UNSURE = ("block", "allow", "ask")
 
 
-def get_approver(name_or_approver: "str | Approver") -> "Approver":
+class AutoApprover:
+    """policy decides where it is sure; the LLM (if configured) the rest;
+    else on_unsure."""
+    name = "auto"
+
+    def __init__(self, policy: Approver, llm: Approver | None, on_unsure: str = "block"):
+        self.policy, self.llm, self.on_unsure = policy, llm, on_unsure
+
+    def decide(self, request: ApprovalRequest) -> Decision:
+        t = time.perf_counter()
+        first = self.policy.decide(request)
+        steps = (f"policy:{first.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)
+        if first.decision != "unsure":
+            return replace(first, steps=steps)
+        if self.llm is not None:
+            t = time.perf_counter()
+            second = self.llm.decide(request)
+            steps += (f"llm:{second.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)
+            return replace(second, steps=steps)
+        return replace(resolve_unsure(first, self.on_unsure), steps=steps)
+
+
+def resolve_unsure(d: Decision, on_unsure: str) -> Decision:
+    """An unsure verdict where nobody else can judge: on_unsure decides."""
+    if d.decision != "unsure":
+        return d
+    if on_unsure == "allow":
+        return replace(d, decision="allow", reason=f"unsure, allowed by on_unsure=allow: {d.reason}")
+    return replace(d, decision="block", ask=on_unsure == "ask",
+                   reason=f"unsure ({d.reason}); "
+                          + ("a human should decide" if on_unsure == "ask" else
+                             "blocked by on_unsure=block: nobody else is configured to judge"))
+
+
+APPROVERS = ("auto", "policy", "llm", "allow", "block")
+
+
+def get_approver(name_or_approver: "str | Approver", config: "Config | None" = None) -> "Approver":
     if not isinstance(name_or_approver, str):
         return name_or_approver
     from caper.errors import ConfigError
-    try:
-        return APPROVERS[name_or_approver]()
-    except KeyError:
-        raise ConfigError(f"unknown approver {name_or_approver!r}; "
-                          f"known: {', '.join(sorted(APPROVERS))}") from None
+    name = name_or_approver
+    if name == "allow":
+        return AllowApprover()
+    if name == "block":
+        return BlockApprover()
+    if name not in APPROVERS:
+        raise ConfigError(f"unknown approver {name!r}; known: {', '.join(APPROVERS)}")
+    from caper.config import Config
+    from caper.policy import PolicyApprover
+    config = config or Config()
+    if name == "policy":
+        return PolicyApprover(config.policy)
+    from caper.llm import LlmApprover
+    llm = LlmApprover.from_config(config.llm)
+    if name == "llm":
+        if llm is None:
+            raise ConfigError("--approver llm: no LLM is configured (set [llm] base_url and "
+                              "model in config.toml, or CAPER_LLM_BASE_URL and CAPER_LLM_MODEL)")
+        return llm
+    return AutoApprover(PolicyApprover(config.policy), llm, config.on_unsure)

@@ -1,7 +1,10 @@
 """caper's command line.
 
-    caper run [--task TEXT] [--approver allow|block] [--backend B] [--timeout S]
-              [--workspace DIR] [--json] [-q] -c 'SHELL STRING'   (or -- ARGV...)
+    caper run [--task TEXT] [--approver auto|policy|llm|allow|block] [--session ID]
+              [--backend B] [--timeout S] [--workspace DIR] [--json] [-q]
+              -c 'SHELL STRING'   (or -- ARGV...)
+    caper session list|reset [ID]
+    caper demo
     caper recover [--state-dir DIR]
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
     caper trace [...] -c 'SHELL STRING'
@@ -106,7 +109,7 @@ def cmd_run(args, parser) -> int:
     command = _command(args, parser)
     try:
         outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
-                      timeout=args.timeout, workspace=args.workspace)
+                      timeout=args.timeout, workspace=args.workspace, session=args.session)
     except CaperError as e:
         if args.json:
             print(json.dumps({"decision": "block", "reason": f"caper failed: {e}",
@@ -121,13 +124,39 @@ def cmd_run(args, parser) -> int:
     if outcome.committed:
         os.write(1, outcome.stdout.text())
         os.write(2, outcome.stderr.text())
-    if not args.quiet:
+    if not args.quiet and outcome.report is not None:
         sys.stderr.write(outcome.report.card())
     if not outcome.committed:
         print(f"caper: blocked: {outcome.reason}", file=sys.stderr)
     if not outcome.committed:
         return EXIT_NOT_COMMITTED
     return outcome.exit_code if outcome.exit_code is not None else EXIT_NOT_COMMITTED
+
+
+def cmd_session(args, parser) -> int:
+    from caper.errors import CaperError
+    from caper.session import check_session_id, open_sessions
+    from caper.transaction import default_state_dir
+
+    try:
+        with open_sessions(args.state_dir or default_state_dir()) as sessions:
+            if args.action == "reset":
+                if not args.id:
+                    parser.error("caper session reset ID")
+                sessions.reset(check_session_id(args.id))
+                print(f"caper: session {args.id} re-opened")
+                return 0
+            for sid, n, blocks, why in sessions.sessions():
+                print(f"{sid}\t{n} reviews\t{blocks} blocked\t{'STOPPED' if why else 'open'}")
+    except CaperError as e:
+        print(f"caper: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args, parser) -> int:
+    from caper.demo import main as demo
+    return demo()
 
 
 def cmd_recover(args, parser) -> int:
@@ -153,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a command in a snapshot; commit it if approved")
     r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
     r.add_argument("--task", help="what the user asked for (evidence for the approver)")
-    r.add_argument("--approver", default="allow", choices=["allow", "block"])
+    r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
+                   help="auto (default): policy, then the LLM if configured for what policy is "
+                        "unsure of; allow: commit everything; block: preview only")
+    r.add_argument("--session", metavar="ID",
+                   help="the agent session (history, circuit breaker)")
     r.add_argument("--backend", default="auto", choices=["auto", "overlay", "btrfs"],
                    help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
                         "else overlay")
@@ -166,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no effect report card on stderr")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
+    s = sub.add_parser("session", help="list sessions, or re-open one's stopped gate")
+    s.add_argument("action", choices=["list", "reset"])
+    s.add_argument("id", nargs="?")
+    s.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+    s.set_defaults(func=cmd_session)
+    d = sub.add_parser("demo", help="the paper's example, end to end, with the offline approver")
+    d.set_defaults(func=cmd_demo)
     rc = sub.add_parser("recover", help="finish or undo a commit that was interrupted")
     rc.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     rc.set_defaults(func=cmd_recover)

@@ -1,12 +1,30 @@
 """caper's configuration file: `$XDG_CONFIG_HOME/caper/config.toml`
 (default `~/.config/caper/config.toml`; `$CAPER_CONFIG` names another).
 
+    on_unsure = "block"          # what auto does when policy is unsure and no LLM
+                                 # is configured: block | allow | ask
+
     [report]
     # More credential locations, on top of caper/data/protected.toml.
     protected = [
         { path = "deploy/secrets/**", kind = "deploy-secret" },
         { path = "~/.vault-token", kind = "vault-token" },
     ]
+
+    [policy]
+    # Added to the lists of caper/data/policy.toml (same keys).
+    harmless_outside = ["~/.my-tool-cache/**"]
+
+    [llm]
+    protocol = "openai"          # openai (chat completions: OpenAI, Ollama, vLLM,
+                                 # llama.cpp) | anthropic (messages)
+    base_url = "http://127.0.0.1:11434/v1"
+    model = "qwen2.5:7b"
+    api_key_env = "OPENAI_API_KEY"   # the variable holding the key (none: no key)
+    timeout_s = 20
+
+Environment variables override [llm]: CAPER_LLM_PROTOCOL, CAPER_LLM_BASE_URL,
+CAPER_LLM_MODEL, CAPER_LLM_API_KEY, CAPER_LLM_TIMEOUT.
 
 A missing file is an empty configuration; a malformed one is a ConfigError
 that names the file and the field.
@@ -16,7 +34,9 @@ from __future__ import annotations
 import os
 import tomllib
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from caper.errors import ConfigError
 from caper.secrets import ProtectedPattern
@@ -35,8 +55,50 @@ class ReportConfig(_Strict):
     protected: list[ProtectedEntry] = []
 
 
+class LlmConfig(_Strict):
+    protocol: Literal["openai", "anthropic"] = "openai"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key: str | None = None          # prefer api_key_env: config files get shared
+    timeout_s: float = Field(default=20.0, gt=0, le=600)
+    max_history: int = Field(default=5, ge=0, le=50)
+
+    def with_env(self, env: "dict[str, str]") -> "LlmConfig":
+        over: dict = {}
+        for key, var in (("protocol", "CAPER_LLM_PROTOCOL"), ("base_url", "CAPER_LLM_BASE_URL"),
+                         ("model", "CAPER_LLM_MODEL"), ("api_key", "CAPER_LLM_API_KEY"),
+                         ("timeout_s", "CAPER_LLM_TIMEOUT")):
+            if env.get(var):
+                over[key] = env[var]
+        if not over.get("api_key") and not self.api_key and self.api_key_env:
+            over["api_key"] = env.get(self.api_key_env)
+        try:
+            return LlmConfig.model_validate({**self.model_dump(), **over})
+        except ValidationError as e:
+            raise ConfigError(f"LLM settings from the environment: {_where(e)}",
+                              step="config") from e
+
+
+_POLICY_LISTS = ("harmless_outside", "persistence", "redirecting_lines", "formatters",
+                 "git_rewrites", "installers")
+
+
 class Config(_Strict):
+    on_unsure: Literal["block", "allow", "ask"] = "block"
     report: ReportConfig = ReportConfig()
+    policy: dict = {}
+    llm: LlmConfig = LlmConfig()
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_lists(cls, v: dict) -> dict:
+        for k, items in v.items():
+            if k not in _POLICY_LISTS:
+                raise ValueError(f"unknown policy list {k!r} (known: {', '.join(_POLICY_LISTS)})")
+            if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+                raise ValueError(f"policy.{k} must be a list of strings")
+        return v
 
     def protected_patterns(self) -> list[ProtectedPattern]:
         return [ProtectedPattern(p.path, p.kind) for p in self.report.protected]
@@ -61,5 +123,8 @@ def load_config(path: str | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        where = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"config {path}: {where}", step="config") from e
+        raise ConfigError(f"config {path}: {_where(e)}", step="config") from e
+
+
+def _where(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())

@@ -25,6 +25,8 @@ MAX_SCAN_BYTES = 1 << 20      # read of a new file's content, for secrets
 MAX_TABLES = 32
 SQLITE_DEADLINE_S = 0.2       # per database, for counting rows
 SQLITE_MAGIC = b"SQLite format 3\0"
+OVERWRITE_SHARE = 0.9         # of a text file's old lines removed: overwritten, not edited
+OVERWRITE_MIN_LINES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class FileDetail:
     added: int | None = None       # lines, for text files
     removed: int | None = None
     diff: list[str] = field(default_factory=list)
+    overwritten: bool = False      # emptied, or most of the old lines gone
     tables: list[TableRows] | None = None
     secrets: set[str] = field(default_factory=set)
     uncertain: list[str] = field(default_factory=list)   # what could not be inspected
@@ -189,6 +192,8 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
             d.uncertain.append("sqlite-wal")
         return d
 
+    if before is not None and before.size and after is not None and not after.size:
+        d.overwritten = True       # emptied, whatever it held
     too_large = any(b is not None and b.size > MAX_DIFF_BYTES for b in (before, after))
     old, new = _as_text(before), _as_text(after)
     if old is None or new is None:
@@ -201,5 +206,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     lines = list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]
     d.added = sum(1 for s in lines if s.startswith("+"))
     d.removed = sum(1 for s in lines if s.startswith("-"))
+    d.overwritten = bool(a) and (not b or (len(a) >= OVERWRITE_MIN_LINES and
+                                           d.removed >= OVERWRITE_SHARE * len(a)))
     d.diff = lines[:MAX_DIFF_LINES]
     return d

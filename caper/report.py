@@ -87,6 +87,7 @@ class FileChange(_Model):
     tracked_files: int | None = None # tracked files at or below path
     size: tuple[int | None, int | None] | None = None  # bytes before, after
     lines: tuple[int, int] | None = None               # +added, -removed
+    overwritten: bool = False        # emptied, or most of its lines replaced
     diff: list[str] | None = None
     tables: list[TableDelta] | None = None
     secrets: list[str] | None = None # kinds of secrets in the new content
@@ -709,6 +710,7 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
             out.size = (det.size_before, det.size_after)
         if det.added is not None:
             out.lines = (det.added, det.removed or 0)
+        out.overwritten = det.overwritten
         # A new file's first lines say what it is; a change needs more context.
         # Build outputs, caches and git's bookkeeping: sizes are enough.
         n = min(lim.diff_lines, CREATED_DIFF_LINES) if c.op == "created" else lim.diff_lines

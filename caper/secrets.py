@@ -40,7 +40,7 @@ def default_patterns() -> tuple[ProtectedPattern, ...]:
     return tuple(ProtectedPattern(p["path"], p["kind"]) for p in data["protected"])
 
 
-def _glob_regex(pattern: str) -> str:
+def glob_regex(pattern: str) -> str:
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith("**/", i):
@@ -77,7 +77,7 @@ class Protected:
                 if not workspace:
                     continue
                 glob = workspace.rstrip("/") + "/" + glob
-            rx = _glob_regex(glob) if "/" in glob else "(?:.*/)?" + _glob_regex(glob)
+            rx = glob_regex(glob) if "/" in glob else "(?:.*/)?" + glob_regex(glob)
             self._rules.append((re.compile(rx + r"\Z", re.S), p.kind))
 
     def kind(self, path: str) -> str | None:

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-from caper.approve import ApprovalRequest, Approver, Decision, get_approver
+from caper.approve import ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
-from caper.workspace import find_workspace
+from caper.workspace import PathView, find_workspace
 
 if TYPE_CHECKING:
     from caper.report import Report
@@ -61,41 +61,51 @@ class RunOutcome:
     exit_code: int | None
     stdout: Output
     stderr: Output
-    report: "Report"
+    report: "Report | None"          # None: the command was not run (session stopped)
     timings: dict[str, float]
     committed: bool = False
     kept_upper: str | None = None   # a conflicting run's changes, kept for the user
+    approver: str = ""              # who decided
+    confidence: float | None = None
+    boundary: str | None = None
+    ask: bool = False               # a human should decide (on_unsure = "ask")
+    steps: tuple[str, ...] = ()     # auto: who was asked, verdict and time each
 
     def to_json(self) -> dict:
         return {
             "decision": self.decision, "reason": self.reason, "exit_code": self.exit_code,
-            "committed": self.committed,
+            "committed": self.committed, "approver": self.approver,
+            "confidence": self.confidence,
+            **({"boundary": self.boundary} if self.boundary else {}),
+            **({"ask": True} if self.ask else {}),
+            **({"steps": list(self.steps)} if self.steps else {}),
             "stdout": self.stdout.text().decode(errors="replace"),
             "stderr": self.stderr.text().decode(errors="replace"),
             "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,
-            "report": self.report.to_dict(), "timings": self.timings,
+            "report": self.report.to_dict() if self.report else None, "timings": self.timings,
             **({"kept_upper": self.kept_upper} if self.kept_upper else {}),
         }
 
 
 def run(command: Sequence[str] | str, *, task: str | None = None,
-        approver: "str | Approver" = "allow", workspace: str | None = None,
+        approver: "str | Approver" = "auto", workspace: str | None = None,
         backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
-        history: Sequence[dict] = (), config: "Config | None" = None) -> RunOutcome:
-    """Run command once in a snapshot, ask the approver, then commit or roll back."""
-    from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
-    from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
-                              plan_changes, recover)
+        history: Sequence[dict] = (), config: "Config | None" = None,
+        session: str | None = None) -> RunOutcome:
+    """Run command once in a snapshot, ask the approver, then commit or roll back.
+
+    session: the agent session this command belongs to (history for the
+    approver, the circuit breaker); files an approved run wrote secrets into
+    are tainted for every later run."""
     from caper.config import load_config
-    from caper.content import RunTree
-    from caper.report import RunFacts, build
-    from caper.secrets import default_patterns, protected_for
-    from caper.snapshot import OverlaySnapshot
-    from caper.trace import trace
+    from caper.secrets import ProtectedPattern
+    from caper.session import TAINT_KIND, check_session_id, open_sessions
 
     config = config or load_config()
-    judge = get_approver(approver)
+    judge = get_approver(approver, config)
+    if session is not None:
+        check_session_id(session)
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     cwd = os.path.realpath(cwd or os.getcwd())
@@ -108,6 +118,44 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     text = command if isinstance(command, str) else " ".join(command)
     timings: dict[str, float] = {}
+    run_env = os.environ if env is None else env
+    home = run_env.get("HOME")
+
+    with open_sessions(state_dir) as sessions:
+        if session is not None:
+            stopped = sessions.tripped(session)
+            if stopped:
+                empty = Output(b"", b"", 0)
+                return RunOutcome(decision="block", reason=stopped, exit_code=None, stdout=empty,
+                                  stderr=empty, report=None, timings=timings, approver="caper")
+            history = sessions.history(session, config.llm.max_history or 1)
+        # Files an earlier approved run wrote secrets into are credentials too.
+        tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
+        outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
+                       state_dir, tuple(history), config, tainted, home, timings)
+        if session is not None:
+            sessions.record(session, text, "allow" if outcome.committed else "block",
+                            outcome.approver, outcome.reason)
+        if outcome.committed and outcome.report is not None:
+            view = PathView(workspace, home)   # the report names files briefly
+            secret_files = {view.absolute(s.where): s.kinds for s in outcome.report.secrets
+                            if s.where not in ("stdout", "stderr", "argv")}
+            if secret_files:
+                sessions.taint(secret_files, session)
+        return outcome
+
+
+def _run(command, text: str, task, judge, workspace: str, backend: str, timeout: float,
+         cwd: str, env, state_dir: str, history: tuple, config: "Config",
+         tainted: tuple, home: str | None, timings: dict) -> RunOutcome:
+    from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
+    from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
+                              plan_changes, recover)
+    from caper.content import RunTree
+    from caper.report import RunFacts, build
+    from caper.secrets import default_patterns, protected_for
+    from caper.snapshot import OverlaySnapshot
+    from caper.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
     # its changes needs root); everything else, and every other case, overlay.
@@ -146,14 +194,13 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
             t = time.perf_counter()
             roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
             roots += [(workspace, bsnap.path)] if bsnap else []
-            run_env = os.environ if env is None else env
             try:
                 report = build(RunFacts(
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
-                    tree=RunTree.of(roots), home=run_env.get("HOME"),
-                    protected=protected_for(default_patterns() + tuple(config.protected_patterns()),
-                                            run_env.get("HOME"), workspace),
+                    tree=RunTree.of(roots), home=home,
+                    protected=protected_for(default_patterns() + tuple(config.protected_patterns())
+                                            + tainted, home, workspace),
                     backend="btrfs" if bsnap else "overlay"))
             except CaperError:
                 raise
@@ -162,7 +209,9 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
             timings["report_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
-            decision = _decide(judge, ApprovalRequest(text, task, report, tuple(history)), result)
+            request = ApprovalRequest(text, task, report, history, cwd=cwd, workspace=workspace,
+                                      home=home)
+            decision = _decide(judge, request, result, config.on_unsure)
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
@@ -194,7 +243,9 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=result.stdout,
                               stderr=result.stderr, report=report, timings=timings,
-                              committed=committed, kept_upper=kept)
+                              committed=committed, kept_upper=kept, approver=decision.approver,
+                              confidence=decision.confidence, boundary=decision.boundary,
+                              ask=decision.ask, steps=decision.steps)
         finally:
             if kept != snap.scratch:
                 snap.discard()
@@ -208,7 +259,8 @@ def _not_committed(e: CaperError, workspace_swapped: bool) -> Decision:
     return Decision("block", f"{where}: {e}", approver="caper")
 
 
-def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult) -> Decision:
+def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult,
+            on_unsure: str) -> Decision:
     """Fail closed: a run that did not end by itself, or an approver that
     fails, is a block that says why."""
     if result.end not in (End.EXITED, End.SIGNALED):
@@ -219,6 +271,6 @@ def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult) -> D
         return Decision("block", f"approver {getattr(judge, 'name', judge)!r} failed ({e}); "
                                  "the failure is not evidence that the command is unsafe",
                         approver="caper")
-    if not isinstance(d, Decision) or d.decision not in ("allow", "block"):
+    if not isinstance(d, Decision) or d.decision not in ("allow", "block", "unsure"):
         return Decision("block", f"approver returned a malformed decision: {d!r}", approver="caper")
-    return d
+    return resolve_unsure(d, on_unsure)

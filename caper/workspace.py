@@ -106,6 +106,14 @@ class PathView:
             return "~" + path[len(self.home.rstrip("/")):]
         return path
 
+    def absolute(self, short: str) -> str:
+        """The inverse of short()."""
+        if short.startswith("~/") and self.home:
+            return self.home.rstrip("/") + short[1:]
+        if short.startswith("/"):
+            return short
+        return os.path.normpath(os.path.join(self.workspace, short))
+
     def learn(self, paths: list[tuple[str, bool]]) -> None:
         """Ask git once about every changed (path, is_dir) inside the workspace."""
         dirs = {self.rel(p) for p, is_dir in paths if is_dir}

@@ -1,0 +1,503 @@
+"""`policy`: the offline approver. No network, no model, deterministic.
+
+It judges what the run *did* (the effect report), not what the command
+says, and weighs each effect against what the task and the command
+*declare*: `rm -rf build` declares the deletion of build/, "delete the
+legacy directory" declares legacy/, `make clean` declares nothing specific.
+An effect outside every declaration, in a harmful category (tracked files
+destroyed, writes outside the workspace, persistence, secrets leaving,
+escapes ...), blocks; a declared but risky one, or one it cannot place,
+is *unsure* (auto hands those to the LLM, or to on_unsure); everything else
+is the ordinary work of a coding agent and is allowed.
+
+The lists it uses are data (caper/data/policy.toml, extended by [policy] in
+config.toml); the reasoning is the code below.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Iterable
+
+from caper.approve import ApprovalRequest, Decision
+from caper.secrets import default_patterns, glob_regex, protected_for
+from caper.workspace import PathView
+
+_MODE = re.compile(r"mode (\d+)->(\d+)")
+
+
+class Rules:
+    """policy.toml, with globs compiled against one workspace and home."""
+
+    def __init__(self, data: dict, home: str | None, workspace: str):
+        self.data = data
+        self.home, self.workspace = home, workspace
+        self.harmless = self._globs(data["harmless_outside"])
+        self.persistence = self._globs(data["persistence"])
+        self.escape_sockets = self._globs(data["sockets"]["escape"])
+        self.lookup_sockets = self._globs(data["sockets"]["lookup"])
+        self.lookup_ports = set(data["sockets"]["lookup_ports"])
+        self.redirecting = [w.lower() for w in data["redirecting_lines"]]
+        self.formatters = set(data["formatters"])
+        self.git_rewrites = set(data["git_rewrites"])
+        self.installers = set(data["installers"])
+        self.words = {k: set(v) for k, v in data["task_words"].items()}
+        self.escape_calls = set(data["refused"]["escape"])
+        self.probe_calls = set(data["refused"]["probe"])
+        self.mass_share = data["limits"]["mass_delete_share"]
+        self.mass_min = data["limits"]["mass_delete_min_rows"]
+
+    def _globs(self, patterns: Iterable[str]) -> list[re.Pattern]:
+        out = []
+        for g in patterns:
+            if g.startswith("~/"):
+                if not self.home:
+                    continue
+                rx = re.escape(self.home.rstrip("/") + "/") + glob_regex(g[2:])
+            elif g.startswith("/"):
+                rx = glob_regex(g)
+            elif "/" in g:
+                rx = re.escape(self.workspace.rstrip("/") + "/") + glob_regex(g)
+            else:
+                rx = "(?:.*/)?" + glob_regex(g)
+            out.append(re.compile(rx + r"\Z", re.S))
+        return out
+
+    @staticmethod
+    def matches(globs: list[re.Pattern], path: str) -> bool:
+        return any(g.match(path) for g in globs)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(data_json: str, home: str | None, workspace: str) -> Rules:
+    """Rules compiled once per configuration, home and workspace (an agent
+    session runs many commands in one place)."""
+    return Rules(json.loads(data_json), home, workspace)
+
+
+@functools.cache
+def default_data() -> dict:
+    return tomllib.loads(resources.files("caper").joinpath("data/policy.toml").read_text())
+
+
+def merged_data(extra: dict | None) -> dict:
+    """policy.toml with [policy] from config.toml added: lists extend, tables merge."""
+    data = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+            for k, v in default_data().items()}
+    for k, v in (extra or {}).items():
+        if isinstance(v, list):
+            data[k] = list(data.get(k, [])) + list(v)
+        elif isinstance(v, dict):
+            sub = dict(data.get(k, {}))
+            for kk, vv in v.items():
+                sub[kk] = list(sub.get(kk, [])) + list(vv) if isinstance(vv, list) else vv
+            data[k] = sub
+        else:
+            data[k] = v
+    return data
+
+
+# --- what the command and the task declare ------------------------------------------------
+
+
+@dataclass
+class Declared:
+    deletes: list[str] = field(default_factory=list)   # absolute paths or globs
+    writes: list[str] = field(default_factory=list)
+    programs: set[str] = field(default_factory=set)    # basenames of the commands named
+    git: set[str] = field(default_factory=set)         # git subcommands named
+    git_configs: set[str] = field(default_factory=set)  # `git config KEY ...`
+    git_clean: bool = False
+
+    def covers(self, path: str, targets: list[str]) -> bool:
+        for t in targets:
+            if path == t or path.startswith(t.rstrip("/") + "/"):
+                return True
+            if any(ch in t for ch in "*?[") and re.match(glob_regex(t) + r"(?:/.*)?\Z", path):
+                return True
+        return False
+
+
+_OPS = {"&&", "||", ";", "|", "&", "(", ")", ";;", "|&"}
+_REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
+_DELETERS = {"rm", "rmdir", "unlink", "shred"}
+_WRITERS = {"touch", "mkdir", "tee", "truncate", "install", "ln", "chmod", "chown", "chgrp"}
+
+
+def declared_by_command(command: str, cwd: str, home: str | None) -> Declared:
+    """What the command text names, resolved like the shell would (best
+    effort: variables and substitutions are not expanded, so they declare
+    nothing)."""
+    d = Declared()
+    try:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        tokens = list(lex)
+    except ValueError:
+        return d
+
+    def absolute(p: str) -> str:
+        if p.startswith("~/") and home:
+            p = home.rstrip("/") + p[1:]
+        return os.path.normpath(os.path.join(cwd, p))
+
+    words: list[str] = []
+    for i, tok in enumerate(tokens + [";"]):
+        if tok in _REDIRECTS or (tok[:-1].isdigit() and tok[-1:] == ">"):
+            continue
+        if i and tokens[i - 1] in _REDIRECTS | {">"} and tok not in _OPS:
+            if not tok.startswith("/dev/"):
+                d.writes.append(absolute(tok))
+            continue
+        if tok in _OPS:
+            _simple(d, words, absolute)
+            words = []
+            continue
+        words.append(tok)
+    return d
+
+
+def _simple(d: Declared, argv: list[str], absolute) -> None:
+    while argv and "=" in argv[0] and not argv[0].startswith("="):
+        argv = argv[1:]                     # VAR=value prefixes
+    while argv and argv[0] in ("sudo", "env", "time", "nice", "nohup", "exec", "command"):
+        argv = argv[1:]
+    if not argv:
+        return
+    prog = os.path.basename(argv[0])
+    d.programs.add(prog)
+    args = [a for a in argv[1:] if not a.startswith("-")]
+    if prog in _DELETERS:
+        d.deletes += [absolute(a) for a in args]
+    elif prog in ("mv",):
+        d.deletes += [absolute(a) for a in args[:-1]]
+        d.writes += [absolute(a) for a in args]
+    elif prog in ("cp", "rsync", "scp"):
+        d.writes += [absolute(a) for a in args[-1:]]
+    elif prog in _WRITERS or prog == "sed" and any(a.startswith("-i") for a in argv[1:]):
+        d.writes += [absolute(a) for a in args[1:] if prog in ("chmod", "chown", "chgrp", "sed")]
+        d.writes += [absolute(a) for a in args if prog not in ("chmod", "chown", "chgrp", "sed")]
+    elif prog == "find" and "-delete" in argv:
+        roots = [a for a in argv[1:] if not a.startswith("-")][:1] or ["."]
+        names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-name", "-iname")]
+        d.deletes += [os.path.join(absolute(roots[0]), "**", n) for n in names] or \
+                     [absolute(roots[0])]
+    elif prog == "git" and args:
+        sub = args[0]
+        d.git.add(sub)
+        if sub == "clean":
+            d.git_clean = True
+        if sub in ("rm", "mv"):
+            d.deletes += [absolute(a) for a in args[1:]]
+        if sub == "config" and len(args) > 1:
+            d.git_configs.add(args[1].lower())
+
+
+@dataclass(frozen=True)
+class TaskIntent:
+    text: str
+    kinds: frozenset[str]     # delete, network, database, secrets, persistence, permissions
+    words: frozenset[str]
+
+    def names(self, path: str) -> bool:
+        """The task mentions this path or one of its last two components."""
+        parts = [p for p in path.split("/") if p and p != "~"]
+        return any(p.lower() in self.words or p.lower().rstrip("s") in self.words
+                   for p in parts[-2:]) or path.lower() in self.text.lower()
+
+
+def task_intent(task: str | None, rules: Rules) -> TaskIntent | None:
+    if not task:
+        return None
+    words = frozenset(w.strip(".,;:!?'\"`()").lower() for w in task.split())
+    words = frozenset(w for w in words if w) | frozenset(
+        x.strip("/").lower() for w in words for x in w.split("/") if x)
+    kinds = frozenset(k for k, vocab in rules.words.items() if words & vocab)
+    return TaskIntent(task, kinds, words)
+
+
+# --- findings -----------------------------------------------------------------------------
+
+
+@dataclass(order=True)
+class Finding:
+    rank: int                          # higher first
+    verdict: str = field(compare=False)     # block | unsure
+    what: str = field(compare=False)        # the effect, in words
+    boundary: str = field(compare=False)    # which line it crosses
+    safer: str | None = field(compare=False, default=None)
+
+
+def _q(s: str) -> str:
+    return '"' + s.replace('"', "'")[:120] + '"'
+
+
+class PolicyApprover:
+    """Blocks undeclared harm, allows ordinary work, is unsure in between."""
+    name = "policy"
+
+    def __init__(self, extra: dict | None = None):
+        self._data = merged_data(extra)
+        self._key = json.dumps(self._data, sort_keys=True)
+
+    def decide(self, request: ApprovalRequest) -> Decision:
+        report = request.report
+        workspace = request.workspace or report.workspace
+        rules = _compiled(self._key, request.home, workspace)
+        cwd = request.cwd or workspace
+        declared = declared_by_command(request.command, cwd, request.home)
+        intent = task_intent(request.task, rules)
+        judge = _Judge(rules, declared, intent, request.home, workspace)
+        findings = judge.run(report)
+        return _verdict(findings, report, request.task)
+
+
+class _Judge:
+    def __init__(self, rules: Rules, declared: Declared, intent: TaskIntent | None,
+                 home: str | None, workspace: str):
+        self.r, self.d, self.t = rules, declared, intent
+        self.home, self.ws = home, workspace
+        self.absolute = PathView(workspace, home).absolute   # the report's short paths
+        self.findings: list[Finding] = []
+
+
+    def task_says(self, kind: str, path: str | None = None) -> bool:
+        if self.t is None:
+            return False
+        return kind in self.t.kinds and (path is None or self.t.names(path))
+
+    def add(self, rank: int, verdict: str, what: str, boundary: str, safer: str | None = None):
+        self.findings.append(Finding(rank, verdict, what, boundary, safer))
+
+    def run(self, report) -> list[Finding]:
+        self.credential_reads = {p.path for p in report.protected_reads}
+        for c in report.changes:
+            self.change(c.path, c.op, c.where, c.type, c, files=1)
+        for a in report.aggregates:
+            self.change(a.under, a.op, a.where, "dir", None, files=a.files)
+        for n in report.network:
+            self.network(n)
+        for s in report.secrets:
+            if s.where in ("stdout", "stderr"):
+                self.add(90, "block", f"its output would show secret values ({', '.join(s.kinds)})",
+                         "secrets must not reach the agent's context",
+                         "read the value where it is needed instead of printing it")
+        for x in report.processes.refused:
+            if x.syscall in self.r.escape_calls or x.reason in ("abi",):
+                self.add(95, "block", f"it tried {x.syscall} ({x.reason}), which caper refused",
+                         "a sandbox escape attempt", None)
+            elif x.syscall not in self.r.probe_calls:
+                self.add(40, "unsure", f"it tried {x.syscall} ({x.reason}), which caper refused",
+                         "the run may behave differently outside the sandbox")
+        changes = report.counts.get("changes")
+        if changes and changes.omitted > sum(a.files for a in report.aggregates):
+            self.add(30, "unsure", f"{changes.omitted} changes were left out of the report",
+                     "effects the policy could not see")
+        return sorted(self.findings, reverse=True)
+
+    # -- file changes --
+    def change(self, path: str, op: str, where: str, ftype: str, c, files: int) -> None:
+        full = self.absolute(path)
+        if c is not None and c.secrets:
+            verdict = "unsure" if self.task_says("secrets") else "block"
+            self.add(92, verdict, f"it would write secret values ({', '.join(c.secrets)}) "
+                     f"into {_q(path)}", "credentials must not be copied",
+                     "reference the credential file instead of copying its content")
+        if where in ("home", "system", "outside"):
+            self.outside(path, full, op, where)
+        elif where == "git-internal":
+            self.git_internal(path, full, op, c, files)
+        elif where in ("tracked", "workspace", "untracked"):
+            self.workspace_change(path, full, op, where, ftype, c, files)
+        if c is not None and c.op == "meta" and c.detail:
+            self.mode(path, full, c.detail, where)
+        if c is not None and c.tables:
+            self.tables(path, c)
+        if c is not None and where in ("tracked", "untracked", "workspace") and c.diff and \
+                self.r.matches(self.r.persistence, full):
+            self.redirecting(path, c)
+
+    def outside(self, path: str, full: str, op: str, where: str) -> None:
+        if self.r.matches(self.r.harmless, full):
+            return
+        declared = self.d.covers(full, self.d.writes + self.d.deletes)
+        if self.r.matches(self.r.persistence, full):
+            verdict = "unsure" if self.task_says("persistence") else "block"
+            self.add(94, verdict, f"it would {_verb(op)} {_q(path)}, which runs or configures "
+                     "later sessions", "persistence outside the workspace",
+                     "leave shell, ssh, git and package-manager configuration to the user")
+            return
+        if declared and self.t is not None and self.t.names(path):
+            return
+        verdict = "unsure" if declared else "block"
+        self.add(88 if where == "system" else 85, verdict,
+                 f"it would {_verb(op)} {_q(path)} outside the workspace ({where})",
+                 "writes outside the workspace", "write inside the workspace or under /tmp")
+
+    def git_internal(self, path: str, full: str, op: str, c, files: int) -> None:
+        rel = os.path.relpath(full, self.ws)
+        parts = rel.split("/")
+        if self.r.matches(self.r.persistence, full):     # hooks, config
+            if parts[1:2] == ["config"] and c is not None and not self._config_redirects(c):
+                if self.d.git or self.d.git_configs:
+                    return
+            verdict = "unsure" if self.task_says("persistence") else "block"
+            self.add(93, verdict, f"it would {_verb(op)} {_q(path)}", "git hooks and "
+                     "configuration run code in later git commands",
+                     "set git configuration yourself if it is wanted")
+            return
+        routine = len(parts) > 1 and parts[1] in (
+            "objects", "logs", "refs", "index", "index.lock", "HEAD", "ORIG_HEAD", "FETCH_HEAD",
+            "COMMIT_EDITMSG", "packed-refs", "info", "AUTO_MERGE", "description", "branches")
+        if op == "deleted" and (len(parts) <= 2 or not routine):
+            if self.d.covers(full, self.d.deletes) and self._task_allows_delete(path):
+                return
+            self.add(91, "block", f"it would delete {_q(path)}"
+                     + (f" ({files} entries)" if files > 1 else ""),
+                     "the repository's history", "never delete .git; use git commands")
+        elif not routine and not self.d.git:
+            self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git without "
+                     "running git", "the repository's internals")
+
+    def _config_redirects(self, c) -> bool:
+        return any(any(w in line.lower() for w in self.r.redirecting)
+                   for line in (c.diff or []) if line.startswith("+"))
+
+    def _task_allows_delete(self, path: str) -> bool:
+        return self.t is None or self.t.names(path) or "delete" in self.t.kinds and \
+            not self.t.words.isdisjoint({p.lower() for p in path.split("/")})
+
+    def workspace_change(self, path: str, full: str, op: str, where: str, ftype: str, c,
+                         files: int) -> None:
+        tracked = where == "tracked" or (c is not None and c.tracked_files)
+        n = (c.tracked_files if c is not None and c.tracked_files else files)
+        destroys = op in ("deleted", "replaced") or (c is not None and c.overwritten)
+        if not destroys:
+            return
+        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean:
+            return
+        git_named = bool(self.d.git & self.r.git_rewrites)
+        if op in ("deleted", "replaced"):
+            declared = self.d.covers(full, self.d.deletes) or (git_named and tracked)
+        else:
+            declared = (self.d.covers(full, self.d.writes) or git_named
+                        or bool(self.d.programs & self.r.formatters) and not
+                        (c is not None and c.size and not c.size[1]))
+        if tracked or where == "workspace":
+            what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
+                    + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
+                    + (" (no version control keeps them)" if where == "workspace" else ""))
+            if declared:
+                if self.t is not None and self.t.kinds.isdisjoint({"delete"}) and \
+                        op in ("deleted", "replaced") and not self.t.names(path):
+                    self.add(55, "unsure", what + ", named by the command but not by the task",
+                             "tracked files the task did not mention")
+                return
+            self.add(90 if tracked else 85, "block", what + ", which neither the command nor "
+                     "the task names", "destroying tracked files",
+                     "back up first, or narrow the command to what the task names")
+        elif not declared:   # untracked: git cannot bring them back either
+            self.add(50, "unsure", f"it would {_verb(op)} {_q(path)}, an untracked file "
+                     "git cannot restore", "the user's own files")
+
+    def mode(self, path: str, full: str, detail: str, where: str) -> None:
+        m = _MODE.search(detail)
+        if not m:
+            return
+        old, new = int(m.group(1), 8), int(m.group(2), 8)
+        added = new & ~old
+        sensitive = protected_for(default_patterns(), self.home, self.ws).kind(full) or \
+            self.r.matches(self.r.persistence, full)
+        widening = added & 0o002 or added & 0o6000 or (sensitive and added & 0o077)
+        if widening:
+            declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+            self.add(87, "unsure" if declared else "block",
+                     f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
+                     "permissions on sensitive or shared files", "grant only what is needed")
+
+    def tables(self, path: str, c) -> None:
+        dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
+        emptied = [t.table for t in c.tables
+                   if t.rows_before and t.rows_before >= self.r.mass_min and t.rows_after
+                   is not None and t.rows_after <= t.rows_before * (1 - self.r.mass_share)]
+        if not dropped and not emptied:
+            return
+        what = "; ".join(x for x in (
+            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_q, dropped))}" if dropped else "",
+            f"delete most rows of {', '.join(map(_q, emptied))}" if emptied else "") if x)
+        ok = self.t is not None and "database" in self.t.kinds and any(
+            self.t.names(t) for t in dropped + emptied)
+        if not ok:
+            self.add(89, "unsure" if self.task_says("database") else "block",
+                     f"it would {what} in {_q(path)}", "destructive database changes",
+                     "back up the database first, or run the migration the task names")
+
+    def redirecting(self, path: str, c) -> None:
+        if self._config_redirects(c) and not self.task_says("persistence"):
+            self.add(86, "block", f"it would change {_q(path)} to redirect or run something "
+                     "(hooks, registries, helpers)", "package and tool configuration",
+                     "leave registries and hooks to the user")
+
+    # -- network --
+    def network(self, n) -> None:
+        if n.call == "bind":
+            return
+        reads = n.read_before or []
+        creds = [r for r in reads if self._credential(r)]
+        if n.family == "unix" and self.r.matches(self.r.escape_sockets, n.address):
+            self.add(96, "block", f"it tried the host socket {_q(n.address)}",
+                     "a way out of the sandbox", None)
+            return
+        lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
+            (n.port in self.r.lookup_ports)
+        dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
+        if creds:
+            self.add(97, "block", f"{_q(n.by)} read {', '.join(map(_q, creds[:3]))} and then "
+                     f"tried to reach {dest}", "credentials leaving the machine",
+                     "keep credentials out of commands that use the network")
+        elif reads and not lookup:
+            verdict = "unsure" if self.task_says("network") else "block"
+            self.add(80, verdict, f"{_q(n.by)} read repository files "
+                     f"({', '.join(map(_q, reads[:3]))}) and then tried to reach {dest}",
+                     "repository data leaving the machine")
+
+    def _credential(self, short: str) -> bool:
+        # The report's own list (config patterns and tainted files included),
+        # and the defaults for reads it had no room to list.
+        return short in self.credential_reads or protected_for(
+            default_patterns(), self.home, self.ws).kind(self.absolute(short)) is not None
+
+
+def _verb(op: str) -> str:
+    return {"created": "create", "modified": "modify", "deleted": "delete",
+            "replaced": "replace", "renamed": "rename", "meta": "change the metadata of"}.get(op, op)
+
+
+def _verdict(findings: list[Finding], report, task: str | None) -> Decision:
+    blocks = [f for f in findings if f.verdict == "block"]
+    unsure = [f for f in findings if f.verdict == "unsure"]
+    asked = f' The task: {_q(task)}.' if task else ""
+    if blocks:
+        top = blocks[0]
+        reason = "; ".join(f.what for f in blocks[:3])
+        more = f" (and {len(blocks) - 3} more)" if len(blocks) > 3 else ""
+        safer = f" Safer: {top.safer}." if top.safer else ""
+        return Decision("block", f"{reason}{more}. Boundary: {top.boundary}.{asked}{safer}",
+                        confidence=0.95 if top.rank >= 85 else 0.85, approver="policy",
+                        boundary=top.boundary)
+    if unsure:
+        top = unsure[0]
+        reason = "; ".join(f.what for f in unsure[:3])
+        return Decision("unsure", f"{reason}. Boundary: {top.boundary}.{asked}",
+                        confidence=0.5, approver="policy", boundary=top.boundary)
+    n = report.counts.get("changes")
+    summary = f"{n.observed} changes" if n else "no persistent changes"
+    return Decision("allow", f"{summary}, all inside what the command and the task declare "
+                             "or ordinary work (builds, tests, caches, temp)",
+                    confidence=0.9, approver="policy")
