@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Iterable
 
 from caper.approve import ApprovalRequest, Decision
+from caper.report import CHANGES_NOT_SHOWN
 from caper.secrets import default_patterns, glob_regex, protected_for
 from caper.workspace import PathView
 
@@ -38,7 +39,10 @@ class Rules:
     def __init__(self, data: dict, home: str | None, workspace: str):
         self.data = data
         self.home, self.workspace = home, workspace
-        self.harmless = self._globs(data["harmless_outside"])
+        # A home inside /tmp (tests, CI) is still a home: its files are judged
+        # by the ~ patterns only.
+        self.harmless_home = self._globs(g for g in data["harmless_outside"] if g.startswith("~/"))
+        self.harmless = self._globs(g for g in data["harmless_outside"] if not g.startswith("~/"))
         self.persistence = self._globs(data["persistence"])
         self.escape_sockets = self._globs(data["sockets"]["escape"])
         self.lookup_sockets = self._globs(data["sockets"]["lookup"])
@@ -295,9 +299,9 @@ class _Judge:
             elif x.syscall not in self.r.probe_calls:
                 self.add(40, "unsure", f"it tried {x.syscall} ({x.reason}), which caper refused",
                          "the run may behave differently outside the sandbox")
-        changes = report.counts.get("changes")
-        if changes and changes.omitted > sum(a.files for a in report.aggregates):
-            self.add(30, "unsure", f"{changes.omitted} changes were left out of the report",
+        hidden = [u for u in report.uncertain if u.split(":")[0] == CHANGES_NOT_SHOWN]
+        if hidden:
+            self.add(30, "unsure", f"the report had no room for some changes ({hidden[0]})",
                      "effects the policy could not see")
         return sorted(self.findings, reverse=True)
 
@@ -324,7 +328,7 @@ class _Judge:
             self.redirecting(path, c)
 
     def outside(self, path: str, full: str, op: str, where: str) -> None:
-        if self.r.matches(self.r.harmless, full):
+        if self.r.matches(self.r.harmless_home if where == "home" else self.r.harmless, full):
             return
         declared = self.d.covers(full, self.d.writes + self.d.deletes)
         if self.r.matches(self.r.persistence, full):

@@ -39,6 +39,7 @@ REPORT_VERSION = 1
 TARGET_BYTES = 4096
 CAP_BYTES = 8192
 CREATED_DIFF_LINES = 4
+CHANGES_NOT_SHOWN = "changes-not-shown"   # uncertainty flag: dropped by the budget
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
@@ -612,6 +613,9 @@ def _render(d: _Draft, lim: Limits) -> Report:
     listed.sort(key=lambda sc: -sc[0])
     aggregates.sort(key=lambda a: (-_WHERE_SEVERITY.get(a.where, 50), -a.files))
     changes = [_render_change(c, sev, d, lim, path, actor, reads) for sev, c in listed[:lim.items]]
+    uncertain = list(d.uncertain)
+    if len(listed) > lim.items:   # neither listed nor aggregated: the approver must know
+        uncertain.append(f"{CHANGES_NOT_SHOWN}: {len(listed) - lim.items}")
     aggregates = aggregates[:lim.items]
     n_changes = len(d.changes)
 
@@ -666,10 +670,19 @@ def _render(d: _Draft, lim: Limits) -> Report:
         backend=f.backend,
         end=RunEnd(how=res.end.name.lower(), exit_code=res.exit_code, signal=res.signal,
                    detail=_clean(red, res.error, 200) if res.error else None),
-        counts=counts, uncertain=d.uncertain, changes=changes, aggregates=aggregates,
+        counts=counts, uncertain=uncertain, changes=changes, aggregates=aggregates,
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
+
+
+def _bump(flags: list[str], name: str) -> None:
+    """Add one to the flag `name: N` (or add it)."""
+    for i, f in enumerate(flags):
+        if f.split(":")[0] == name:
+            flags[i] = f"{name}: {int(f.split(':')[1]) + 1}" if ":" in f else f"{name}: 2"
+            return
+    flags.append(f"{name}: 1")
 
 
 def _count(observed: int, included: int) -> Count:
@@ -769,6 +782,8 @@ def _squeeze(r: Report) -> Report:
         items = getattr(owner, name)
         while items and r.size() > CAP_BYTES:
             items.pop()
+            if attr in ("changes", "aggregates"):
+                _bump(r.uncertain, CHANGES_NOT_SHOWN)
             if key:
                 c = r.counts[key]
                 r.counts[key] = _count(c.observed, c.included - 1)

@@ -1,0 +1,93 @@
+"""A local HTTP server that speaks the two LLM protocols caper uses:
+OpenAI-compatible chat completions and Anthropic messages. The only stand-in
+the project allows: no model is reachable from here. Each test sets what the
+"model" answers (`behaviour`), and reads the requests it received.
+
+Shapes follow the public API references: OpenAI chat completions
+(https://platform.openai.com/docs/api-reference/chat/create: choices[0].message
+.content / .refusal, response_format json_schema) and Anthropic messages
+(https://docs.anthropic.com/en/api/messages: content[] with type tool_use,
+stop_reason, tool_choice {"type": "tool"})."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+GOOD = {"decision": "block", "confidence": 0.9, "risk_level": "high",
+        "reason": "deletes tracked sources the task did not ask for",
+        "boundary": "destroying tracked files"}
+
+
+class LlmServer:
+    def __init__(self):
+        self.requests: list[tuple[str, dict, dict]] = []   # path, headers, body
+        self.behaviour = "good"
+        self.answer = dict(GOOD)
+        self.delay = 0.0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", 0))
+                body = json.loads(self.rfile.read(n) or b"{}")
+                outer.requests.append((self.path, dict(self.headers), body))
+                if outer.delay:
+                    time.sleep(outer.delay)
+                status, payload = outer.respond(self.path, body)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def respond(self, path: str, body: dict) -> tuple[int, dict | bytes]:
+        b = self.behaviour
+        if b == "http500":
+            return 500, {"error": {"message": "internal"}}
+        if path.endswith("/chat/completions"):
+            fmt = body.get("response_format", {}).get("type")
+            if b == "no-json-schema" and fmt == "json_schema":   # llama.cpp's server
+                return 500, {"error": {"message": "json_schema unsupported"}}
+            content = json.dumps(self.answer)
+            if b == "garbage":
+                content = "I think this is fine, go ahead!"
+            elif b == "truncated":
+                content = content[: len(content) // 2]
+            elif b == "fenced":
+                content = "```json\n" + content + "\n```"
+            msg = {"role": "assistant", "content": content}
+            if b == "refusal":
+                msg = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+            if b == "not-json-body":
+                return 200, b"<html>proxy error</html>"
+            return 200, {"id": "x", "object": "chat.completion",
+                         "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}
+        if path.endswith("/v1/messages"):
+            if b == "refusal":
+                return 200, {"type": "message", "content": [], "stop_reason": "refusal"}
+            if b == "no-tool":
+                return 200, {"type": "message", "stop_reason": "end_turn",
+                             "content": [{"type": "text", "text": "allow"}]}
+            return 200, {"type": "message", "stop_reason": "tool_use", "content": [
+                {"type": "text", "text": "Recording."},
+                {"type": "tool_use", "id": "t1", "name": "record_verdict", "input": self.answer}]}
+        return 404, {"error": "not found"}

