@@ -348,9 +348,9 @@ class _Judge:
         rel = os.path.relpath(full, self.ws)
         parts = rel.split("/")
         if self.r.matches(self.r.persistence, full):     # hooks, config
-            if parts[1:2] == ["config"] and c is not None and not self._config_redirects(c):
-                if self.d.git or self.d.git_configs:
-                    return
+            if parts[1:2] == ["config"] and c is not None and c.diff is not None \
+                    and not self._config_redirects(c):
+                return      # autocrlf, user.name ...: nothing that runs or redirects
             verdict = "unsure" if self.task_says("persistence") else "block"
             self.add(93, verdict, f"it would {_verb(op)} {_q(path)}", "git hooks and "
                      "configuration run code in later git commands",
@@ -452,7 +452,10 @@ class _Judge:
     def network(self, n) -> None:
         if n.call == "bind":
             return
-        reads = n.read_before or []
+        # The program it runs (a script named in argv) is code, not data it sends.
+        argv = set(n.argv or [])
+        reads = [r for r in n.read_before or []
+                 if r not in argv and os.path.basename(r) not in argv]
         creds = [r for r in reads if self._credential(r)]
         if n.family == "unix" and self.r.matches(self.r.escape_sockets, n.address):
             self.add(96, "block", f"it tried the host socket {_q(n.address)}",
