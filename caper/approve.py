@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Mapping, Protocol
 
 if TYPE_CHECKING:
     from caper.config import Config
@@ -113,7 +113,9 @@ def resolve_unsure(d: Decision, on_unsure: str) -> Decision:
 APPROVERS = ("auto", "policy", "llm", "allow", "block")
 
 
-def get_approver(name_or_approver: "str | Approver", config: "Config | None" = None) -> "Approver":
+def get_approver(name_or_approver: "str | Approver", config: "Config | None" = None,
+                 env: "Mapping[str, str] | None" = None) -> "Approver":
+    """env: the caller's environment (the LLM's CAPER_LLM_* settings)."""
     if not isinstance(name_or_approver, str):
         return name_or_approver
     from caper.errors import ConfigError
@@ -130,7 +132,7 @@ def get_approver(name_or_approver: "str | Approver", config: "Config | None" = N
     if name == "policy":
         return PolicyApprover(config.policy)
     from caper.llm import LlmApprover
-    llm = LlmApprover.from_config(config.llm)
+    llm = LlmApprover.from_config(config.llm, None if env is None else dict(env))
     if name == "llm":
         if llm is None:
             raise ConfigError("--approver llm: no LLM is configured (set [llm] base_url and "

@@ -4,6 +4,7 @@
               [--backend B] [--timeout S] [--workspace DIR] [--json] [-q]
               -c 'SHELL STRING'   (or -- ARGV...)
     caper session list|reset [ID]
+    caper serve [--idle S]          (the resident gate; caper run starts it on demand)
     caper demo
     caper recover [--state-dir DIR]
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
@@ -12,7 +13,9 @@
 run executes the command once in a copy-on-write snapshot, asks the approver,
 then commits the changes and prints the held output (exit status: the
 command's), or throws them away and says why (exit status 125). The effect
-report the approver judged goes to stderr as a short card (-q: not).
+report the approver judged goes to stderr as a short card (-q: not). It
+goes through the resident gate (`caper serve`, started on demand, one per
+user and state directory) unless --no-gate or CAPER_NO_GATE=1.
 
 trace prints what the command did, one event a line (strace-like, or JSON
 lines), then how it ended; the command's held output goes to caper's own
@@ -103,40 +106,72 @@ def cmd_trace(args, parser) -> int:
 
 
 def cmd_run(args, parser) -> int:
-    from caper.errors import CaperError
-    from caper.transaction import EXIT_NOT_COMMITTED, run
-
     command = _command(args, parser)
+    if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
+        from caper import gate
+        from caper.state import default_state_dir
+        payload = {"command": command, "task": args.task, "approver": args.approver,
+                   "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
+                   "workspace": args.workspace and os.path.abspath(args.workspace),
+                   "session": args.session, "env": dict(os.environ)}
+        try:
+            answer = gate.request(default_state_dir(), payload)
+        except gate.GateUnavailable as e:
+            print(f"caper: running in this process ({e})", file=sys.stderr)
+        else:
+            if "error" in answer:
+                return _failed(args, answer["error"])
+            out, err = gate.decode_output(answer)
+            return _finish(args, {**answer["outcome"], "gate": answer["gate_pid"]},
+                           answer["card"], out, err)
+    from caper.errors import CaperError
+    from caper.transaction import run
     try:
         outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session)
     except CaperError as e:
-        if args.json:
-            print(json.dumps({"decision": "block", "reason": f"caper failed: {e}",
-                              "exit_code": None, "committed": False}))
-        else:
-            print(f"caper: blocked: caper failed: {e}", file=sys.stderr)
-        return EXIT_NOT_COMMITTED
+        return _failed(args, f"caper failed: {e}")
+    return _finish(args, outcome.to_json(),
+                   outcome.report.card() if outcome.report is not None else None,
+                   outcome.stdout.text(), outcome.stderr.text())
+
+
+def _failed(args, reason: str) -> int:
     if args.json:
-        print(json.dumps(outcome.to_json(), ensure_ascii=True))
-        return EXIT_NOT_COMMITTED if not outcome.committed else (
-            outcome.exit_code if outcome.exit_code is not None else EXIT_NOT_COMMITTED)
-    if outcome.committed:
-        os.write(1, outcome.stdout.text())
-        os.write(2, outcome.stderr.text())
-    if not args.quiet and outcome.report is not None:
-        sys.stderr.write(outcome.report.card())
-    if not outcome.committed:
-        print(f"caper: blocked: {outcome.reason}", file=sys.stderr)
-    if not outcome.committed:
-        return EXIT_NOT_COMMITTED
-    return outcome.exit_code if outcome.exit_code is not None else EXIT_NOT_COMMITTED
+        print(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
+                          "committed": False}))
+    else:
+        print(f"caper: blocked: {reason}", file=sys.stderr)
+    return EXIT_CAPER_FAILED
+
+
+def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> int:
+    """Print a run's outcome; the exit status: the command's if committed, else 125."""
+    status = doc["exit_code"] if doc["committed"] and doc["exit_code"] is not None \
+        else EXIT_CAPER_FAILED
+    if args.json:
+        print(json.dumps(doc, ensure_ascii=True))
+        return status
+    if doc["committed"]:
+        os.write(1, stdout)
+        os.write(2, stderr)
+    if not args.quiet and card:
+        sys.stderr.write(card)
+    if not doc["committed"]:
+        print(f"caper: blocked: {doc['reason']}", file=sys.stderr)
+    return status
+
+
+def cmd_serve(args, parser) -> int:
+    from caper.gate import IDLE_S, serve
+    from caper.state import default_state_dir
+    return serve(args.state_dir or default_state_dir(), args.idle or IDLE_S)
 
 
 def cmd_session(args, parser) -> int:
     from caper.errors import CaperError
     from caper.session import check_session_id, open_sessions
-    from caper.transaction import default_state_dir
+    from caper.state import default_state_dir
 
     try:
         with open_sessions(args.state_dir or default_state_dir()) as sessions:
@@ -162,7 +197,7 @@ def cmd_demo(args, parser) -> int:
 def cmd_recover(args, parser) -> int:
     from caper.commit import recover
     from caper.errors import CaperError
-    from caper.transaction import default_state_dir
+    from caper.state import default_state_dir
 
     try:
         done = recover(args.state_dir or default_state_dir())
@@ -197,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one JSON object on stdout (with the effect report)")
     r.add_argument("-q", "--quiet", action="store_true",
                    help="no effect report card on stderr")
+    r.add_argument("--no-gate", action="store_true",
+                   help="run in this process, not through the resident gate (CAPER_NO_GATE=1)")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
     s = sub.add_parser("session", help="list sessions, or re-open one's stopped gate")
@@ -204,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id", nargs="?")
     s.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     s.set_defaults(func=cmd_session)
+    sv = sub.add_parser("serve", help="the resident gate `caper run` talks to (started on demand)")
+    sv.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+    sv.add_argument("--idle", type=float, metavar="S", help="exit after S idle seconds (900)")
+    sv.set_defaults(func=cmd_serve)
     d = sub.add_parser("demo", help="the paper's example, end to end, with the offline approver")
     d.set_defaults(func=cmd_demo)
     rc = sub.add_parser("recover", help="finish or undo a commit that was interrupted")

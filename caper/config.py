@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import tomllib
 
-from typing import Literal
+from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -104,15 +104,18 @@ class Config(_Strict):
         return [ProtectedPattern(p.path, p.kind) for p in self.report.protected]
 
 
-def config_path() -> str:
-    if os.environ.get("CAPER_CONFIG"):
-        return os.environ["CAPER_CONFIG"]
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+def config_path(env: "Mapping[str, str] | None" = None) -> str:
+    """Where the config file of a caller with this environment lives."""
+    env = os.environ if env is None else env
+    if env.get("CAPER_CONFIG"):
+        return env["CAPER_CONFIG"]
+    home = env.get("HOME") or os.path.expanduser("~")
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
     return os.path.join(base, "caper", "config.toml")
 
 
-def load_config(path: str | None = None) -> Config:
-    path = path or config_path()
+def load_config(path: str | None = None, env: "Mapping[str, str] | None" = None) -> Config:
+    path = path or config_path(env)
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

@@ -12,11 +12,12 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from caper.approve import ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
+from caper.state import default_state_dir
 from caper.workspace import PathView, find_workspace
 
 if TYPE_CHECKING:
@@ -28,15 +29,6 @@ BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
-
-
-def default_state_dir() -> str:
-    if os.environ.get("CAPER_STATE_DIR"):
-        return os.environ["CAPER_STATE_DIR"]
-    if os.geteuid() == 0:
-        return "/var/lib/caper"
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "caper")
 
 
 @contextmanager
@@ -92,18 +84,20 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
-        session: str | None = None) -> RunOutcome:
+        session: str | None = None, still_wanted: "Callable[[], bool] | None" = None
+        ) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
     approver, the circuit breaker); files an approved run wrote secrets into
-    are tainted for every later run."""
+    are tainted for every later run. still_wanted: asked just before a
+    commit; False (the caller went away) rolls the run back."""
     from caper.config import load_config
     from caper.secrets import ProtectedPattern
     from caper.session import TAINT_KIND, check_session_id, open_sessions
 
-    config = config or load_config()
-    judge = get_approver(approver, config)
+    config = config or load_config(env=env)
+    judge = get_approver(approver, config, env)
     if session is not None:
         check_session_id(session)
     if backend not in BACKENDS:
@@ -132,7 +126,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         # Files an earlier approved run wrote secrets into are credentials too.
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
         outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
-                       state_dir, tuple(history), config, tainted, home, timings)
+                       state_dir, tuple(history), config, tainted, home, timings, still_wanted)
         if session is not None:
             sessions.record(session, text, "allow" if outcome.committed else "block",
                             outcome.approver, outcome.reason)
@@ -147,7 +141,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
 
 def _run(command, text: str, task, judge, workspace: str, backend: str, timeout: float,
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
-         tainted: tuple, home: str | None, timings: dict) -> RunOutcome:
+         tainted: tuple, home: str | None, timings: dict,
+         still_wanted: "Callable[[], bool] | None") -> RunOutcome:
     from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
     from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
@@ -213,6 +208,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                                       home=home)
             decision = _decide(judge, request, result, config.on_unsure)
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
+            if decision.allowed and still_wanted is not None and not still_wanted():
+                decision = Decision("block", "the caller went away before the commit; "
+                                             "nothing was committed", approver="caper")
 
             t = time.perf_counter()
             if decision.allowed:

@@ -3,6 +3,10 @@
 `cfixture(name)` compiles tests/fixtures/<name>.c once per session (gcc, into a
 session tmp dir) and returns the path of the executable. Tests skip when no C
 compiler is installed.
+
+Every test runs with CAPER_NO_GATE=1: a `caper run` subprocess runs in its
+own process instead of starting a resident gate that would outlive the test.
+tests/test_gate.py turns it off where the gate is what it tests.
 """
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _no_gate(monkeypatch):
+    monkeypatch.setenv("CAPER_NO_GATE", "1")
 
 
 @pytest.fixture(scope="session")

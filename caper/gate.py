@@ -1,0 +1,270 @@
+"""The resident gate: one caper process per user that runs `caper run`
+requests, so a hook that calls `caper run` per command pays a small client
+instead of Python's start-up and caper's imports (pydantic alone costs more
+than the whole command).
+
+    client (caper run)  --one JSON line-->  <state dir>/gate.sock  (caper serve)
+                        <--one JSON line--
+
+The client is this module's top half and imports only the standard library.
+`caper run` asks the gate first and starts it when it is not there; if the
+gate cannot be reached or started it runs the command in its own process,
+with the same result. The gate
+
+- accepts only connections from its own uid (SO_PEERCRED), on a socket in
+  the 0700 state directory;
+- runs each request with the caller's cwd, environment (HOME, PATH, the
+  config file's location, CAPER_LLM_*) and options, in a thread of its own;
+- rolls a run back instead of committing it when the caller has gone away
+  (a hook killed by its agent must not leave a commit behind);
+- exits when idle, and when the caper installation changed under it (a
+  request from a newer caper makes it step aside).
+"""
+from __future__ import annotations
+
+import binascii
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+
+SOCKET = "gate.sock"
+PROTOCOL = 1
+START_TIMEOUT_S = 10.0
+MAX_REQUEST = 16 << 20
+IDLE_S = float(os.environ.get("CAPER_GATE_IDLE", 900))
+
+
+def build_id() -> str:
+    """Changes whenever caper's code does: the newest mtime of its files."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    newest = 0
+    for d in (here, os.path.join(os.path.dirname(here), "caper_native")):
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.name.endswith((".py", ".so", ".toml")):
+                        newest = max(newest, e.stat().st_mtime_ns)
+        except OSError:
+            pass
+    try:
+        with os.scandir(os.path.join(here, "data")) as it:
+            newest = max([newest] + [e.stat().st_mtime_ns for e in it])
+    except OSError:
+        pass
+    return f"{PROTOCOL}-{newest}"
+
+
+class GateUnavailable(Exception):
+    """The gate could not be reached or started: run in this process instead."""
+
+
+def _connect(path: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def _start(state_dir: str) -> None:
+    """Start the gate (one at a time: a lock), detached from this process."""
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    lock = os.open(os.path.join(state_dir, "gate.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                   0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _connect(os.path.join(state_dir, SOCKET)).close()
+            return                        # another client started it meanwhile
+        except OSError:
+            pass
+        import subprocess   # only here: the client's usual path does not start a gate
+        log = os.open(os.path.join(state_dir, "gate.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            subprocess.Popen([sys.executable, "-m", "caper", "serve", "--state-dir", state_dir],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+                             start_new_session=True, close_fds=True)
+        finally:
+            os.close(log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                _connect(os.path.join(state_dir, SOCKET)).close()
+                return
+            except OSError:
+                time.sleep(0.01)
+        raise GateUnavailable(f"the gate did not start within {START_TIMEOUT_S:g} s "
+                              f"(see {state_dir}/gate.log)")
+    finally:
+        os.close(lock)
+
+
+def request(state_dir: str, payload: dict, start: bool = True) -> dict:
+    """Send one run request to the gate and wait for its answer."""
+    path = os.path.join(state_dir, SOCKET)
+    try:
+        s = _connect(path)
+    except OSError:
+        if not start:
+            raise GateUnavailable("no gate is running") from None
+        _start(state_dir)
+        try:
+            s = _connect(path)
+        except OSError as e:
+            raise GateUnavailable(f"connect {path}: {e}") from e
+    with s:
+        try:
+            s.sendall(json.dumps({**payload, "build": build_id()}).encode() + b"\n")
+            buf = bytearray()
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+        except OSError as e:
+            raise GateUnavailable(f"the gate dropped the request: {e}") from e
+    if not buf.endswith(b"\n"):
+        raise GateUnavailable("the gate closed the connection without an answer")
+    answer = json.loads(buf)
+    if answer.get("stale"):
+        if not start:
+            raise GateUnavailable("the gate runs an older caper; it is exiting")
+        _wait_gone(path)       # the old gate steps aside; start ours and ask again
+        _start(state_dir)
+        return request(state_dir, payload, start=False)
+    return answer
+
+
+def _wait_gone(path: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _connect(path).close()
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
+def decode_output(answer: dict) -> tuple[bytes, bytes]:
+    return binascii.a2b_base64(answer["stdout_b64"]), binascii.a2b_base64(answer["stderr_b64"])
+
+
+# --- the server --------------------------------------------------------------------------------
+
+def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
+    import socketserver
+    import struct
+    import threading
+
+    from caper.errors import CaperError
+    from caper.transaction import run
+
+    os.umask(0o077)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, SOCKET)
+    mine = build_id()
+    me = os.geteuid()
+    state = {"active": 0, "last": time.monotonic()}
+    guard = threading.Lock()
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            conn = self.connection
+            pid, uid, gid = struct.unpack("3i", conn.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if uid != me:
+                self._answer({"error": f"refused: uid {uid} is not the gate's owner ({me})"})
+                return
+            line = self.rfile.readline(MAX_REQUEST)
+            with guard:
+                state["active"] += 1
+            try:
+                req = json.loads(line)
+                if req.get("build") != mine:
+                    self._answer({"stale": True})
+                    self.server.stale = True
+                    return
+                self._answer(self._run(req, conn))
+            except (ValueError, KeyError, TypeError) as e:
+                self._answer({"error": f"bad request: {e}"})
+            finally:
+                with guard:
+                    state["active"] -= 1
+                    state["last"] = time.monotonic()
+
+        def _run(self, req: dict, conn: socket.socket) -> dict:
+            def still_wanted() -> bool:
+                try:   # readable with nothing to read: the caller closed its end
+                    conn.setblocking(False)
+                    try:
+                        return conn.recv(1, socket.MSG_PEEK) != b""
+                    except BlockingIOError:
+                        return True
+                    finally:
+                        conn.setblocking(True)
+                except OSError:
+                    return False
+            try:
+                out = run(req["command"], task=req.get("task"), approver=req.get("approver", "auto"),
+                          workspace=req.get("workspace"), backend=req.get("backend", "auto"),
+                          timeout=float(req.get("timeout", 600)), cwd=req["cwd"],
+                          env=dict(req["env"]), state_dir=state_dir, session=req.get("session"),
+                          still_wanted=still_wanted)
+            except CaperError as e:
+                return {"error": f"caper failed: {e}"}
+            return {"outcome": out.to_json(),
+                    "card": out.report.card() if out.report is not None else None,
+                    "stdout_b64": binascii.b2a_base64(out.stdout.text(), newline=False).decode(),
+                    "stderr_b64": binascii.b2a_base64(out.stderr.text(), newline=False).decode(),
+                    "gate_pid": os.getpid()}
+
+        def _answer(self, doc: dict) -> None:
+            try:
+                self.wfile.write(json.dumps(doc, ensure_ascii=True).encode() + b"\n")
+            except OSError:
+                pass   # the caller went away
+
+    class Server(socketserver.ThreadingUnixStreamServer):
+        daemon_threads = True
+        stale = False
+
+    try:
+        _connect(path).close()
+        print(f"caper serve: a gate already listens on {path}", file=sys.stderr)
+        return 0
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    server = Server(path, Handler)
+    os.chmod(path, 0o600)
+    ino = os.stat(path).st_ino
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            with guard:
+                idle = state["active"] == 0 and time.monotonic() - state["last"] > idle_s
+            if idle or server.stale:
+                server.shutdown()
+                return
+    threading.Thread(target=watch, daemon=True).start()
+    print(f"caper serve: pid {os.getpid()} on {path}, build {mine}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        try:
+            if os.stat(path).st_ino == ino:   # not a newer gate's socket
+                os.unlink(path)
+        except OSError:
+            pass
+    return 0

@@ -1,0 +1,17 @@
+"""Where caper keeps its state: journals, locks, scratch space, sessions, and
+the gate's socket. Light on purpose: the CLI's fast path imports it."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("CAPER_STATE_DIR"):
+        return env["CAPER_STATE_DIR"]
+    if os.geteuid() == 0:
+        return "/var/lib/caper"
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
+                                                     ".local", "state")
+    return os.path.join(base, "caper")
