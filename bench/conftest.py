@@ -71,7 +71,22 @@ def workdir():
     other pytest run started meanwhile (e.g. `pytest tests` next door)."""
     path = tempfile.mkdtemp(prefix="caper-bench-")
     yield path
+    _stop_gates(path)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _stop_gates(root: str) -> None:
+    """A gate the bench started (caper-gate variants) must not outlive it."""
+    import glob
+    import signal
+    for log in glob.glob(os.path.join(root, "**", "gate.log"), recursive=True):
+        with open(log) as f:
+            for line in f:
+                if line.startswith("caper serve: pid"):
+                    try:
+                        os.kill(int(line.split()[3]), signal.SIGTERM)
+                    except (ProcessLookupError, ValueError):
+                        pass
 
 
 def _require_native() -> None:

@@ -6,8 +6,9 @@ allow) and the rollback path (approver block), in a 10,000-file workspace.
 Variants: native (subprocess), caper (caper.run in this process: what an
 embedding agent pays, overlay backend), caper-btrfs (the same with the
 workspace a subvolume on a loop-mounted btrfs image the bench makes),
-caper-cli (python3 -m caper run: what a hook pays, interpreter start-up
-included); each with allow and block.
+caper-cli (python3 -m caper run --no-gate: a fresh interpreter that runs
+the command itself), caper-gate (python3 -m caper run through the resident
+gate, started before timing: what a hook pays); each with allow and block.
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ def _reset(ws: str) -> None:
 
 @pytest.mark.parametrize("variant", ["native", "caper-allow", "caper-block",
                                      "caper-cli-allow", "caper-cli-block",
+                                     "caper-gate-allow", "caper-gate-block",
                                      "caper-btrfs-allow", "caper-btrfs-block"])
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_run(benchmark, request, workdir, workload, variant):
@@ -93,14 +95,21 @@ def test_run(benchmark, request, workdir, workload, variant):
     cmd = WORKLOADS[workload]
     state = os.path.join(workdir, "caper-state")
     env = {**os.environ, "CAPER_STATE_DIR": state, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("CAPER_NO_GATE", None)
     benchmark.group = f"run-{workload}"
     if variant == "native":
         fn = lambda: subprocess.run(["/bin/sh", "-c", cmd], cwd=workspace, check=True,
                                     capture_output=True)
-    elif variant.startswith("caper-cli"):
+    elif variant.startswith(("caper-cli", "caper-gate")):
         approver = variant.rsplit("-", 1)[1]
         argv = [sys.executable, "-m", "caper", "run", "--approver", approver, "--backend",
-                "overlay", "--workspace", workspace, "-c", cmd]
+                "overlay", "--workspace", workspace, "-q", "-c", cmd]
+        if variant.startswith("caper-cli"):
+            argv.insert(4, "--no-gate")
+        else:   # start the gate before timing
+            subprocess.run(argv[:4] + ["-c", "true"], cwd=workspace, env=env, check=True,
+                           capture_output=True)
         fn = lambda: subprocess.run(argv, cwd=workspace, env=env, capture_output=True)
     else:
         approver = variant.rsplit("-", 1)[1]

