@@ -721,8 +721,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
     if det:
         if det.size_before is not None or det.size_after is not None:
             out.size = (det.size_before, det.size_after)
-        if det.added is not None:
-            out.lines = (det.added, det.removed or 0)
+        if det.added or det.removed:
+            out.lines = (det.added or 0, det.removed or 0)
         out.overwritten = det.overwritten
         # A new file's first lines say what it is; a change needs more context.
         # Build outputs, caches and git's bookkeeping: sizes are enough.
