@@ -136,11 +136,16 @@ class LlmApprover:
         {"type": "json_object"},
     )
 
+    # base URL -> the first response format its server took (a resident gate
+    # then skips the failing attempts on every later verdict).
+    _accepted: dict[str, int] = {}
+
     def _openai(self, client, user: str) -> dict:
         url = self.cfg.base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         failures = []
-        for fmt in self._FORMATS:
+        first = self._accepted.get(url, 0)
+        for i, fmt in enumerate(self._FORMATS[first:], first):
             body = {"model": self.cfg.model, "temperature": 0, "max_tokens": MAX_TOKENS,
                     "messages": [{"role": "system", "content": SYSTEM},
                                  {"role": "user", "content": user}],
@@ -153,6 +158,7 @@ class LlmApprover:
             if r.status_code != 200:
                 raise LlmError(f"HTTP {r.status_code} from {url}"
                                + (f" (after {', '.join(failures)})" if failures else ""))
+            self._accepted[url] = i
             msg = _get(_json(r), "choices", 0, "message")
             if msg.get("refusal"):
                 raise LlmError(f"the model refused: {str(msg['refusal'])[:200]}")

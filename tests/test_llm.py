@@ -90,6 +90,9 @@ def test_llama_cpp_fallback_to_json_object_with_schema(server, request_):
     fmts = [b["response_format"] for _, _, b in server.requests]
     assert [f["type"] for f in fmts] == ["json_schema", "json_object"]
     assert fmts[1]["schema"] == SCHEMA
+    approver(server).decide(request_)          # the next verdict asks the taken form first
+    assert server.requests[-1][2]["response_format"]["type"] == "json_object"
+    assert len(server.requests) == 3
 
 
 def test_anthropic_forced_tool_call(server, request_):
