@@ -3,10 +3,9 @@ the gate's socket. Light on purpose: the CLI's fast path imports it."""
 from __future__ import annotations
 
 import os
-from typing import Mapping
 
 
-def default_state_dir(env: Mapping[str, str] | None = None) -> str:
+def default_state_dir(env: "Mapping[str, str] | None" = None) -> str:  # noqa: F821
     env = os.environ if env is None else env
     if env.get("CAPER_STATE_DIR"):
         return env["CAPER_STATE_DIR"]
