@@ -5,6 +5,8 @@
               -c 'SHELL STRING'   (or -- ARGV...)
     caper session list|reset [ID]
     caper serve [--idle S]          (the resident gate; caper run starts it on demand)
+    caper hook claude-code          (Claude Code's PreToolUse hook: JSON on stdin)
+    caper install|uninstall claude-code [--project|--user]
     caper demo
     caper recover [--state-dir DIR]
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
@@ -162,6 +164,23 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
     return status
 
 
+def cmd_hook(args, parser) -> int:
+    from caper.integrations.claude_code import hook_main
+    return hook_main()
+
+
+def cmd_install(args, parser) -> int:
+    from caper.integrations import claude_code
+    scope = "user" if args.user else "project"
+    try:
+        path = (claude_code.uninstall if args.remove else claude_code.install)(scope)
+    except (OSError, ValueError) as e:
+        print(f"caper: {e}", file=sys.stderr)
+        return 1
+    print(f"caper: {'removed from' if args.remove else 'installed in'} {path}")
+    return 0
+
+
 def cmd_serve(args, parser) -> int:
     from caper.gate import IDLE_S, serve
     from caper.state import default_state_dir
@@ -241,6 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id", nargs="?")
     s.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     s.set_defaults(func=cmd_session)
+    h = sub.add_parser("hook", help="an agent's hook: reads its JSON on stdin")
+    h.add_argument("agent", choices=["claude-code"])
+    h.set_defaults(func=cmd_hook)
+    for name, remove in (("install", False), ("uninstall", True)):
+        ins = sub.add_parser(name, help=f"{name} caper's hook in an agent's settings")
+        ins.add_argument("agent", choices=["claude-code"])
+        where = ins.add_mutually_exclusive_group()
+        where.add_argument("--project", action="store_true",
+                           help="./.claude/settings.json (the default)")
+        where.add_argument("--user", action="store_true", help="~/.claude/settings.json")
+        ins.set_defaults(func=cmd_install, remove=remove)
     sv = sub.add_parser("serve", help="the resident gate `caper run` talks to (started on demand)")
     sv.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     sv.add_argument("--idle", type=float, metavar="S", help="exit after S idle seconds (900)")
