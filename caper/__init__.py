@@ -9,4 +9,7 @@ def __getattr__(name: str):
     if name == "run":
         from caper.transaction import run
         return run
+    if name == "Gate":
+        from caper.api import Gate
+        return Gate
     raise AttributeError(f"module 'caper' has no attribute {name!r}")

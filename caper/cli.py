@@ -7,6 +7,7 @@
     caper serve [--idle S]          (the resident gate; caper run starts it on demand)
     caper hook claude-code          (Claude Code's PreToolUse hook: JSON on stdin)
     caper install|uninstall claude-code [--project|--user]
+    caper mcp                       (an MCP server on stdio: a run_command tool)
     caper demo
     caper recover [--state-dir DIR]
     caper trace [--jsonl] [--timeout S] [--max-pids N] [--raw] -- CMD...
@@ -181,6 +182,11 @@ def cmd_install(args, parser) -> int:
     return 0
 
 
+def cmd_mcp(args, parser) -> int:
+    from caper.integrations.mcp_server import main
+    return main()
+
+
 def cmd_serve(args, parser) -> int:
     from caper.gate import IDLE_S, serve
     from caper.state import default_state_dir
@@ -271,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="./.claude/settings.json (the default)")
         where.add_argument("--user", action="store_true", help="~/.claude/settings.json")
         ins.set_defaults(func=cmd_install, remove=remove)
+    m = sub.add_parser("mcp", help="an MCP server (stdio) with a run_command tool")
+    m.set_defaults(func=cmd_mcp)
     sv = sub.add_parser("serve", help="the resident gate `caper run` talks to (started on demand)")
     sv.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     sv.add_argument("--idle", type=float, metavar="S", help="exit after S idle seconds (900)")

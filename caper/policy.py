@@ -495,7 +495,8 @@ def _verdict(findings: list[Finding], report, task: str | None) -> Decision:
         reason = "; ".join(f.what for f in blocks[:3])
         more = f" (and {len(blocks) - 3} more)" if len(blocks) > 3 else ""
         safer = f" Safer: {top.safer}." if top.safer else ""
-        return Decision("block", f"{reason}{more}. Boundary: {top.boundary}.{asked}{safer}",
+        also = f" Also: {'; '.join(f.what for f in unsure[:2])}." if unsure else ""
+        return Decision("block", f"{reason}{more}. Boundary: {top.boundary}.{asked}{also}{safer}",
                         confidence=0.95 if top.rank >= 85 else 0.85, approver="policy",
                         boundary=top.boundary)
     if unsure:

@@ -63,6 +63,11 @@ class RunOutcome:
     ask: bool = False               # a human should decide (on_unsure = "ask")
     steps: tuple[str, ...] = ()     # auto: who was asked, verdict and time each
 
+    @property
+    def output(self) -> str:
+        """What the user would have seen: stdout, then stderr (decoded)."""
+        return (self.stdout.text() + self.stderr.text()).decode(errors="replace")
+
     def to_json(self) -> dict:
         return {
             "decision": self.decision, "reason": self.reason, "exit_code": self.exit_code,

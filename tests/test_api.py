@@ -1,0 +1,104 @@
+"""The Python API (caper.Gate) and the MCP server, each used the way an
+agent uses it: a Gate in-process (sync and from an event loop), and `caper
+mcp` through a real MCP client session from the official SDK."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import caper
+from caper.config import Config
+from test_run import tree
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def project(tmp_path):
+    w = tmp_path / "proj"
+    (w / "src").mkdir(parents=True)
+    (w / "src" / "a.c").write_text("int a;\n")
+    (w / ".env").write_text("TOKEN=tok-5f6e7d8c9b0a1f2e\n")
+    for args in (["init", "-q"], ["add", "src"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=w,
+                       check=True)
+    return w
+
+
+def test_gate_runs_commits_and_blocks(project, tmp_path):
+    gate = caper.Gate(str(project), config=Config(), state_dir=str(tmp_path / "state"),
+                      env={**os.environ, "HOME": str(tmp_path)})
+    ok = gate.run("echo built > out.txt; echo done", task="write out.txt")
+    assert ok.committed and ok.decision == "allow" and ok.output == "done\n"
+    assert (project / "out.txt").read_text() == "built\n"
+    assert {"snapshot_ms", "run_ms", "report_ms", "approve_ms", "commit_ms"} <= set(ok.timings)
+    before = tree(project)
+    bad = gate.run("rm -rf src .git", task="fix the typo in the README")
+    assert not bad.committed and bad.decision == "block" and tree(project) == before
+    assert '".git"' in bad.reason and '"src"' in bad.reason   # the block, and what else it saw
+    # One session: the second run's approver saw the first.
+    from caper.session import open_sessions
+    with open_sessions(str(tmp_path / "state")) as s:
+        assert [h["decision"] for h in s.history(gate.session)] == ["allow", "block"]
+
+
+def test_gate_from_an_event_loop(project, tmp_path):
+    gate = caper.Gate(str(project), config=Config(), state_dir=str(tmp_path / "state"),
+                      env={**os.environ, "HOME": str(tmp_path)})
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        t = asyncio.create_task(ticker())
+        results = await asyncio.gather(gate.arun("sleep 0.3; echo one"),
+                                       gate.arun("echo two"))
+        t.cancel()
+        return results, ticks
+    (one, two), ticks = asyncio.run(main())
+    assert one.output == "one\n" and two.output == "two\n"
+    assert ticks >= 10                       # the loop kept running meanwhile
+
+
+def test_mcp_server_through_a_real_client_session(project, tmp_path):
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "caper", "mcp"], cwd=str(project),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state"),
+             "HOME": str(tmp_path), "CAPER_CONFIG": str(tmp_path / "none.toml")})
+
+    async def main():
+        async with Client(params) as client:
+            tools = await client.list_tools()
+            ok = await client.call_tool("run_command", {"command": "echo hello > greet.txt; "
+                                                        "cat greet.txt", "task": "greet"})
+            bad = await client.call_tool("run_command", {"command": "cat .env",
+                                                         "task": "list the files"})
+            return tools, ok, bad
+    tools, ok, bad = asyncio.run(main())
+    [tool] = [t for t in tools.tools if t.name == "run_command"]
+    assert set(tool.input_schema["properties"]) == {"command", "task", "cwd"}
+    assert ok.content[0].text == "exit status 0\nhello\n"
+    assert (project / "greet.txt").read_text() == "hello\n"
+    text = bad.content[0].text
+    assert text.startswith("caper blocked this command") and "secret" in text
+    assert "tok-5f6e7d8c9b0a1f2e" not in text and "caper effect report" in text
+
+
+def test_examples_run(project, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state"),
+           "HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py"), str(project)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "allowed: make-notes" in p.stdout and "blocked: wipe-sources" in p.stdout
