@@ -5,8 +5,8 @@
               -c 'SHELL STRING'   (or -- ARGV...)
     caper session list|reset [ID]
     caper serve [--idle S]          (the resident gate; caper run starts it on demand)
-    caper hook claude-code          (Claude Code's PreToolUse hook: JSON on stdin)
-    caper install|uninstall claude-code [--project|--user]
+    caper hook claude-code|codex|gemini     (an agent's hook: its JSON on stdin)
+    caper install|uninstall claude-code|codex|gemini [--project|--user]
     caper mcp                       (an MCP server on stdio: a run_command tool)
     caper demo
     caper recover [--state-dir DIR]
@@ -33,6 +33,7 @@ import os
 import sys
 
 EXIT_CAPER_FAILED = 125
+AGENT_NAMES = ["claude-code", "codex", "gemini"]   # caper/integrations/hooks.py
 EXIT_TIMEOUT = 124
 EXIT_LIMIT = 137
 
@@ -166,15 +167,15 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
 
 
 def cmd_hook(args, parser) -> int:
-    from caper.integrations.claude_code import hook_main
-    return hook_main()
+    from caper.integrations.hooks import hook_main
+    return hook_main(args.agent)
 
 
 def cmd_install(args, parser) -> int:
-    from caper.integrations import claude_code
+    from caper.integrations import hooks
     scope = "user" if args.user else "project"
     try:
-        path = (claude_code.uninstall if args.remove else claude_code.install)(scope)
+        path = (hooks.uninstall if args.remove else hooks.install)(args.agent, scope)
     except (OSError, ValueError) as e:
         print(f"caper: {e}", file=sys.stderr)
         return 1
@@ -267,15 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     s.set_defaults(func=cmd_session)
     h = sub.add_parser("hook", help="an agent's hook: reads its JSON on stdin")
-    h.add_argument("agent", choices=["claude-code"])
+    h.add_argument("agent", choices=AGENT_NAMES)
     h.set_defaults(func=cmd_hook)
     for name, remove in (("install", False), ("uninstall", True)):
         ins = sub.add_parser(name, help=f"{name} caper's hook in an agent's settings")
-        ins.add_argument("agent", choices=["claude-code"])
+        ins.add_argument("agent", choices=AGENT_NAMES)
         where = ins.add_mutually_exclusive_group()
         where.add_argument("--project", action="store_true",
-                           help="./.claude/settings.json (the default)")
-        where.add_argument("--user", action="store_true", help="~/.claude/settings.json")
+                           help="the project's settings (.claude/settings.json, "
+                                ".codex/hooks.json, .gemini/settings.json): the default")
+        where.add_argument("--user", action="store_true", help="the same under ~")
         ins.set_defaults(func=cmd_install, remove=remove)
     m = sub.add_parser("mcp", help="an MCP server (stdio) with a run_command tool")
     m.set_defaults(func=cmd_mcp)
