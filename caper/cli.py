@@ -4,6 +4,7 @@
               [--backend B] [--timeout S] [--workspace DIR] [--json] [-q]
               -c 'SHELL STRING'   (or -- ARGV...)
     caper session list|reset [ID]
+    caper commit|discard ID         (a run held for a human: apply it, or drop it)
     caper serve [--idle S]          (the resident gate; caper run starts it on demand)
     caper hook claude-code|codex|gemini     (an agent's hook: its JSON on stdin)
     caper install|uninstall claude-code|codex|gemini [--project|--user]
@@ -117,7 +118,8 @@ def cmd_run(args, parser) -> int:
         payload = {"command": command, "task": args.task, "approver": args.approver,
                    "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
                    "workspace": args.workspace and os.path.abspath(args.workspace),
-                   "session": args.session, "env": dict(os.environ)}
+                   "session": args.session, "on_unsure": args.on_unsure,
+                   "env": dict(os.environ)}
         try:
             answer = gate.request(default_state_dir(), payload)
         except gate.GateUnavailable as e:
@@ -132,7 +134,8 @@ def cmd_run(args, parser) -> int:
     from caper.transaction import run
     try:
         outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
-                      timeout=args.timeout, workspace=args.workspace, session=args.session)
+                      timeout=args.timeout, workspace=args.workspace, session=args.session,
+                      on_unsure=args.on_unsure)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -161,9 +164,30 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
         os.write(2, stderr)
     if not args.quiet and card:
         sys.stderr.write(card)
-    if not doc["committed"]:
+    if doc.get("held"):
+        print(f"caper: {doc['reason']}", file=sys.stderr)
+    elif not doc["committed"]:
         print(f"caper: blocked: {doc['reason']}", file=sys.stderr)
     return status
+
+
+def cmd_commit(args, parser) -> int:
+    from caper import pending
+    from caper.errors import CaperError
+    from caper.state import default_state_dir
+    state = args.state_dir or default_state_dir()
+    try:
+        if args.discard:
+            pending.discard(state, args.id)
+            print(f"caper: held run {args.id} discarded", file=sys.stderr)
+            return 0
+        code, out, err = pending.apply(state, args.id)
+    except CaperError as e:
+        print(f"caper: not committed: {e}", file=sys.stderr)
+        return EXIT_CAPER_FAILED
+    os.write(1, out)
+    os.write(2, err)
+    return code if code is not None else EXIT_CAPER_FAILED
 
 
 def cmd_hook(args, parser) -> int:
@@ -248,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "unsure of; allow: commit everything; block: preview only")
     r.add_argument("--session", metavar="ID",
                    help="the agent session (history, circuit breaker)")
+    r.add_argument("--on-unsure", choices=["block", "allow", "ask"],
+                   help="when the approver is unsure (default: config.toml's, else block); "
+                        "ask: hold the run for a human (`caper commit ID` applies it)")
     r.add_argument("--backend", default="auto", choices=["auto", "overlay", "btrfs"],
                    help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
                         "else overlay")
@@ -267,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id", nargs="?")
     s.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     s.set_defaults(func=cmd_session)
+    for name, discard in (("commit", False), ("discard", True)):
+        c = sub.add_parser(name, help=f"{name} a run held for a human")
+        c.add_argument("id")
+        c.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+        c.set_defaults(func=cmd_commit, discard=discard)
     h = sub.add_parser("hook", help="an agent's hook: reads its JSON on stdin")
     h.add_argument("agent", choices=AGENT_NAMES)
     h.set_defaults(func=cmd_hook)

@@ -11,10 +11,11 @@ import hashlib
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from caper.approve import ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
+from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver,
+                           resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
 from caper.state import default_state_dir
@@ -62,6 +63,7 @@ class RunOutcome:
     boundary: str | None = None
     ask: bool = False               # a human should decide (on_unsure = "ask")
     steps: tuple[str, ...] = ()     # auto: who was asked, verdict and time each
+    held: str | None = None         # held for a human: `caper commit <held>` applies it
 
     @property
     def output(self) -> str:
@@ -76,6 +78,7 @@ class RunOutcome:
             **({"boundary": self.boundary} if self.boundary else {}),
             **({"ask": True} if self.ask else {}),
             **({"steps": list(self.steps)} if self.steps else {}),
+            **({"held": self.held} if self.held else {}),
             "stdout": self.stdout.text().decode(errors="replace"),
             "stderr": self.stderr.text().decode(errors="replace"),
             "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,
@@ -89,19 +92,25 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
-        session: str | None = None, still_wanted: "Callable[[], bool] | None" = None
-        ) -> RunOutcome:
+        session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
+        on_unsure: str | None = None) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
     approver, the circuit breaker); files an approved run wrote secrets into
     are tainted for every later run. still_wanted: asked just before a
-    commit; False (the caller went away) rolls the run back."""
+    commit; False (the caller went away) rolls the run back. on_unsure:
+    overrides the configuration's (ask: an unsure run is held for a human,
+    see caper.pending)."""
     from caper.config import load_config
     from caper.secrets import ProtectedPattern
     from caper.session import TAINT_KIND, check_session_id, open_sessions
 
     config = config or load_config(env=env)
+    if on_unsure is not None:
+        if on_unsure not in ON_UNSURE:
+            raise ConfigError(f"on_unsure must be one of {', '.join(ON_UNSURE)}, not {on_unsure!r}")
+        config = config.model_copy(update={"on_unsure": on_unsure})
     judge = get_approver(approver, config, env)
     if session is not None:
         check_session_id(session)
@@ -133,8 +142,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
                        state_dir, tuple(history), config, tainted, home, timings, still_wanted)
         if session is not None:
-            sessions.record(session, text, "allow" if outcome.committed else "block",
-                            outcome.approver, outcome.reason)
+            verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
+            sessions.record(session, text, verdict, outcome.approver, outcome.reason)
         if outcome.committed and outcome.report is not None:
             view = PathView(workspace, home)   # the report names files briefly
             secret_files = {view.absolute(s.where): s.kinds for s in outcome.report.secrets
@@ -152,6 +161,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
     from caper.content import RunTree
+    from caper.pending import expire, hold
     from caper.report import RunFacts, build
     from caper.secrets import default_patterns, protected_for
     from caper.snapshot import OverlaySnapshot
@@ -167,6 +177,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
 
     recover(state_dir)  # an interrupted commit is finished or undone first
     recover_btrfs(state_dir)
+    expire(state_dir)   # held runs nobody applied
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
         bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
@@ -242,13 +253,21 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                         decision = _not_committed(e, workspace_swapped)
                 except CommitError as e:  # undone: nothing changed
                     decision = _not_committed(e, workspace_swapped)
+            held = None
+            if decision.ask and not bsnap:   # a human decides later: keep the run
+                held = hold(state_dir, snap, hidden, workspace, text, result, report,
+                            decision.reason)
+                kept = snap.scratch
+                decision = replace(decision, reason=f"held for a human: {decision.reason} "
+                                                    f"Apply it with `caper commit {held}`, or "
+                                                    f"drop it with `caper discard {held}`.")
             timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=result.stdout,
                               stderr=result.stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
-                              ask=decision.ask, steps=decision.steps)
+                              ask=decision.ask, steps=decision.steps, held=held)
         finally:
             if kept != snap.scratch:
                 snap.discard()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ TASK_MESSAGES = 3              # latest user messages that make the task
 TASK_CHARS = 2000
 TRANSCRIPT_TAIL = 512 * 1024   # bytes read from the end of a transcript
 MARK = " hook "                # how install/uninstall recognise caper's entry
+_HELD_ID = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,12 @@ class Agent:
     user_file: str             # ... and under the home directory
     timeout: int               # the hook's own timeout, in the unit the agent uses
     mode: str                  # rewrite | resubmit
+    can_ask: bool = False      # the host can put a question to its human
 
 
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
-                         ".claude/settings.json", 30, "rewrite"),
+                         ".claude/settings.json", 30, "rewrite", can_ask=True),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
                    "resubmit"),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
@@ -104,17 +107,23 @@ def task_from_transcript(path: str | None) -> str | None:
             tail = f.read()
     except OSError:
         return None
+    lines = [x for x in tail.splitlines()[1 if size > TRANSCRIPT_TAIL else 0:] if x.strip()]
+    docs: list = []
+    for line in lines:               # JSON lines (Claude Code, Codex)
+        try:
+            docs.append(json.loads(line))
+        except ValueError:
+            docs = []
+            break
+    if not docs:                     # one pretty-printed JSON document (Gemini)
+        try:
+            docs = [json.loads(tail)]
+        except ValueError:
+            return None
     entries: list = []
-    try:
-        doc = json.loads(tail)       # one JSON document (Gemini)
-        entries = doc if isinstance(doc, list) else next(
-            (v for v in doc.values() if isinstance(v, list)), []) if isinstance(doc, dict) else []
-    except ValueError:               # JSON lines (Claude Code, Codex)
-        for line in tail.splitlines()[1 if size > TRANSCRIPT_TAIL else 0:]:
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                continue
+    for d in docs:                   # a document holding the conversation: its messages
+        inner = d.get("messages") if isinstance(d, dict) else d if isinstance(d, list) else None
+        entries += inner if isinstance(inner, list) else [d]
     texts = [t.strip() for e in entries for t in _user_texts(e) if t.strip()]
     task = "\n".join(texts[-TASK_MESSAGES:])
     return task[-TASK_CHARS:] or None
@@ -131,8 +140,10 @@ def caper_command() -> list[str]:
     return [sys.executable, "-m", "caper"]
 
 
-def wrap(command: str, session: str, task: str | None) -> str:
+def wrap(command: str, session: str, task: str | None, ask: bool = False) -> str:
     argv = caper_command() + ["run", "--session", session]
+    if ask:       # unsure: hold the run; the human decides at `caper commit`
+        argv += ["--on-unsure", "ask"]
     if task:
         argv += ["--task", task]
     return shlex.join(argv + ["-c", command])
@@ -155,6 +166,8 @@ def is_wrapped(command: str, session: str) -> bool:
     if rest[:3] != ["run", "--session", session]:
         return False
     rest = rest[3:]
+    if rest[:2] == ["--on-unsure", "ask"]:
+        rest = rest[2:]
     if rest[:1] == ["--task"]:
         rest = rest[2:]
     return len(rest) == 2 and rest[0] == "-c"
@@ -199,14 +212,51 @@ def answer(agent: Agent, hook) -> str:
         # Already inside the gate: it runs once, there.
         return "" if agent.mode == "resubmit" else _out(
             agent, "allow", "caper: already runs inside caper")
+    held = held_commit(command)
+    if held is not None:
+        return ask_human(agent, held)
     path = hook.get("transcript_path")
-    wrapped = wrap(command, session, task_from_transcript(path if isinstance(path, str) else None))
+    wrapped = wrap(command, session, task_from_transcript(path if isinstance(path, str) else None),
+                   ask=agent.can_ask)
     if agent.mode == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
                                    f"they are approved):\n{wrapped}")
     return _out(agent, "allow", "caper: the command runs once in a sandbox and counts only if "
                                 "its effects are approved", wrapped, tool_input)
+
+
+def held_commit(command: str) -> str | None:
+    """The id in exactly `<caper> commit <id>`, else None."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    head = caper_command()
+    if shlex.join(argv) == command and argv[:len(head)] == head and \
+            len(argv) == len(head) + 2 and argv[len(head)] == "commit" and \
+            _HELD_ID.fullmatch(argv[-1]):
+        return argv[-1]
+    return None
+
+
+def ask_human(agent: Agent, run_id: str) -> str:
+    """Applying a held run is the human's call, never the agent's: the host's
+    permission prompt shows them the effect card; a host that cannot ask is
+    told to leave it to the user."""
+    if not agent.can_ask:
+        return _out(agent, "deny", f"only the user may apply a run caper held for them: ask "
+                                   f"them to run `caper commit {run_id}` in a terminal")
+    from caper.state import default_state_dir
+    try:
+        with open(os.path.join(default_state_dir(), "pending", run_id + ".json")) as f:
+            held = json.load(f)
+        card, reason = str(held["card"]), str(held["reason"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return _out(agent, "deny", f"no held run {run_id} to apply ({e})")
+    text = (f"caper ran this command in a sandbox and held the result for you: {reason}\n\n"
+            f"{card[:6000]}\nApply these effects to your files?")
+    return _out(agent, "ask", text)
 
 
 def hook_main(agent_name: str, stdin=None, stdout=None) -> int:

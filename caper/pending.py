@@ -1,0 +1,129 @@
+"""Runs held for a human.
+
+When the approver is unsure and the host can ask a human (on_unsure = ask),
+the run is neither committed nor thrown away: its snapshot is kept with a
+record of what it did, and `caper commit ID` applies it later, exactly as a
+commit right after the run would have (the same conflict check against host
+changes since the snapshot, the same journal), printing the held output.
+`caper discard ID` drops it; held runs older than a day are dropped at the
+next run. The hooks let an agent ask for `caper commit ID` only through the
+host's own permission prompt, with the effect card in front of the human.
+
+Only overlay runs are held (a btrfs workspace snapshot is committed or
+dropped with its run).
+"""
+from __future__ import annotations
+
+import binascii
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+
+from caper.errors import ConfigError
+
+PENDING_DIR = "pending"
+MAX_AGE_S = 24 * 3600
+_ID = re.compile(r"[0-9a-f]{16}\Z")
+
+
+@dataclass
+class Held:
+    id: str
+    workspace: str
+    scratch: str                 # the run's scratch dir (its upper layers)
+    layers: list[list]           # [mount_point, upper, userxattr]
+    since_ns: int
+    exclude: list[str]
+    command: str
+    exit_code: int | None
+    stdout: str                  # base64 of the held output
+    stderr: str
+    card: str
+    reason: str
+    created: float
+
+
+def _path(state_dir: str, run_id: str) -> str:
+    if not _ID.match(run_id or ""):
+        raise ConfigError(f"not a held run id: {run_id!r}")
+    return os.path.join(state_dir, PENDING_DIR, run_id + ".json")
+
+
+def hold(state_dir: str, snap, exclude, workspace: str, command: str, result, report,
+         reason: str) -> str:
+    run_id = os.path.basename(snap.scratch)
+    h = Held(id=run_id, workspace=workspace, scratch=snap.scratch,
+             layers=[[la.mount_point, la.upper, la.userxattr] for la in snap.layers],
+             since_ns=snap.since_ns, exclude=list(exclude), command=command,
+             exit_code=result.exit_code,
+             stdout=binascii.b2a_base64(result.stdout.text(), newline=False).decode(),
+             stderr=binascii.b2a_base64(result.stderr.text(), newline=False).decode(),
+             card=report.card(), reason=reason, created=time.time())
+    os.makedirs(os.path.join(state_dir, PENDING_DIR), mode=0o700, exist_ok=True)
+    path = _path(state_dir, run_id)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(asdict(h), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return run_id
+
+
+def load(state_dir: str, run_id: str) -> Held:
+    try:
+        with open(_path(state_dir, run_id)) as f:
+            return Held(**json.load(f))
+    except FileNotFoundError:
+        raise ConfigError(f"no held run {run_id} (applied, discarded or expired)") from None
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"held run {run_id}: unreadable record ({e})") from e
+
+
+def discard(state_dir: str, run_id: str) -> None:
+    from caper.snapshot import remove_tree
+    h = load(state_dir, run_id)
+    remove_tree(h.scratch)
+    os.unlink(_path(state_dir, run_id))
+
+
+def apply(state_dir: str, run_id: str) -> tuple[int | None, bytes, bytes]:
+    """Commit a held run (under the workspace lock); return the command's exit
+    status and held output. A conflict leaves it held."""
+    from caper.commit import CommitIncomplete, Layer, commit, recover
+    from caper.transaction import workspace_lock
+    h = load(state_dir, run_id)
+    recover(state_dir)
+    with workspace_lock(state_dir, h.workspace):
+        try:
+            commit([Layer(m, u, x) for m, u, x in h.layers], state_dir=state_dir,
+                   since_ns=h.since_ns, exclude=h.exclude)
+        except CommitIncomplete as e:
+            if not e.applied:
+                raise
+        discard(state_dir, run_id)
+    return h.exit_code, binascii.a2b_base64(h.stdout), binascii.a2b_base64(h.stderr)
+
+
+def expire(state_dir: str, max_age_s: float = MAX_AGE_S) -> list[str]:
+    """Drop held runs nobody applied within max_age_s."""
+    out = []
+    d = os.path.join(state_dir, PENDING_DIR)
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return out
+    now = time.time()
+    for n in names:
+        run_id = n.removesuffix(".json")
+        if not n.endswith(".json") or not _ID.match(run_id):
+            continue
+        try:
+            if now - load(state_dir, run_id).created > max_age_s:
+                discard(state_dir, run_id)
+                out.append(run_id)
+        except (ConfigError, OSError):
+            continue
+    return out

@@ -1,0 +1,115 @@
+"""Runs held for a human (on_unsure = ask): kept, not committed, not lost;
+`caper commit ID` applies them with the usual conflict check, `caper
+discard ID` drops them, and they expire. Through Claude Code's hook the
+human is asked with the effect card in front of them; agents whose host
+cannot ask are told to leave it to the user."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from caper import pending
+from caper.commit import CommitConflict
+from caper.config import Config
+from caper.errors import ConfigError
+from caper.transaction import run
+from test_hooks import hook_input, run_command, run_hook, transcript
+from test_run import tree
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def project(tmp_path):
+    w = tmp_path / "proj"
+    (w / "src").mkdir(parents=True)
+    (w / "src" / "a.c").write_text("int a;\n")
+    (w / "README").write_text("hello\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=w,
+                       check=True)
+    return w
+
+
+def unsure(project, tmp_path, cmd="rm -rf src; echo gone"):
+    """A command the policy is unsure of: declared by the command, not the task."""
+    return run(cmd, task="fix the typo in the README", cwd=project, approver="auto",
+               config=Config(), on_unsure="ask", state_dir=str(tmp_path / "state"),
+               env={**os.environ, "HOME": str(tmp_path)})
+
+
+def test_an_unsure_run_is_held_then_applied(project, tmp_path):
+    before = tree(project)
+    out = unsure(project, tmp_path)
+    assert out.held and not out.committed and out.ask and tree(project) == before
+    assert f"caper commit {out.held}" in out.reason and out.to_json()["held"] == out.held
+    state = str(tmp_path / "state")
+    code, stdout, stderr = pending.apply(state, out.held)
+    assert code == 0 and stdout == b"gone\n" and not (project / "src").exists()
+    with pytest.raises(ConfigError, match="no held run"):
+        pending.apply(state, out.held)                       # applied once
+
+
+def test_a_host_change_meanwhile_is_a_conflict_and_the_run_stays_held(project, tmp_path):
+    out = unsure(project, tmp_path, "echo run >> README; rm -rf src")
+    (project / "README").write_text("edited by the user\n")
+    state = str(tmp_path / "state")
+    with pytest.raises(CommitConflict):
+        pending.apply(state, out.held)
+    assert (project / "README").read_text() == "edited by the user\n"
+    assert (project / "src" / "a.c").exists()
+    held = pending.load(state, out.held)
+    assert os.path.isdir(held.scratch)
+    p = subprocess.run([sys.executable, "-m", "caper", "discard", out.held, "--state-dir", state],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert p.returncode == 0 and not os.path.exists(held.scratch)
+
+
+def test_held_runs_expire(project, tmp_path):
+    out = unsure(project, tmp_path)
+    state = str(tmp_path / "state")
+    held = pending.load(state, out.held)
+    assert pending.expire(state) == []
+    assert pending.expire(state, max_age_s=0) == [out.held]
+    assert not os.path.exists(held.scratch)
+
+
+def test_claude_code_asks_the_human_with_the_card(project, tmp_path):
+    tpath = transcript(tmp_path, "claude-code")
+    doc = hook_input("claude-code", "rm -rf src && echo gone", project, tpath)
+    (tmp_path / "t.jsonl").write_text(json.dumps(
+        {"type": "user", "message": {"role": "user", "content": "fix the typo in README"}}) + "\n")
+    doc["transcript_path"] = str(tmp_path / "t.jsonl")   # a task that does not name src/
+    rc, out = run_hook("claude-code", json.dumps(doc).encode(), project, tmp_path)
+    wrapped = out["hookSpecificOutput"]["updatedInput"]["command"]
+    assert "--on-unsure ask" in wrapped
+    p = run_command(wrapped, project, tmp_path)
+    assert p.returncode == 125 and "held for a human" in p.stderr
+    assert (project / "src").exists()
+    run_id = p.stderr.split("caper commit ")[1].split("`")[0]
+    # The agent asks to apply it: the hook puts the question to the human.
+    commit = f"{BIN / 'caper'} commit {run_id}"
+    rc, ask = run_hook("claude-code", json.dumps(hook_input("claude-code", commit, project,
+                                                            tpath)).encode(), project, tmp_path)
+    spec = ask["hookSpecificOutput"]
+    assert spec["permissionDecision"] == "ask" and "updatedInput" not in spec
+    assert 'deleted dir "src" [tracked]' in spec["permissionDecisionReason"]
+    # The human says yes: Claude Code runs the command as it is.
+    p = run_command(commit, project, tmp_path)
+    assert p.returncode == 0 and p.stdout == "gone\n" and not (project / "src").exists()
+
+
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_hosts_that_cannot_ask_leave_it_to_the_user(agent, project, tmp_path):
+    commit = f"{BIN / 'caper'} commit 0123456789abcdef"
+    rc, out = run_hook(agent, json.dumps(hook_input(agent, commit, project,
+                                                    tmp_path / "none")).encode(), project, tmp_path)
+    text = json.dumps(out)
+    assert '"deny"' in text and "only the user may apply" in text
