@@ -13,6 +13,7 @@ import pytest
 
 import caper
 from caper.config import Config
+from conftest import git_project
 from test_run import tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,14 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def project(tmp_path):
-    w = tmp_path / "proj"
-    (w / "src").mkdir(parents=True)
-    (w / "src" / "a.c").write_text("int a;\n")
-    (w / ".env").write_text("TOKEN=tok-5f6e7d8c9b0a1f2e\n")
-    for args in (["init", "-q"], ["add", "src"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=w,
-                       check=True)
-    return w
+    return git_project(tmp_path / "proj", {"src/a.c": "int a;\n",
+                                           ".env": "TOKEN=tok-5f6e7d8c9b0a1f2e\n"}, ("src",))
 
 
 def test_gate_runs_commits_and_blocks(project, tmp_path):

@@ -20,6 +20,7 @@ from caper.config import Config
 from caper.errors import ConfigError
 from caper.transaction import run
 from test_hooks import hook_input, run_command, run_hook, transcript
+from conftest import git_project
 from test_run import tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,14 +29,7 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture
 def project(tmp_path):
-    w = tmp_path / "proj"
-    (w / "src").mkdir(parents=True)
-    (w / "src" / "a.c").write_text("int a;\n")
-    (w / "README").write_text("hello\n")
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=w,
-                       check=True)
-    return w
+    return git_project(tmp_path / "proj", {"src/a.c": "int a;\n", "README": "hello\n"})
 
 
 def unsure(project, tmp_path, cmd="rm -rf src; echo gone"):
