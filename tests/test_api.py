@@ -4,7 +4,9 @@ mcp` through a real MCP client session from the official SDK."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ from conftest import git_project
 from test_run import tree
 
 ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent          # .venv/bin: where `caper` is installed
 
 
 @pytest.fixture
@@ -67,10 +70,13 @@ def test_gate_from_an_event_loop(project, tmp_path):
 def test_mcp_server_through_a_real_client_session(project, tmp_path):
     from mcp import Client, StdioServerParameters
 
+    text = (ROOT / "README.md").read_text().split("<!-- mcp-settings -->", 1)[1]
+    server = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))["mcpServers"]["caper"]
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "caper", "mcp"], cwd=str(project),
-        env={**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state"),
-             "HOME": str(tmp_path), "CAPER_CONFIG": str(tmp_path / "none.toml")})
+        command=server["command"], args=server["args"], cwd=str(project),
+        env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
+             "CAPER_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path),
+             "CAPER_CONFIG": str(tmp_path / "none.toml")})
 
     async def main():
         async with Client(params) as client:
@@ -91,9 +97,21 @@ def test_mcp_server_through_a_real_client_session(project, tmp_path):
 
 
 def test_examples_run(project, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state"),
-           "HOME": str(tmp_path)}
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py"), str(project)],
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
+           "CAPER_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path)}
+    ex = ROOT / "examples"
+    p = subprocess.run([sys.executable, str(ex / "python_api.py"), str(project)],
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "allowed: make-notes" in p.stdout and "blocked: wipe-sources" in p.stdout
+    p = subprocess.run([str(ex / "claude_code_hook.sh"), str(project), "echo via-hook > h.txt"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (project / "h.txt").read_text() == "via-hook\n" and "Claude Code now runs" in p.stderr
+    p = subprocess.run([sys.executable, str(ex / "mcp_client.py"), str(project),
+                        "echo via-mcp > m.txt", "write m.txt"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("exit status 0") and (project / "m.txt").exists()
+    servers = json.loads((ex / "mcp-servers.json").read_text())
+    assert servers["mcpServers"]["caper"] == {"command": "caper", "args": ["mcp"]}
