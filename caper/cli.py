@@ -245,12 +245,16 @@ def cmd_demo(args, parser) -> int:
 
 
 def cmd_recover(args, parser) -> int:
+    from caper.btrfs import recover_btrfs
     from caper.commit import recover
     from caper.errors import CaperError
+    from caper.snapshot import collect_dead_runs
     from caper.state import default_state_dir
 
+    state = args.state_dir or default_state_dir()
     try:
-        done = recover(args.state_dir or default_state_dir())
+        done = recover(state) + recover_btrfs(state)
+        done += [f"removed the scratch of a run that died: {p}" for p in collect_dead_runs(state)]
     except CaperError as e:
         print(f"caper: recover failed: {e}", file=sys.stderr)
         return 1

@@ -86,6 +86,10 @@ def discard(state_dir: str, run_id: str) -> None:
     from caper.snapshot import remove_tree
     h = load(state_dir, run_id)
     remove_tree(h.scratch)
+    try:
+        os.unlink(h.scratch + ".kept")
+    except FileNotFoundError:
+        pass
     os.unlink(_path(state_dir, run_id))
 
 

@@ -10,6 +10,7 @@ Rollback is deleting the scratch directory; commit is caper.commit.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import time
@@ -194,6 +195,7 @@ class OverlaySnapshot:
     mounts: list[Mount]
     since_ns: int
     hidden: list[str] = field(default_factory=list)
+    lock_fd: int = -1       # flocked while this process owns the run (see collect_dead_runs)
 
     @classmethod
     def create(cls, state_dir: str, *, userxattr: bool,
@@ -205,12 +207,19 @@ class OverlaySnapshot:
         runs = os.path.join(state_dir, "runs")
         os.makedirs(runs, mode=0o700, exist_ok=True)
         scratch = os.path.join(runs, uuid.uuid4().hex[:16])
-        os.mkdir(scratch, 0o700)
+        # The lock first: a scratch dir whose lock nobody holds is a dead run's.
+        lock_fd = os.open(scratch + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            return cls._plan(scratch, state_dir, userxattr, binds, entries)
+            os.mkdir(scratch, 0o700)
+            snap = cls._plan(scratch, state_dir, userxattr, binds, entries)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
+            _unlink(scratch + ".lock")
+            os.close(lock_fd)
             raise
+        snap.lock_fd = lock_fd
+        return snap
 
     @staticmethod
     def check_state_dir(state_dir: str, entries: list[mountinfo.MountEntry]) -> None:
@@ -256,6 +265,61 @@ class OverlaySnapshot:
     def discard(self) -> None:
         """Rollback: the upper layers go, the host never saw them."""
         remove_tree(self.scratch)
+        _unlink(self.scratch + ".lock")
+        self._release()
+
+    def keep(self) -> None:
+        """Leave the scratch dir for later (a held run, a conflicting run's
+        changes): marked, so that collect_dead_runs spares it."""
+        with open(self.scratch + ".kept", "w"):
+            pass
+        _unlink(self.scratch + ".lock")
+        self._release()
+
+    def _release(self) -> None:
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+
+def collect_dead_runs(state_dir: str) -> list[str]:
+    """Scratch dirs of runs whose process died (kill -9 during the run, the
+    report or the approver): nobody holds their lock and nobody kept them.
+    Their upper layers never reached the host; they only take space."""
+    runs = os.path.join(state_dir, "runs")
+    try:
+        names = os.listdir(runs)
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        path = os.path.join(runs, n)
+        if "." in n or os.path.exists(path + ".kept"):
+            continue
+        try:
+            fd = os.open(path + ".lock", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1                      # no lock at all: created before locks, or torn down
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue             # a live run
+            remove_tree(path)
+            _unlink(path + ".lock")
+            out.append(path)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return out
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def remove_tree(path: str) -> None:

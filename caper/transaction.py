@@ -164,7 +164,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.pending import expire, hold
     from caper.report import RunFacts, build
     from caper.secrets import default_patterns, protected_for
-    from caper.snapshot import OverlaySnapshot
+    from caper.snapshot import OverlaySnapshot, collect_dead_runs
     from caper.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
@@ -177,6 +177,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
 
     recover(state_dir)  # an interrupted commit is finished or undone first
     recover_btrfs(state_dir)
+    collect_dead_runs(state_dir)   # scratch of runs killed before they finished
     expire(state_dir)   # held runs nobody applied
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
@@ -269,7 +270,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                               confidence=decision.confidence, boundary=decision.boundary,
                               ask=decision.ask, steps=decision.steps, held=held)
         finally:
-            if kept != snap.scratch:
+            if kept == snap.scratch:
+                snap.keep()
+            else:
                 snap.discard()
             if bsnap and not workspace_swapped and kept != bsnap.path:
                 bsnap.discard()

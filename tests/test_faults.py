@@ -1,0 +1,117 @@
+"""kill -9 of caper before the commit: during the command's run, while the
+report is built, while the approver thinks. Each ends with the host exactly
+as before, no process of the sandbox left, and, after `caper recover`, no
+scratch left behind. (Kills during the commit itself: tests/test_commit.py,
+at every step.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_run import tree
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A caper.run in a child process that writes `marker` when it reaches the
+# stage under test and then waits there to be killed.
+CHILD = r"""
+import os, sys, time
+import caper.report, caper.transaction
+from caper.approve import Decision
+from caper.config import Config
+ws, state, stage, marker = sys.argv[1:5]
+
+def arrive():
+    open(marker, "w").close()
+    time.sleep(60)
+
+real_build = caper.report.build
+def slow_build(facts):
+    if stage == "report":
+        arrive()
+    return real_build(facts)
+caper.report.build = slow_build
+
+class SlowApprover:
+    name = "slow"
+    def decide(self, request):
+        if stage == "approver":
+            arrive()
+        return Decision("allow", "fine")
+
+# In the run stage the marker is a word of the sleeping process's command
+# line (a file it wrote would land in the overlay, not on the host).
+command = ("touch made; echo x >> README; rm -rf src; "
+           f"exec {sys.executable} -c 'import time; time.sleep(60)' {marker}") \
+    if stage == "run" else "touch made; echo x >> README; rm -rf src"
+caper.transaction.run(command, cwd=ws, approver=SlowApprover(), state_dir=state, config=Config(),
+                      env={**os.environ, "HOME": os.path.dirname(ws)})
+"""
+
+
+def sandbox_pids(marker: str, caper_pid: int) -> list[int]:
+    """The sandboxed sleeper: python -c '...time.sleep(60)' MARKER (caper's
+    own process, caper_pid, has the same last word)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != caper_pid:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().rstrip(b"\0").split(b"\0")
+                if argv[-1:] == [marker.encode()] and any(b"time.sleep(60)" in a for a in argv):
+                    out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.parametrize("stage", ["run", "report", "approver"])
+def test_kill_9_before_the_commit_changes_nothing_and_recover_cleans_up(tmp_path, stage):
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.c").write_text("int a;\n")
+    (ws / "README").write_text("hello\n")
+    state = tmp_path / "state"
+    before = tree(ws)
+    marker = str(tmp_path / f"reached-{stage}")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ws), str(state), stage, marker],
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    arrived = (lambda: sandbox_pids(marker, child.pid)) if stage == "run" else \
+        (lambda: os.path.exists(marker))
+    deadline = time.monotonic() + 60
+    while not arrived() and time.monotonic() < deadline:
+        assert child.poll() is None, "caper ended before the stage under test"
+        time.sleep(0.02)
+    assert arrived()
+    runs = [p for p in (state / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1                                  # the run's scratch, alive
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 10
+    while sandbox_pids(marker, child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_pids(marker, child.pid) == []                     # the sandbox died with caper
+    assert tree(ws) == before
+    p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(state)],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert p.returncode == 0 and "removed the scratch of a run that died" in p.stdout
+    assert [p.name for p in (state / "runs").iterdir()] == []
+    assert tree(ws) == before
+
+
+def test_a_live_run_is_not_collected(tmp_path):
+    """collect_dead_runs spares a run whose owner still holds its lock."""
+    from caper.snapshot import OverlaySnapshot, collect_dead_runs
+    snap = OverlaySnapshot.create(str(tmp_path / "state"), userxattr=os.geteuid() != 0)
+    try:
+        assert collect_dead_runs(str(tmp_path / "state")) == []
+        assert os.path.isdir(snap.scratch)
+    finally:
+        snap.discard()
+    assert not os.path.exists(snap.scratch) and not os.path.exists(snap.scratch + ".lock")
