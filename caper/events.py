@@ -28,6 +28,8 @@ Step = _enum("Step", "CAPER_STEP_")
 
 HEADER_SIZE = ffi.sizeof("struct caper_event")
 _NET = (Kind.CONNECT, Kind.SENDTO, Kind.BIND)
+_FAMILIES = frozenset(f.value for f in Family)
+_REFUSALS = frozenset(r.value for r in Refusal)
 _FILE = (Kind.OPEN, Kind.UNLINK, Kind.RMDIR, Kind.RENAME, Kind.LINK, Kind.SYMLINK,
          Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR, Kind.MKNOD)
 
@@ -192,6 +194,10 @@ def decode(buf: bytes | bytearray | memoryview) -> tuple[list[Event], int]:
             kind = Kind(h.kind)
         except ValueError:
             raise DecodeError(f"unknown event kind {h.kind}") from None
+        if kind in _NET and h.flags not in _FAMILIES:
+            raise DecodeError(f"unknown address family {h.flags} in a {kind.name} event")
+        if kind == Kind.REFUSED and h.flags not in _REFUSALS:
+            raise DecodeError(f"unknown refusal {h.flags}")
         strs = [_string(mv, pos, h.str_off[i], h.str_len[i], reclen) for i in range(3)]
         info = h.info
         result = None if info & Info.RESULT_UNKNOWN else h.result
