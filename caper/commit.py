@@ -1364,8 +1364,11 @@ def _abandoned(state_dir: str) -> list[str]:
         if m and n.endswith(".json"):
             j = _journal(state_dir, m.group(1))
             if j.lock(block=False):
-                j.unlock()
-                out.append(m.group(1))
+                # Its owner may have finished between our listing and our lock.
+                alive = os.path.exists(j.path)
+                j.unlock(remove=not alive)
+                if alive:
+                    out.append(m.group(1))
     return out
 
 

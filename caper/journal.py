@@ -42,14 +42,25 @@ class Journal:
 
     def lock(self, block: bool) -> bool:
         os.makedirs(self.dir, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except BlockingIOError:
+        while True:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            # Between our open and our flock the owner may have finished and
+            # unlinked the file: a lock on an unlinked inode guards nothing
+            # (two processes could each "own" the journal). Only the inode
+            # the path names now counts.
+            try:
+                current = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                self.lock_fd = fd
+                return True
             os.close(fd)
-            return False
-        self.lock_fd = fd
-        return True
 
     def write(self, data: dict) -> None:
         """Atomically replace the record, durably."""

@@ -262,3 +262,33 @@ def test_files_written_just_before_the_run_are_not_conflicts(ws, state):
         out = run("rm -rf doomed", cwd=ws, approver="allow", state_dir=state)
         assert out.committed, f"round {round_}: {out.reason}"
         assert not doomed.exists()
+
+
+def _append_many(args) -> list[str]:
+    ws, state, name, n = args
+    from caper.config import Config
+    bad = []
+    for i in range(n):
+        out = run(f"echo {name}:{i} >> log", cwd=ws, workspace=ws, approver="allow",
+                  state_dir=state, config=Config())
+        if not out.committed:
+            bad.append(out.reason)
+    return bad
+
+
+def test_parallel_runs_sharing_a_state_dir_lose_no_commit(tmp_path):
+    """Found by bench/test_load.py: a commit finishing while another process
+    listed the journals looked 'interrupted' to it (its lock file was re-created
+    after the owner unlinked it), and that run was refused. Journal locks now
+    count only on the inode the path names."""
+    import multiprocessing as mp
+    state = str(tmp_path / "state")
+    jobs = []
+    for k in range(4):
+        (tmp_path / f"w{k}").mkdir()
+        jobs.append((str(tmp_path / f"w{k}"), state, f"p{k}", 25))
+    with mp.get_context("spawn").Pool(4) as pool:
+        bad = pool.map(_append_many, jobs)
+    assert bad == [[]] * 4
+    for ws, _, name, n in jobs:
+        assert Path(ws, "log").read_text().splitlines() == [f"{name}:{i}" for i in range(n)]
