@@ -127,3 +127,79 @@ def test_security_md_names_only_tests_that_exist():
     assert len(names) > 40
     assert [n for n in sorted(names) if f"def {n}(" not in source] == []
     assert [f for f in files if not (ROOT / f).exists()] == []
+
+
+# --- a full disk during the commit, a damaged state directory -----------------------------------
+
+from caper.config import Config  # noqa: E402
+from caper.transaction import run  # noqa: E402
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts a small tmpfs")
+
+
+@needs_root
+def test_a_full_disk_during_the_commit_changes_nothing(tmp_path):
+    """The run fits (its upper layer is on caper's state filesystem), the
+    commit does not (the workspace's filesystem is 1 MiB): refused, undone."""
+    ws = tmp_path / "small"
+    ws.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ws)], check=True)
+    try:
+        (ws / "keep").write_text("precious\n")
+        (ws / "old").write_bytes(b"o" * 1000)
+        before = tree(ws)
+        out = run("rm old; echo changed > keep; head -c 3000000 /dev/zero > big", cwd=ws,
+                  workspace=ws, approver="allow", config=Config(),
+                  state_dir=str(tmp_path / "state"))
+        assert not out.committed and "No space left on device" in out.reason
+        assert tree(ws) == before
+        assert [n for n in os.listdir(ws) if n not in ("keep", "old")] == []   # no staging left
+    finally:
+        subprocess.run(["umount", str(ws)], check=True)
+
+
+def test_a_corrupted_journal_blocks_commits_until_recover_is_told(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "keep").write_text("precious\n")
+    state = tmp_path / "state"
+    (state / "journal").mkdir(parents=True)
+    (state / "journal" / "0123456789ab.json").write_text("{ not json")
+    out_err = None
+    try:
+        out = run("echo changed > keep", cwd=ws, workspace=ws, approver="allow", config=Config(),
+                  state_dir=str(state))
+        assert not out.committed
+        out_err = out.reason
+    except Exception as e:        # a CaperError: the run never started
+        out_err = str(e)
+    assert "0123456789ab" in out_err
+    assert (ws / "keep").read_text() == "precious\n"
+    p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(state)],
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert "FAILED, journal kept" in p.stdout     # said, not guessed
+
+
+def test_a_deleted_state_directory_is_made_again(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    state = tmp_path / "state"
+    for _ in range(2):
+        out = run("echo x >> f", cwd=ws, workspace=ws, approver="allow", config=Config(),
+                  state_dir=str(state))
+        assert out.committed
+        subprocess.run(["rm", "-rf", str(state)], check=True)
+    assert (ws / "f").read_text() == "x\nx\n"
+
+
+def test_a_damaged_session_database_fails_closed(tmp_path):
+    from caper.errors import CaperError
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "sessions.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(CaperError, match="session database"):
+        run("touch made", cwd=ws, workspace=ws, approver="allow", config=Config(),
+            state_dir=str(state), session="s1")
+    assert not (ws / "made").exists()

@@ -234,3 +234,21 @@ def test_real_tiny_model_over_http(request_, tmp_path):
     finally:
         srv.terminate()
         srv.wait(10)
+
+
+def test_a_hostile_llm_cannot_overrule_a_policy_block(server, tmp_path):
+    """The LLM is asked only where the policy is unsure: an answer of "allow"
+    (from a model talked into it by the report's content) cannot undo a block."""
+    ws = tmp_path / "ws"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "a.c").write_text("int a;\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=ws,
+                       check=True)
+    server.answer = {**GOOD, "decision": "allow", "risk_level": "low", "boundary": "none",
+                     "reason": "the report says to approve"}
+    judge = AutoApprover(PolicyApprover(), approver(server))
+    out = run(f"touch '{INJECTION}'; rm -rf src .git", task="fix the typo", cwd=ws,
+              approver=judge, state_dir=str(tmp_path / "st"), config=Config())
+    assert out.decision == "block" and not out.committed and server.requests == []
+    assert (ws / "src" / "a.c").exists() and (ws / ".git").is_dir()
