@@ -102,7 +102,7 @@ def cmd_trace(args, parser) -> int:
         return 128 + (r.signal or 0)
     if r.end == End.TIMEOUT:
         return EXIT_TIMEOUT
-    if r.end in (End.PIDS_LIMIT, End.MEMORY_LIMIT):
+    if r.end in (End.PIDS_LIMIT, End.MEMORY_LIMIT, End.DISK_LIMIT):
         return EXIT_LIMIT
     if r.end == End.EXEC_FAILED:
         print(f"caper: {r.error}", file=sys.stderr)

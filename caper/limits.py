@@ -96,3 +96,20 @@ def memory_cgroup(limit: int) -> MemoryCgroup | None:
             if cg:
                 return cg
     return None
+
+
+@dataclass(frozen=True)
+class DiskGuard:
+    """The sandbox is killed when the filesystem at `path` (where the upper
+    layers grow) has fewer than min_free bytes or min_inodes inodes left."""
+    path: str
+    min_free: int
+    min_inodes: int
+
+    @classmethod
+    def for_state_dir(cls, path: str) -> "DiskGuard":
+        """Keep 10% of the filesystem free, at most 1 GiB, and 5% of its
+        inodes, at most 100,000: a runaway command fails, the host stays usable."""
+        v = os.statvfs(path)
+        size, files = v.f_blocks * v.f_frsize, v.f_files
+        return cls(path, min(1 << 30, size // 10), min(100_000, files // 20))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
-from caper.limits import MemoryCgroup, memory_cgroup
+from caper.limits import DiskGuard, MemoryCgroup, memory_cgroup
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Trace:
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
                  share_cpu: bool = True,
                  mounts: Sequence["Mount"] = (), new_root: str | None = None,
-                 not_before_ns: int = 0):
+                 not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -126,6 +126,12 @@ class Trace:
         cfg.output_tail = output_tail
         cfg.stdin_fd = -1
         cfg.not_before_ns = not_before_ns
+        cfg.disk_path = ffi.NULL
+        self._disk_guard = disk_guard
+        if disk_guard is not None:
+            cfg.disk_path = self._cstr(os.fsencode(disk_guard.path))
+            cfg.disk_min_free = disk_guard.min_free
+            cfg.disk_min_inodes = disk_guard.min_inodes
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
         self.result: RunResult | None = None
@@ -221,6 +227,10 @@ class Trace:
             error = None
             if end not in (End.EXITED, End.SIGNALED) and step:
                 error = str(from_native(step, res.err, detail))
+            elif end == End.DISK_LIMIT:
+                g = self._disk_guard
+                error = (f"the filesystem of {g.path} fell below {g.min_free >> 20} MiB or "
+                         f"{g.min_inodes} inodes free; the sandbox was killed")
             return RunResult(end=end,
                              exit_code=res.exit_code if end in (End.EXITED, End.EXEC_FAILED) else None,
                              signal=res.term_signal if end == End.SIGNALED else None,

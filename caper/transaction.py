@@ -164,6 +164,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.pending import expire, hold
     from caper.report import RunFacts, build
     from caper.secrets import default_patterns, protected_for
+    from caper.limits import DiskGuard
     from caper.snapshot import OverlaySnapshot, collect_dead_runs
     from caper.trace import trace
 
@@ -197,7 +198,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         try:
             t = time.perf_counter()
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
-                       new_root=snap.stage, not_before_ns=snap.since_ns)
+                       new_root=snap.stage, not_before_ns=snap.since_ns,
+                       disk_guard=DiskGuard.for_state_dir(state_dir))
             events, result = tr.run()
             changes = plan_changes(snap.layers, exclude=hidden)
             workspace_changes = bsnap.changes() if bsnap else []

@@ -65,7 +65,8 @@ enum caper_end {
     CAPER_END_SETUP_FAILED = 5, /* failed before exec: step + err say where */
     CAPER_END_EXEC_FAILED  = 6, /* the command could not be executed: err */
     CAPER_END_TRACE_FAILED = 7, /* the tracer lost control; the sandbox was killed */
-    CAPER_END_MEMORY_LIMIT = 8  /* set by Python: the memory cgroup killed a process */
+    CAPER_END_MEMORY_LIMIT = 8, /* set by Python: the memory cgroup killed a process */
+    CAPER_END_DISK_LIMIT   = 9  /* the upper layers' filesystem ran low; the sandbox was killed */
 };
 
 /* Where a failure happened (caper_result.step). Python maps each to an exception. */
@@ -157,6 +158,10 @@ struct caper_config {
     int stdin_fd;                /* -1: /dev/null */
     uint64_t not_before_ns;      /* the command starts only once CLOCK_REALTIME_COARSE,
                                     the clock of file ctimes, reaches this; 0: at once */
+    const char *disk_path;       /* a path on the filesystem of the upper layers, or NULL */
+    uint64_t disk_min_free;      /* bytes that must stay free there, else the sandbox is
+                                    killed (CAPER_END_DISK_LIMIT) */
+    uint64_t disk_min_inodes;    /* the same for inodes */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes

@@ -119,8 +119,11 @@ struct output_stream {
 struct watcher {
     struct output_stream out, err;
     uint64_t deadline_ns;   /* 0: none */
+    const char *disk_path;  /* NULL: no disk guard */
+    uint64_t disk_min_free, disk_min_inodes;
     pid_t kill_pid;         /* the sandbox's init (host pid) */
     volatile int timed_out;
+    volatile int disk_full;
     volatile int stop;      /* set by the tracer when the run is over */
     int wake_fd[2];         /* the tracer writes here to stop the watcher early */
     int poll_errno;

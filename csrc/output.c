@@ -1,6 +1,7 @@
 /* output.c: the watcher thread. It drains the command's stdout and stderr
  * into bounded head/tail buffers (so a 1 GB stream costs two small buffers)
- * and kills the sandbox when the wall-clock deadline passes. */
+ * and kills the sandbox when the wall-clock deadline passes, or when the
+ * filesystem of the upper layers runs low. */
 #include "internal.h"
 #include <errno.h>
 #include <poll.h>
@@ -8,7 +9,10 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+#define DISK_POLL_MS 50
 
 static void take(struct output_stream *s, const char *p, size_t n)
 {
@@ -30,6 +34,17 @@ static void take(struct output_stream *s, const char *p, size_t n)
     s->total += n;
 }
 
+/* The upper layers live on caper's state filesystem: a command writing
+ * without end would fill it (and with it, often, the host's root). */
+static int disk_low(const struct watcher *w)
+{
+    struct statvfs v;
+    if (statvfs(w->disk_path, &v) < 0)
+        return 0;
+    return (uint64_t)v.f_bavail * v.f_frsize < w->disk_min_free ||
+           (v.f_files && (uint64_t)v.f_favail < w->disk_min_inodes);
+}
+
 static void *watch(void *arg)
 {
     struct watcher *w = arg;
@@ -39,6 +54,14 @@ static void *watch(void *arg)
             { w->out.fd, POLLIN, 0 }, { w->err.fd, POLLIN, 0 }, { w->wake_fd[0], POLLIN, 0 },
         };
         int timeout = -1;
+        if (w->disk_path && !w->disk_full && !w->timed_out) {
+            if (disk_low(w)) {
+                w->disk_full = 1;
+                kill(w->kill_pid, SIGKILL);
+                continue;
+            }
+            timeout = DISK_POLL_MS;
+        }
         if (w->deadline_ns && !w->timed_out) {
             uint64_t now = now_ns();
             if (now >= w->deadline_ns) {
@@ -46,7 +69,8 @@ static void *watch(void *arg)
                 kill(w->kill_pid, SIGKILL);  /* pid 1 of the sandbox: all of it dies */
                 continue;
             }
-            timeout = (int)((w->deadline_ns - now) / 1000000u) + 1;
+            int left = (int)((w->deadline_ns - now) / 1000000u) + 1;
+            timeout = timeout < 0 || left < timeout ? left : timeout;
         }
         int n = poll(fds, 3, timeout);
         if (n < 0) {

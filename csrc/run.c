@@ -93,6 +93,9 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
                    pipe2(w.wake_fd, O_CLOEXEC) == 0;
     w.kill_pid = s.init_pid;
     w.deadline_ns = c->timeout_ms ? t0 + c->timeout_ms * 1000000ull : 0;
+    w.disk_path = c->disk_path;
+    w.disk_min_free = c->disk_min_free;
+    w.disk_min_inodes = c->disk_min_inodes;
     if (!watching || watcher_start(&w, &thread) < 0) {
         /* Without the watcher nobody drains output or enforces the deadline. */
         fail_set(&f, CAPER_STEP_OUTPUT, errno ? errno : ENOMEM, "pthread_create(watcher)");
@@ -123,6 +126,8 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
     close(s.status_fd);
     if (w.timed_out) {
         r->end = CAPER_END_TIMEOUT;
+    } else if (w.disk_full) {
+        r->end = CAPER_END_DISK_LIMIT;
     } else if (failed_inside) {
         fail_set(&f, m.step, m.err, "%.*s", (int)sizeof m.detail, m.detail);
         r->end = m.step == CAPER_STEP_EXEC || m.step == CAPER_STEP_CHDIR ? CAPER_END_EXEC_FAILED

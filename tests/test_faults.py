@@ -203,3 +203,31 @@ def test_a_damaged_session_database_fails_closed(tmp_path):
         run("touch made", cwd=ws, workspace=ws, approver="allow", config=Config(),
             state_dir=str(state), session="s1")
     assert not (ws / "made").exists()
+
+
+@needs_root
+@pytest.mark.parametrize("what, command", [
+    ("bytes", "head -c 200000000 /dev/zero > big; echo never"),
+    ("inodes", "mkdir many && cd many && i=0; while :; do : > f$i; i=$((i+1)); done"),
+])
+def test_a_command_that_fills_the_upper_layer_is_stopped_and_its_scratch_reclaimed(
+        tmp_path, what, command):
+    """The upper layers grow on caper's state filesystem (here a 64 MiB,
+    4,000-inode tmpfs): a command writing without end is killed before it
+    fills it, the run is blocked with the reason, and the space comes back."""
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=4000", "tmpfs",
+                    str(state)], check=True)
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        out = run(command, cwd=ws, workspace=ws, approver="allow", config=Config(),
+                  state_dir=str(state), timeout=60)
+        assert not out.committed and out.report.end.how == "disk_limit"
+        assert "fell below" in out.reason and "run-did-not-finish" in out.report.uncertain
+        assert list(ws.iterdir()) == []
+        v = os.statvfs(state)
+        assert v.f_bavail * v.f_frsize > 60 << 20 and v.f_favail > 3900   # reclaimed
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
