@@ -231,3 +231,14 @@ def test_a_command_that_fills_the_upper_layer_is_stopped_and_its_scratch_reclaim
         assert v.f_bavail * v.f_frsize > 60 << 20 and v.f_favail > 3900   # reclaimed
     finally:
         subprocess.run(["umount", str(state)], check=True)
+
+
+def test_an_infinite_loop_that_ignores_sigterm_ends_at_the_timeout(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    t = time.monotonic()
+    out = run("trap '' TERM INT HUP; touch started; while :; do :; done", cwd=ws, workspace=ws,
+              approver="allow", config=Config(), state_dir=str(tmp_path / "state"), timeout=0.5)
+    assert time.monotonic() - t < 10
+    assert not out.committed and out.report.end.how == "timeout"
+    assert "did not complete: timeout" in out.reason and list(ws.iterdir()) == []

@@ -823,3 +823,18 @@ def test_ipc_and_shared_memory_are_the_sandbox_own(tmp_path):
         if qid:
             subprocess.run(["ipcrm", "-q", qid.group(1)], capture_output=True)
     assert stdout(result).split("\n") == ["---", "---", ""], stdout(result)
+
+
+def test_host_processes_roots_and_fds_are_out_of_reach(tmp_path):
+    """/proc/<host pid>/root and /proc/<host pid>/fd: a host pid does not exist
+    in the sandbox's fresh /proc (its own pid namespace), so neither path leads
+    anywhere."""
+    host = os.getpid()                       # pytest itself: a host process
+    target = tmp_path / "via-proc-root"
+    events, result = sandbox(
+        f"ls /proc/{host}/root/ >/dev/null 2>&1 && echo root-visible; "
+        f"echo x > /proc/{host}/root{target} 2>/dev/null && echo wrote; "
+        f"ls /proc/{host}/fd/ >/dev/null 2>&1 && echo fds-visible; "
+        f"cat /proc/{host}/environ >/dev/null 2>&1 && echo environ-visible; echo done", tmp_path)
+    assert stdout(result).split() == ["done"]
+    assert not target.exists()
