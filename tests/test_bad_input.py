@@ -78,3 +78,22 @@ def test_a_symlinked_workspace_is_the_real_one(ws, tmp_path):
               state_dir=str(tmp_path / "state"))
     assert out.committed and (ws / "n").read_text() == "new\n"
     assert out.report.workspace == str(ws)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts a read-only filesystem")
+def test_a_read_only_workspace_stays_read_only_inside(tmp_path):
+    """A read-only mount is overlaid read-only: the write fails in the run as
+    it would natively, and there is nothing to commit."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(ro)], check=True)
+    try:
+        (ro / "keep").write_text("precious\n")
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        before = tree(ro)
+        out = run("echo changed > keep; echo ran", cwd=ro, workspace=ro, approver="allow",
+                  config=Config(), state_dir=str(tmp_path / "state"))
+        assert out.stdout.text() == b"ran\n" and b"Read-only file system" in out.stderr.text()
+        assert out.report.changes == [] and tree(ro) == before
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
