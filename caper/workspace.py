@@ -25,11 +25,6 @@ SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/li
                "/opt", "/var", "/srv", "/root", "/home")
 
 
-def _git(workspace: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(_GIT + ["-C", workspace, *args], capture_output=True,
-                          timeout=GIT_TIMEOUT_S, env={**os.environ, **_GIT_ENV})
-
-
 class _Git:
     """A git command started now, its output collected by result()."""
 
@@ -53,14 +48,18 @@ class _Git:
 
 
 def find_workspace(cwd: str) -> str:
-    """The git top level of cwd, else cwd itself."""
-    try:
-        top = _git(cwd, "rev-parse", "--show-toplevel")
-        if top.returncode == 0 and top.stdout.strip():
-            return os.path.realpath(os.fsdecode(top.stdout.strip()))
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.path.realpath(cwd)
+    """The git top level of cwd (the nearest directory up with a .git, a
+    directory or the file of a worktree or submodule), else cwd itself. Found
+    by looking, not by asking git: this runs for every command."""
+    cwd = os.path.realpath(cwd)
+    d = cwd
+    while True:
+        if os.path.lexists(os.path.join(d, ".git")):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return cwd
+        d = parent
 
 
 def _chunks(items: list[str], max_bytes: int) -> list[list[str]]:

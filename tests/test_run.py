@@ -291,3 +291,21 @@ def test_parallel_runs_sharing_a_state_dir_lose_no_commit(tmp_path):
     assert bad == [[]] * 4
     for ws, _, name, n in jobs:
         assert Path(ws, "log").read_text().splitlines() == [f"{name}:{i}" for i in range(n)]
+
+
+def test_the_workspace_is_the_git_top_level_else_the_cwd(tmp_path):
+    from caper.workspace import find_workspace
+    repo = tmp_path / "repo"
+    (repo / "a" / "b").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    assert find_workspace(str(repo / "a" / "b")) == str(repo)
+    (tmp_path / "plain" / "x").mkdir(parents=True)
+    assert find_workspace(str(tmp_path / "plain" / "x")) == str(tmp_path / "plain" / "x")
+    sub = repo / "a" / "sub"                       # a submodule or worktree: .git is a file
+    sub.mkdir()
+    (sub / ".git").write_text("gitdir: ../../.git/modules/sub\n")
+    assert find_workspace(str(sub)) == str(sub)
+    out = run("echo hi > made", cwd=repo / "a" / "b", approver="allow", config=None,
+              state_dir=str(tmp_path / "state"))
+    assert out.committed and out.report.workspace == str(repo)
+    assert out.report.changes[0].path == "a/b/made"
