@@ -55,9 +55,10 @@ class Sessions:
     def __init__(self, state_dir: str):
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
         self.path = os.path.join(state_dir, "sessions.db")
+        # The default rollback journal: its locks honour the busy timeout
+        # (switching to WAL does not, and two first runs at once failed).
         try:
             self.db = sqlite3.connect(self.path, timeout=10, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
             self.db.executescript(_SCHEMA)
         except sqlite3.Error as e:
             raise ConfigError(f"session database {self.path}: {e}", step="sessions") from e

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,28 @@ def test_bad_session_ids_are_refused(ws, tmp_path):
     for bad in ("", "a\nb", "x" * 201):
         with pytest.raises(ConfigError):
             go(ws, "true", "allow", tmp_path, session=bad)
+
+
+def _open_at(args):
+    state, start = args
+    from caper.session import Sessions
+    while time.time() < start:      # all at once
+        pass
+    try:
+        s = Sessions(state)
+        s.record("s", "true", "allow", "t", "r")
+        s.close()
+        return None
+    except Exception as e:          # noqa: BLE001 - returned for the assertion
+        return repr(e)
+
+
+def test_many_first_runs_at_once_share_the_new_database(tmp_path):
+    """The database is made by whichever run comes first; the others wait for
+    it (with WAL, switching the journal mode did not wait, and runs failed)."""
+    import multiprocessing as mp
+    for k in range(5):
+        state = str(tmp_path / f"state{k}")
+        with mp.get_context("fork").Pool(8) as pool:
+            errors = pool.map(_open_at, [(state, time.time() + 0.3)] * 8)
+        assert errors == [None] * 8
