@@ -259,14 +259,20 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 
 /* The socket file a unix address names, resolved as the process would:
  * through its own root (chroot) and cwd, following symlinks like connect(). */
+/* A unix socket path as the tracee would resolve it: through its root and cwd. */
+static void tracee_path(pid_t tid, const char *raw, char *path, size_t size)
+{
+    if (raw[0] == '/')
+        snprintf(path, size, "/proc/%d/root%s", (int)tid, raw);
+    else
+        snprintf(path, size, "/proc/%d/cwd/%s", (int)tid, raw);
+}
+
 static int unix_identity(pid_t tid, const char *raw, struct sock_id *id)
 {
     char path[CAPER_PATH_MAX];
     struct stat st;
-    if (raw[0] == '/')
-        snprintf(path, sizeof path, "/proc/%d/root%s", (int)tid, raw);
-    else
-        snprintf(path, sizeof path, "/proc/%d/cwd/%s", (int)tid, raw);
+    tracee_path(tid, raw, path, sizeof path);
     if (stat(path, &st) < 0)
         return -errno;
     if (!S_ISSOCK(st.st_mode))
@@ -437,18 +443,75 @@ static int unix_refusal(struct tracer *t, struct proc *p, struct pending *pd)
     return EACCES;
 }
 
-/* The type and protocol of a tracee's socket (SOCK_STREAM | IPPROTO_TCP << 8),
- * read from a copy of its descriptor: a tracer may take it (pidfd_getfd needs
- * the same access as ptrace). 0 when unknown. */
-static uint32_t socket_kind(pid_t tid, uint64_t fd)
+/* A tracee's file descriptor, duplicated into the tracer (pidfd_getfd needs
+ * the same access as ptrace). The same open file description: what the
+ * tracer does with it, the tracee's socket does. */
+static int tracee_fd(pid_t tid, uint64_t fd)
 {
     int pidfd = (int)syscall(SYS_pidfd_open, tid, 0);
     if (pidfd < 0 && errno == EINVAL)  /* not a thread-group leader (Linux >= 6.9) */
         pidfd = (int)syscall(SYS_pidfd_open, tid, O_EXCL /* PIDFD_THREAD */);
     if (pidfd < 0)
-        return 0;
-    int sock = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
+        return -1;
+    int dup = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
+    int saved = errno;
     close(pidfd);
+    errno = saved;
+    return dup;
+}
+
+/* connect() of a unix path, done by the tracer for the tracee. Checking the
+ * address and then letting the tracee's call run would let another thread
+ * rewrite it in between (the kernel reads it again). Instead the socket file
+ * is opened once, its identity checked on that descriptor, and the tracee's
+ * socket connected to exactly that inode through /proc/self/fd: nothing the
+ * tracee does after the check can change what it connects to. Returns 0 or
+ * -errno, the result the tracee gets. */
+static int connect_for(struct tracer *t, struct proc *p, uint64_t fd, struct pending *pd)
+{
+    char path[CAPER_PATH_MAX];
+    tracee_path(p->tid, pd->unix_raw, path, sizeof path);
+    int target = open(path, O_PATH | O_CLOEXEC);   /* follows symlinks, as connect does */
+    if (target < 0)
+        return -errno;
+    struct stat st;
+    int r;
+    if (fstat(target, &st) < 0) {
+        r = -errno;
+    } else if (!S_ISSOCK(st.st_mode)) {
+        r = -ECONNREFUSED;
+    } else if (!is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
+        pd->ev.h.info |= CAPER_INFO_REFUSED;
+        r = -EACCES;
+    } else {
+        int sock = tracee_fd(p->tid, fd);
+        if (sock < 0) {
+            r = -EBADF;
+        } else {
+            /* A connect that would wait (a full backlog) must not stall the
+             * tracer: bounded by a send timeout, the socket's own restored after. */
+            struct timeval keep, bound = { 2, 0 };
+            socklen_t n = sizeof keep;
+            int timed = getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &keep, &n) == 0 &&
+                        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound) == 0;
+            struct sockaddr_un a = { .sun_family = AF_UNIX };
+            snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d", target);
+            r = connect(sock, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
+            if (timed)
+                setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &keep, sizeof keep);
+            close(sock);
+        }
+    }
+    close(target);
+    return r;
+}
+
+/* The type and protocol of a tracee's socket (SOCK_STREAM | IPPROTO_TCP << 8),
+ * read from a copy of its descriptor: a tracer may take it (pidfd_getfd needs
+ * the same access as ptrace). 0 when unknown. */
+static uint32_t socket_kind(pid_t tid, uint64_t fd)
+{
+    int sock = tracee_fd(tid, fd);
     if (sock < 0)
         return 0;
     int type = 0, proto = 0;
@@ -631,8 +694,16 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         t->r->noise++;
         return;  /* no exit stop: the result of noise does not matter */
     }
-    if ((s->kind == CAPER_EV_CONNECT || s->kind == CAPER_EV_SENDTO) &&
-        h->flags == CAPER_AF_UNIX) {
+    if (s->nr == SYS_connect && h->flags == CAPER_AF_UNIX) {
+        /* Done here, by the tracer, on the address it checked: the call
+         * itself is skipped and returns what the tracer's connect did. */
+        int r = connect_for(t, p, a[0], pd);
+        h->result = r;
+        emit_folded(t, p, &pd->ev);
+        deny(p->tid, -r);
+        return;
+    }
+    if (s->kind == CAPER_EV_SENDTO && h->flags == CAPER_AF_UNIX) {
         int err = unix_refusal(t, p, pd);
         if (err) {
             h->result = -err;

@@ -400,9 +400,6 @@ except OSError as e:
                                       ["EACCES"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: connect()'s address is checked at the seccomp stop "
-                   "and read again by the kernel afterwards: another thread swaps it in between "
-                   "(TOCTOU); the event even names the sandbox's own socket")
 def test_connect_address_swapped_by_another_thread_does_not_reach_host(tmp_path, cfixture,
                                                                       host_unix_listener):
     listener, host = host_unix_listener
