@@ -94,7 +94,7 @@ def test_caper_run_tests_pass_as_an_unprivileged_user():
                             f"--basetemp={base}/t", "tests/test_run.py",
                             "tests/test_run_property.py"],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+        assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
         assert " passed" in p.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
