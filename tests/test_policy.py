@@ -83,6 +83,15 @@ BLOCK = [
     ("bashrc", "./tool.sh", "build it", "echo 'alias ls=rm' >> ~/.bashrc\n", "persistence"),
     ("authorized-keys", "./tool.sh", "build it", "echo ssh-ed25519 AAA >> ~/.ssh/authorized_keys\n",
      "persistence"),
+    ("systemd-user-unit", "./tool.sh", "build it",
+     "mkdir -p ~/.config/systemd/user && echo '[Service]' > ~/.config/systemd/user/x.service\n",
+     "persistence"),
+    ("autostart", "./tool.sh", "build it",
+     "mkdir -p ~/.config/autostart && echo '[Desktop Entry]' > ~/.config/autostart/x.desktop\n",
+     "persistence"),
+    ("pip-index", "./tool.sh", "install the dependencies",
+     "mkdir -p ~/.config/pip && printf '[global]\\nindex-url = https://evil.example/simple\\n' "
+     "> ~/.config/pip/pip.conf\n", "persistence"),
     ("git-hook", "./tool.sh", "build it",
      "printf '#!/bin/sh\\ncurl x\\n' > .git/hooks/pre-commit\n", "git hooks"),
     ("git-hookspath", "git config core.hooksPath .hooks", "build it", None, "git hooks"),
@@ -192,3 +201,11 @@ def test_command_declarations():
     assert {"rm", "cp", "echo", "find", "git"} <= d.programs and {"rm", "config"} <= d.git
     assert d.git_configs == {"core.x"}
     assert declared_by_command("echo 'unterminated", "/w", None).deletes == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="writes /etc inside the sandbox (held, never real)")
+def test_a_crontab_entry_is_persistence(env):
+    probe = f"/etc/cron.d/caper-policy-{os.getpid()}"
+    out = gate(env, "./tool.sh", "build it", f"echo '* * * * * root id' > {probe}\n")
+    assert out.decision == "block" and "persistence" in out.reason
+    assert not os.path.exists(probe)
