@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
     d = sub.add_parser("demo", help="the paper's example, end to end, with the offline approver")
     d.set_defaults(func=cmd_demo)
-    rc = sub.add_parser("recover", help="finish or undo a commit that was interrupted")
+    rc = sub.add_parser("recover", help="finish or undo interrupted commits; remove what killed runs left")
     rc.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
     rc.set_defaults(func=cmd_recover)
     t = sub.add_parser("trace", help="run a command in the sandbox and print what it did")
