@@ -110,7 +110,6 @@ class TableRows:
 class FileDetail:
     size_before: int | None = None
     size_after: int | None = None
-    text: bool = False
     added: int | None = None       # lines, for text files
     removed: int | None = None
     diff: list[str] = field(default_factory=list)
@@ -198,7 +197,6 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     old, new = _as_text(before), _as_text(after)
     if old is None or new is None:
         return d          # binary: sizes only
-    d.text = True
     if too_large:
         d.uncertain.append("too-large-to-diff")
         return d

@@ -91,19 +91,11 @@ def default_data() -> dict:
 
 
 def merged_data(extra: dict | None) -> dict:
-    """policy.toml with [policy] from config.toml added: lists extend, tables merge."""
-    data = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
-            for k, v in default_data().items()}
+    """policy.toml with [policy] from config.toml added to its top-level
+    lists (the only keys config.py lets through)."""
+    data = dict(default_data())
     for k, v in (extra or {}).items():
-        if isinstance(v, list):
-            data[k] = list(data.get(k, [])) + list(v)
-        elif isinstance(v, dict):
-            sub = dict(data.get(k, {}))
-            for kk, vv in v.items():
-                sub[kk] = list(sub.get(kk, [])) + list(vv) if isinstance(vv, list) else vv
-            data[k] = sub
-        else:
-            data[k] = v
+        data[k] = list(data[k]) + list(v)
     return data
 
 

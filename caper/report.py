@@ -197,7 +197,6 @@ class Report(_Model):
         return render_card(self)
 
 
-SECTIONS = ("changes", "network", "protected_reads", "secrets", "execs", "refused", "signals")
 
 # --- detail levels ----------------------------------------------------------------------
 
@@ -417,8 +416,8 @@ class _Draft:
     writer_of: dict[str, tuple[int, int]]
     details: dict[str, FileDetail]
     secrets: dict[str, set[str]]
-    protected_reads: list[tuple[int, ProtectedRead]]
-    net: list[tuple[int, NetAttempt]]
+    protected_reads: list[tuple[int, Event, str]]    # (severity, the open, its kind)
+    net: list[tuple[int, Event, list[str]]]          # (severity, the attempt, reads before)
     out_secrets: dict[str, set[str]]
     held: dict[str, "_Held"]
     uncertain: list[str]

@@ -179,10 +179,6 @@ class Redactor:
             self._values.setdefault(v, kind)
         self._order = sorted(self._values, key=len, reverse=True)
 
-    @property
-    def values(self) -> dict[str, str]:
-        return dict(self._values)
-
     def text(self, s: str, found: set[str] | None = None) -> str:
         """s with every secret replaced by `<redacted:KIND>`; the kinds replaced
         are added to found."""
