@@ -149,21 +149,24 @@ def wrap(command: str, session: str, task: str | None, ask: bool = False) -> str
     return shlex.join(argv + ["-c", command])
 
 
-def is_wrapped(command: str, session: str) -> bool:
-    """Exactly the form `wrap` produces for this session: one simple command
-    (re-quoting it gives back the same bytes, so nothing outside it can hide
-    behind a `;` or `&&`), caper's own executable, and nothing after -c X."""
+def caper_args(command: str) -> list[str] | None:
+    """The arguments of `command` if it is exactly one call of this caper:
+    one simple command (re-quoting it gives back the same bytes, so nothing
+    can hide behind a `;` or `&&`) whose head is caper's own executable."""
     try:
         argv = shlex.split(command)
     except ValueError:
-        return False
-    if shlex.join(argv) != command:
-        return False
+        return None
     head = caper_command()
-    if argv[:len(head)] != head:
-        return False
-    rest = argv[len(head):]
-    if rest[:3] != ["run", "--session", session]:
+    if shlex.join(argv) != command or argv[:len(head)] != head:
+        return None
+    return argv[len(head):]
+
+
+def is_wrapped(command: str, session: str) -> bool:
+    """Exactly the form `wrap` produces for this session: nothing after -c X."""
+    rest = caper_args(command)
+    if rest is None or rest[:3] != ["run", "--session", session]:
         return False
     rest = rest[3:]
     if rest[:2] == ["--on-unsure", "ask"]:
@@ -228,15 +231,9 @@ def answer(agent: Agent, hook) -> str:
 
 def held_commit(command: str) -> str | None:
     """The id in exactly `<caper> commit <id>`, else None."""
-    try:
-        argv = shlex.split(command)
-    except ValueError:
-        return None
-    head = caper_command()
-    if shlex.join(argv) == command and argv[:len(head)] == head and \
-            len(argv) == len(head) + 2 and argv[len(head)] == "commit" and \
-            _HELD_ID.fullmatch(argv[-1]):
-        return argv[-1]
+    rest = caper_args(command)
+    if rest is not None and len(rest) == 2 and rest[0] == "commit" and _HELD_ID.fullmatch(rest[1]):
+        return rest[1]
     return None
 
 
