@@ -24,6 +24,25 @@ def step(what: str) -> None:
         fault_hook(what)
 
 
+def write_atomic(path: str, data: bytes, mode: int = 0o600, tmp: str | None = None) -> None:
+    """Replace `path` with `data`, atomically and durably: a temporary file
+    beside it, fsync, rename, fsync of the directory. Both steps are fault
+    points for the crash tests."""
+    tmp = tmp or path + ".tmp"
+    step(f"write {os.path.basename(path)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    step(f"rename {os.path.basename(path)}")
+    os.rename(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -64,18 +83,7 @@ class Journal:
 
     def write(self, data: dict) -> None:
         """Atomically replace the record, durably."""
-        body = json.dumps(data, separators=(",", ":")).encode("ascii")   # names: \udcxx escapes
-        tmp = self.path + ".tmp"
-        step("journal")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        step("journal-rename")
-        os.rename(tmp, self.path)
-        fsync_dir(self.dir)
+        write_atomic(self.path, json.dumps(data, separators=(",", ":")).encode("ascii"))
 
     def read(self) -> dict | None:
         try:

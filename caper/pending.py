@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from caper.errors import ConfigError
+from caper.journal import write_atomic
 
 PENDING_DIR = "pending"
 MAX_AGE_S = 24 * 3600
@@ -62,13 +63,7 @@ def hold(state_dir: str, snap, exclude, workspace: str, command: str, result, re
              stderr=binascii.b2a_base64(result.stderr.text(), newline=False).decode(),
              card=report.card(), reason=reason, created=time.time())
     os.makedirs(os.path.join(state_dir, PENDING_DIR), mode=0o700, exist_ok=True)
-    path = _path(state_dir, run_id)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(asdict(h), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(_path(state_dir, run_id), json.dumps(asdict(h)).encode())
     return run_id
 
 

@@ -298,14 +298,12 @@ def _load(path: str) -> dict:
 
 
 def _save(path: str, doc: dict) -> None:
+    from caper.journal import write_atomic
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.caper-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # The user's own settings file: the usual mode (umask), and a temporary
+    # name no file of theirs is likely to have.
+    write_atomic(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o666,
+                 tmp=f"{path}.caper-{os.getpid()}")
 
 
 def _ours(h, agent: Agent) -> bool:
