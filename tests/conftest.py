@@ -46,13 +46,18 @@ def cfixture(tmp_path_factory):
     return build
 
 
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
 def git_project(root: Path, files: dict[str, str], tracked: tuple[str, ...] = ("-A",)) -> Path:
     """A git repository at root holding files, with `tracked` committed."""
     root.mkdir(parents=True)
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    for args in (["init", "-q"], ["add", *tracked], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=root,
-                       check=True)
+    git(root, "init", "-q")
+    git(root, "add", *tracked)
+    git(root, "commit", "-qm", "init")
     return root

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from caper.integrations import hooks
+from conftest import git_project
 from test_run import tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,16 +98,11 @@ def hook_input(agent: str, command: str, cwd: Path, tpath: Path) -> dict:
 
 @pytest.fixture
 def project(tmp_path):
-    w = tmp_path / "proj"
-    (w / "src").mkdir(parents=True)
-    (w / "src" / "main.c").write_text("int main(void) { return 0; }\n")
-    (w / "Makefile").write_text("build/app: src/main.c\n\t@mkdir -p build\n\tcc -o build/app "
-                                "src/main.c\nclean:\n\trm -rf build src .git\n")
-    (w / ".gitignore").write_text("build/\n")
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
-        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=w,
-                       check=True)
-    return w
+    return git_project(tmp_path / "proj", {
+        "src/main.c": "int main(void) { return 0; }\n",
+        "Makefile": "build/app: src/main.c\n\t@mkdir -p build\n\tcc -o build/app src/main.c\n"
+                    "clean:\n\trm -rf build src .git\n",
+        ".gitignore": "build/\n"})
 
 
 def run_hook(agent: str, payload: bytes, cwd: Path, tmp_path: Path, command: str | None = None):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,14 +15,10 @@ import pytest
 from caper.config import Config
 from caper.policy import declared_by_command
 from caper.transaction import run
+from conftest import git
 from test_run import tree
 
 PY = sys.executable
-
-
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
-                   check=True, capture_output=True)
 
 
 @pytest.fixture(scope="module")

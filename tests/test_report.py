@@ -17,16 +17,12 @@ from caper.config import Config, load_config
 from caper.errors import ConfigError, ReportError
 from caper.report import CAP_BYTES, Report
 from caper.transaction import run
+from conftest import git
 from test_run import tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cr3t-Value-9f8e7d6c5b4a"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
-
-
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
-                   check=True, capture_output=True)
 
 
 @pytest.fixture
