@@ -109,6 +109,32 @@ def _text(rng: random.Random, n_lines: int) -> str:
     return "".join(" ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(n_lines))
 
 
+def write_file(path: str, text: str, mode: int | None = None) -> None:
+    """Write a file of a bench project, making its directories."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    if mode is not None:
+        os.chmod(path, mode)
+
+
+def sqlite_db(path: str, script: str) -> None:
+    import sqlite3
+    con = sqlite3.connect(path)
+    con.executescript(script)
+    con.commit()
+    con.close()
+
+
+def commit_all(repo: str, message: str, init: bool = False) -> None:
+    """git add -A and commit (after git init when asked), as a fixed author."""
+    git = ["git", "-c", "user.email=a@b", "-c", "user.name=n"]
+    if init:
+        subprocess.run(git + ["init", "-q"], cwd=repo, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=repo, check=True)
+    subprocess.run(git + ["commit", "-qm", message, "--allow-empty"], cwd=repo, check=True)
+
+
 def _git(repo: str, env: dict, *args: str) -> None:
     subprocess.run(["git", *args], cwd=repo, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

