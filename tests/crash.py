@@ -39,3 +39,37 @@ def killed_at(at: int, fn) -> bool:
         return True
     assert os.WEXITSTATUS(status) == 0, "the child failed"
     return False
+
+
+def kill_sweep(commit, recover, reset, check, picks=None) -> tuple[list[str], int]:
+    """The crash matrix of a commit engine. Kill `commit` at its 1st, 2nd ...
+    step until it runs through; after each kill, `recover` must give an
+    outcome (`check` returns "pre" or "post") and be idempotent. Then, for
+    each commit kill point k in `picks(outcomes)` (default: all), kill
+    `recover` too, at each of its steps, and require the same outcome.
+    `reset` restores the pre-state before every attempt. Returns the
+    outcome per commit kill point and the number of nested recoveries."""
+    outcomes = []
+    n = 0
+    while True:
+        n += 1
+        reset()
+        if not killed_at(n, commit):
+            assert check("no kill") == "post"
+            break
+        recover()
+        outcomes.append(check(f"killed at step {n}"))
+        assert recover() == []                       # idempotent: nothing left to do
+    nested = 0
+    for k in (picks(outcomes) if picks else range(1, len(outcomes) + 1)):
+        m = 0
+        while True:
+            m += 1
+            reset()
+            assert killed_at(k, commit)
+            if not killed_at(m, recover):
+                break
+            nested += 1
+            recover()
+            assert check(f"commit killed at {k}, recover at {m}") == outcomes[k - 1]
+    return outcomes, nested

@@ -18,7 +18,7 @@ import pytest
 import caper.btrfs as B
 from caper.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
 from caper.errors import CaperError
-from crash import killed_at
+from crash import kill_sweep, killed_at
 
 
 def _why_not() -> str | None:
@@ -333,34 +333,11 @@ def test_kill_at_every_step(env):
         assert s in (pre, post), label
         return "pre" if s == pre else "post"
 
-    outcomes = []
-    n = 0
-    while True:
-        n += 1
-        env.reset()
-        if not killed_at(n, run):
-            assert check("no kill") == "post"
-            break
-        recover_btrfs(str(env.state))
-        outcomes.append(check(f"killed at step {n}"))
-        assert recover_btrfs(str(env.state)) == []       # idempotent
+    # every commit kill point, and recovery killed at each of its steps for every one
+    outcomes, nested = kill_sweep(run, lambda: recover_btrfs(str(env.state)), env.reset, check)
     first_post = outcomes.index("post")
     assert all(o == "pre" for o in outcomes[:first_post]) and all(o == "post" for o in outcomes[first_post:])
     assert first_post >= 4 and len(outcomes) - first_post >= 3, outcomes
-
-    # kill recovery too, at each of its steps, for every commit kill point
-    nested = 0
-    for k in range(1, len(outcomes) + 1):
-        m = 0
-        while True:
-            m += 1
-            env.reset()
-            assert killed_at(k, run)
-            if not killed_at(m, lambda: recover_btrfs(str(env.state))):
-                break
-            nested += 1
-            recover_btrfs(str(env.state))
-            assert check(f"commit killed at {k}, recover at {m}") == outcomes[k - 1]
     print(f"\nbtrfs kill test: {len(outcomes)} steps, outcomes {outcomes}, {nested} nested recoveries")
     assert nested >= len(outcomes)
 

@@ -33,7 +33,7 @@ from caper import journal
 from caper.commit import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
 from caper.snapshot import snapshot_time_ns
 from caper.errors import CaperError
-from crash import killed_at
+from crash import kill_sweep, killed_at
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 
@@ -731,40 +731,23 @@ def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
         raise AssertionError(f"{label}: neither pre- nor post-state\n"
                              f"vs pre:\n{diff(now, pre)}\nvs post:\n{diff(now, post)}")
 
-    outcomes = []
-    n = 0
-    while True:
-        n += 1
+    def spread(outcomes: list[str]) -> list[int]:
+        """Recovery is killed at every step of it, for a spread of commit kill points."""
+        first_post = outcomes.index("post") if "post" in outcomes else len(outcomes)
+        picks = {1, first_post - 1, first_post, first_post + 1, len(outcomes)} | \
+            set(range(2, len(outcomes), max(1, len(outcomes) // recover_points)))
+        return sorted(k for k in picks if 1 <= k <= len(outcomes))
+
+    def reset_checked():
         assert reset() == pre
-        if not killed_at(n, do_commit):
-            assert check("no kill") == "post"
-            break
-        recover(str(work.state))
-        outcomes.append(check(f"killed at step {n}"))
-        assert recover(str(work.state)) == []               # idempotent: nothing left to do
+
+    outcomes, nested = kill_sweep(do_commit, lambda: recover(str(work.state)), reset_checked,
+                                  check, spread)
     # once applied, always applied
     first_post = outcomes.index("post") if "post" in outcomes else len(outcomes)
     assert all(o == "pre" for o in outcomes[:first_post])
     assert all(o == "post" for o in outcomes[first_post:])
-
-    # crashes during recovery, at every step of it, for a spread of commit kill points
-    nested = 0
-    picks = sorted({1, first_post - 1, first_post, first_post + 1, len(outcomes)} |
-                   set(range(2, len(outcomes), max(1, len(outcomes) // recover_points))))
-    for k in picks:
-        if not 1 <= k <= len(outcomes):
-            continue
-        m = 0
-        while True:
-            m += 1
-            reset()
-            assert killed_at(k, do_commit)
-            if not killed_at(m, lambda: recover(str(work.state))):
-                break
-            nested += 1
-            recover(str(work.state))
-            assert check(f"commit killed at {k}, recover at {m}") == outcomes[k - 1]
-    return {"steps": n - 1, "pre": outcomes.count("pre"), "post": outcomes.count("post"), "nested": nested}
+    return {"steps": len(outcomes), "pre": outcomes.count("pre"), "post": outcomes.count("post"), "nested": nested}
 
 
 def test_kill_at_every_step_same_fs(tmp_path):
