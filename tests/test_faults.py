@@ -18,6 +18,8 @@ from test_run import tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
+SLEEPER = "import time; time.sleep(60)"
+
 # A caper.run in a child process that writes `marker` when it reaches the
 # stage under test and then waits there to be killed.
 CHILD = r"""
@@ -25,7 +27,7 @@ import os, sys, time
 import caper.report, caper.transaction
 from caper.approve import Decision
 from caper.config import Config
-ws, state, stage, marker = sys.argv[1:5]
+ws, state, stage, marker, sleeper = sys.argv[1:6]
 
 def arrive():
     open(marker, "w").close()
@@ -48,23 +50,25 @@ class SlowApprover:
 # In the run stage the marker is a word of the sleeping process's command
 # line (a file it wrote would land in the overlay, not on the host).
 command = ("touch made; echo x >> README; rm -rf src; "
-           f"exec {sys.executable} -c 'import time; time.sleep(60)' {marker}") \
+           f"exec {sys.executable} -c '{sleeper}' {marker}") \
     if stage == "run" else "touch made; echo x >> README; rm -rf src"
 caper.transaction.run(command, cwd=ws, approver=SlowApprover(), state_dir=state, config=Config(),
                       env={**os.environ, "HOME": os.path.dirname(ws)})
 """
 
 
-def sandbox_pids(marker: str, caper_pid: int) -> list[int]:
-    """The sandboxed sleeper: python -c '...time.sleep(60)' MARKER (caper's
-    own process, caper_pid, has the same last word)."""
+def sandbox_pids(marker: str) -> list[int]:
+    """The sandboxed sleeper: python -c SLEEPER MARKER, matched by its last
+    two words exactly. caper's command line holds both words too, and so does
+    every child caper forks until that child execs: a looser match once
+    caught such a passing child and lost it a moment later."""
     out = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != caper_pid:
+        if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     argv = f.read().rstrip(b"\0").split(b"\0")
-                if argv[-1:] == [marker.encode()] and any(b"time.sleep(60)" in a for a in argv):
+                if argv[-2:] == [SLEEPER.encode(), marker.encode()]:
                     out.append(int(pid))
             except OSError:
                 pass
@@ -80,9 +84,9 @@ def test_kill_9_before_the_commit_changes_nothing_and_recover_cleans_up(tmp_path
     state = tmp_path / "state"
     before = tree(ws)
     marker = str(tmp_path / f"reached-{stage}")
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ws), str(state), stage, marker],
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ws), str(state), stage, marker, SLEEPER],
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-    arrived = (lambda: sandbox_pids(marker, child.pid)) if stage == "run" else \
+    arrived = (lambda: sandbox_pids(marker)) if stage == "run" else \
         (lambda: os.path.exists(marker))
     deadline = time.monotonic() + 60
     while not arrived() and time.monotonic() < deadline:
@@ -94,9 +98,9 @@ def test_kill_9_before_the_commit_changes_nothing_and_recover_cleans_up(tmp_path
     child.send_signal(signal.SIGKILL)
     child.wait()
     deadline = time.monotonic() + 10
-    while sandbox_pids(marker, child.pid) and time.monotonic() < deadline:
+    while sandbox_pids(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sandbox_pids(marker, child.pid) == []                     # the sandbox died with caper
+    assert sandbox_pids(marker) == []                     # the sandbox died with caper
     assert tree(ws) == before
     p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(state)],
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
