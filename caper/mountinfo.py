@@ -36,3 +36,11 @@ def read(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
                 super_options=frozenset(rfields[2].decode().split(",")) if len(rfields) > 2
                 else frozenset()))
     return out
+
+
+def containing(path: str, entries: list[MountEntry]) -> MountEntry:
+    """The mount that holds path (after resolving its symlinks); of several
+    on one point, the last mounted, which hides the others."""
+    real = os.path.realpath(path)
+    return max((m for m in reversed(entries) if real == m.point or real.startswith(m.point.rstrip("/") + "/")),
+               key=lambda m: len(m.point))

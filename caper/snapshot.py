@@ -13,12 +13,12 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import time
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from caper import mountinfo
+from caper import ctimes, mountinfo
 from caper.commit import Layer
 from caper.errors import ConfigError, SetupError
 
@@ -30,11 +30,10 @@ PSEUDO_FS = frozenset({
     "autofs", "efivarfs", "rpc_pipefs", "nsfs",
 })
 KERNEL_TREES = ("/proc", "/sys", "/dev")
+DISCARD_THREAD = "caper-discard"
 # overlayfs refuses these as upper layers (no whiteouts, no trusted xattrs, or overlay itself).
 UNUSABLE_UPPER_FS = frozenset({"overlay", "nfs", "nfs4", "fuse", "squashfs", "iso9660", "vfat",
                                "exfat", "ntfs", "ntfs3", "9p", "virtiofs", "cifs", "smb3"})
-
-CLOCK_REALTIME_COARSE = 5  # linux/time.h; the os module does not name it
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -70,25 +69,6 @@ def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
         seen[m.point] = HostMount(m.point, m.fstype, m.read_only)
     return sorted(seen.values(), key=lambda m: (m.mount_point.count("/") if m.mount_point != "/" else 0,
                                                 m.mount_point))
-
-
-def snapshot_time_ns() -> int:
-    """The snapshot time, for the conflict check: a host change before it has
-    a ctime below it, a change after it a ctime at or above it.
-
-    File ctimes come from the kernel's coarse clock, which lags the real time
-    (by more than one 4 ms tick here), or, with multigrain timestamps, from
-    the real time itself. So take the real time now (every earlier change is
-    stamped at or below it) and wait until the coarse clock has caught up with
-    it (every later change is stamped at or above it): a file the agent saved
-    just before the run is not mistaken for an edit during it, and an edit
-    during the run is never missed. Measured: 0-6 ms of waiting. (caper run
-    lets the native core do the waiting, overlapped with the sandbox's setup:
-    OverlaySnapshot.since_ns is the first half, Trace(not_before_ns=) the second.)"""
-    now = time.time_ns()
-    while time.clock_gettime_ns(CLOCK_REALTIME_COARSE) < now:
-        time.sleep(0.0002)
-    return now
 
 
 def _below(path: str, top: str) -> bool:
@@ -193,7 +173,8 @@ class OverlaySnapshot:
     stage: str
     layers: list[Layer]
     mounts: list[Mount]
-    since_ns: int
+    since_ns: int           # the conflict threshold (caper.ctimes)
+    not_before_ns: int      # 0, or when the command may start (caper.ctimes)
     hidden: list[str] = field(default_factory=list)
     lock_fd: int = -1       # flocked while this process owns the run (see collect_dead_runs)
 
@@ -225,11 +206,9 @@ class OverlaySnapshot:
     def check_state_dir(state_dir: str, entries: list[mountinfo.MountEntry]) -> None:
         """Upper layers live in the state directory: refuse a filesystem that
         cannot hold them before anything runs, with a way out."""
-        real = os.path.realpath(state_dir)
-        fstype = max((m for m in entries if _below(real, m.point)),
-                     key=lambda m: len(m.point)).fstype
+        fstype = mountinfo.containing(state_dir, entries).fstype
         if fstype in UNUSABLE_UPPER_FS:
-            raise ConfigError(f"caper's state directory {real} is on {fstype}, which cannot hold "
+            raise ConfigError(f"caper's state directory {os.path.realpath(state_dir)} is on {fstype}, which cannot hold "
                               "an overlay upper layer; set CAPER_STATE_DIR to a directory on "
                               "another filesystem (ext4, xfs, btrfs, tmpfs)")
 
@@ -239,12 +218,12 @@ class OverlaySnapshot:
               entries: list[mountinfo.MountEntry]) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
-        since_ns = time.time_ns()  # the command starts once ctimes reach it: see snapshot_time_ns
         state_real = os.path.realpath(state_dir)
         plan = _Planner(scratch, stage, userxattr)
         covered = [m for m in host_mounts(entries)
                    if m.fstype not in PSEUDO_FS and not _below(m.mount_point, state_real)
                    and not any(_below(m.mount_point, t) for t in KERNEL_TREES)]
+        threshold = ctimes.take(state_dir, (m.fstype for m in covered if not m.read_only), entries)
         if userxattr:
             plan.split_root(covered)
         else:
@@ -260,13 +239,25 @@ class OverlaySnapshot:
         plan.mounts.append(Mount("tmpfs", stage + state_real, "tmpfs", "size=4k,mode=0",
                                  MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC))
         return cls(scratch=scratch, stage=stage, layers=plan.layers, mounts=plan.mounts,
-                   since_ns=since_ns, hidden=[state_real])
+                   since_ns=threshold.since_ns, not_before_ns=threshold.not_before_ns,
+                   hidden=[state_real])
 
     def discard(self) -> None:
         """Rollback: the upper layers go, the host never saw them."""
-        remove_tree(self.scratch)
-        _unlink(self.scratch + ".lock")
-        self._release()
+        try:
+            remove_tree(self.scratch)
+            _unlink(self.scratch + ".lock")
+        finally:
+            self._release()
+
+    def discard_later(self) -> None:
+        """discard() on a thread of its own, so that the caller can answer
+        first: deleting what a run wrote, and what its commit replaced
+        (caper.commit's trash), takes ~100 us a file where the files are on
+        disk. The scratch stays locked until it is gone, so collect_dead_runs
+        spares it; the thread is not a daemon, so an exiting process waits
+        for it. settle() waits for every such thread."""
+        threading.Thread(target=self.discard, name=DISCARD_THREAD).start()
 
     def keep(self) -> None:
         """Leave the scratch dir for later (a held run, a conflicting run's
@@ -280,6 +271,13 @@ class OverlaySnapshot:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
+
+
+def settle() -> None:
+    """Wait until every scratch dir handed to discard_later() is gone."""
+    for t in threading.enumerate():
+        if t.name == DISCARD_THREAD:
+            t.join()
 
 
 def collect_dead_runs(state_dir: str) -> list[str]:

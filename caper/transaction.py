@@ -198,7 +198,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         try:
             t = time.perf_counter()
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
-                       new_root=snap.stage, not_before_ns=snap.since_ns,
+                       new_root=snap.stage, not_before_ns=snap.not_before_ns,
                        disk_guard=DiskGuard.for_state_dir(state_dir))
             events, result = tr.run()
             changes = plan_changes(snap.layers, exclude=hidden)
@@ -275,7 +275,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             if kept == snap.scratch:
                 snap.keep()
             else:
-                snap.discard()
+                snap.discard_later()
             if bsnap and not workspace_swapped and kept != bsnap.path:
                 bsnap.discard()
 

@@ -29,11 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caper import commit as C
-from caper import journal
+from caper import ctimes, journal, mountinfo
 from caper.commit import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
-from caper.snapshot import snapshot_time_ns
 from caper.errors import CaperError
 from crash import kill_sweep, killed_at
+from test_ctimes import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 
@@ -291,6 +291,36 @@ def test_delete_dir_tree(env):
     assert kinds(res)["l"] == ("deleted", "symlink")
 
 
+def test_old_versions_go_to_the_trash_beside_the_upper_not_deleted_in_the_tree(env):
+    """finish() renames what the commit replaced or deleted out of the tree,
+    into the scratch (deleted there after caper answers): no hidden name is
+    left in the tree, and the old data is whole in the trash."""
+    env.build({"d/a": "1", "d/s/b": "2", "r": "old"})
+    env.run("rm -rf d; echo new > r")
+    env.commit()
+    env.check_committed()
+    assert not [n for n in os.listdir(env.host) if n.startswith(C.STAGE_PREFIX)]
+    trash = env.base / C.TRASH_DIR
+    olds = {(trash / n).read_text() if (trash / n).is_file() else
+            tuple(sorted(str(p.relative_to(trash / n)) for p in (trash / n).rglob("*")))
+            for n in os.listdir(trash)}
+    assert olds == {"old", ("a", "s", "s/b")}
+
+
+def test_an_old_version_linked_elsewhere_is_deleted_in_place(env):
+    """Unlinking it later, from the trash, would change the ctime of the host
+    file it shares an inode with after the commit: the next run would take
+    that for an edit. So it is unlinked before commit() returns."""
+    env.build({"a": "1", "d/x": "x"})
+    os.link(env.host / "a", env.host / "b")
+    os.link(env.host / "d/x", env.host / "y")
+    env.run("echo 2 > a; rm -rf d")
+    env.commit()
+    assert (env.host / "b").read_text() == "1" and os.stat(env.host / "b").st_nlink == 1
+    assert os.stat(env.host / "y").st_nlink == 1
+    assert os.listdir(env.base / C.TRASH_DIR) == []
+
+
 def test_opaque_dir_over_dir(env):
     # CASE(opaque, dir): rm -rf d; mkdir d -> the host's entries go, nested dirs too
     env.build({"d/a": "1", "d/s/b": "2", "d/s/c": "3", "d/t/u": "4"})
@@ -461,7 +491,10 @@ def test_conflict_names_every_path_and_touches_nothing(env):
     # CASE(*, changed-on-host)
     env.build({"a": "1", "b": "2", "d/x": "x", "c": "3"})
     time.sleep(0.03)
-    env.since = snapshot_time_ns()
+    entries = mountinfo.read()
+    th = ctimes.take(str(env.state), [mountinfo.containing(str(env.host), entries).fstype], entries)
+    wait_for(th)
+    env.since = th.since_ns
     env.seen = overlay(env.host, env.upper, env.work, env.merged, "echo A > a; rm -rf d; rm b; echo C > c")
     (env.host / "a").write_text("host edit\n")         # edited on the host during the run
     (env.host / "d/x").write_text("host edit\n")       # inside a dir the run deleted

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from caper.errors import ConfigError
+from caper.snapshot import settle
 from caper.transaction import EXIT_NOT_COMMITTED, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -230,6 +231,7 @@ def test_state_dir_on_a_full_disk_fails_the_write_inside_and_loses_nothing(ws, t
             assert b"rc=0" not in out.stdout.text() and not out.committed
             assert "fell below" in out.reason or b"No space" in out.stderr.text()
             assert tree(ws) == before
+        settle()                       # the scratch goes after the answer
         assert os.listdir(small / "runs") == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
