@@ -265,8 +265,27 @@ def cmd_recover(args, parser) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse asks shutil for the terminal's width, and importing shutil
+    costs every `caper run` through the gate ~3 ms: ask os directly."""
+
+    def _get_formatter(self):
+        return self.formatter_class(prog=self.prog, width=_columns())
+
+
+def _columns() -> int:
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="caper", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="caper", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a command in a snapshot; commit it if approved")
     r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
