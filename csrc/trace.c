@@ -426,23 +426,6 @@ static int noise_match(const struct caper_config *c, const char *path, size_t n)
     return 0;
 }
 
-/* 0 when a unix destination may be used: a socket a sandbox process bound.
- * A socket the host made is refused (EACCES, reported as refused); a name
- * that is no socket at all gets the error the kernel would give. The check
- * is by inode, through the process's own root, so a symlink or a chroot
- * cannot dress a host socket up as a sandbox one. */
-static int unix_refusal(struct tracer *t, struct proc *p, struct pending *pd)
-{
-    struct sock_id id;
-    int r = unix_identity(p->tid, pd->unix_raw, &id);
-    if (r < 0)
-        return -r;
-    if (is_bound(t, &id))
-        return 0;
-    pd->ev.h.info |= CAPER_INFO_REFUSED;
-    return EACCES;
-}
-
 /* A tracee's file descriptor, duplicated into the tracer (pidfd_getfd needs
  * the same access as ptrace). The same open file description: what the
  * tracer does with it, the tracee's socket does. */
@@ -460,6 +443,62 @@ static int tracee_fd(pid_t tid, uint64_t fd)
     return dup;
 }
 
+/* The unix socket file a tracee names, opened once (O_PATH, following
+ * symlinks as connect and sendto do, through the process's own root and cwd)
+ * and checked on that descriptor by inode: usable only if a sandbox process
+ * bound it, so a symlink or a chroot cannot dress a host socket up as a
+ * sandbox one. A host socket is refused (EACCES, reported as refused); a
+ * name that is no socket gets the kernel's error. Returns the descriptor,
+ * or -errno for the tracee. */
+static int open_checked_socket(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    char path[CAPER_PATH_MAX];
+    tracee_path(p->tid, pd->unix_raw, path, sizeof path);
+    int target = open(path, O_PATH | O_CLOEXEC);
+    if (target < 0)
+        return -errno;
+    struct stat st;
+    int r = target;
+    if (fstat(target, &st) < 0) {
+        r = -errno;
+    } else if (!S_ISSOCK(st.st_mode)) {
+        r = -ECONNREFUSED;
+    } else if (!is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
+        pd->ev.h.info |= CAPER_INFO_REFUSED;
+        r = -EACCES;
+    }
+    if (r < 0)
+        close(target);
+    return r;
+}
+
+/* The address of exactly that inode, whatever its path becomes. */
+static struct sockaddr_un fd_address(int target)
+{
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d", target);
+    return a;
+}
+
+/* A call on a tracee's socket that would wait (a full backlog or buffer)
+ * must not stall the tracer: a 2 s send timeout while the tracer acts, the
+ * socket's own put back after. */
+struct send_timeout { struct timeval keep; int set; };
+
+static void bound_send_timeout(int sock, struct send_timeout *st)
+{
+    struct timeval bound = { 2, 0 };
+    socklen_t n = sizeof st->keep;
+    st->set = getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, &n) == 0 &&
+              setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound) == 0;
+}
+
+static void restore_send_timeout(int sock, const struct send_timeout *st)
+{
+    if (st->set)
+        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, sizeof st->keep);
+}
+
 /* connect() of a unix path, done by the tracer for the tracee. Checking the
  * address and then letting the tracee's call run would let another thread
  * rewrite it in between (the kernel reads it again). Instead the socket file
@@ -469,39 +508,147 @@ static int tracee_fd(pid_t tid, uint64_t fd)
  * -errno, the result the tracee gets. */
 static int connect_for(struct tracer *t, struct proc *p, uint64_t fd, struct pending *pd)
 {
-    char path[CAPER_PATH_MAX];
-    tracee_path(p->tid, pd->unix_raw, path, sizeof path);
-    int target = open(path, O_PATH | O_CLOEXEC);   /* follows symlinks, as connect does */
+    int target = open_checked_socket(t, p, pd);
     if (target < 0)
-        return -errno;
-    struct stat st;
+        return target;
     int r;
-    if (fstat(target, &st) < 0) {
-        r = -errno;
-    } else if (!S_ISSOCK(st.st_mode)) {
-        r = -ECONNREFUSED;
-    } else if (!is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
-        pd->ev.h.info |= CAPER_INFO_REFUSED;
-        r = -EACCES;
+    int sock = tracee_fd(p->tid, fd);
+    if (sock < 0) {
+        r = -EBADF;
     } else {
-        int sock = tracee_fd(p->tid, fd);
-        if (sock < 0) {
-            r = -EBADF;
-        } else {
-            /* A connect that would wait (a full backlog) must not stall the
-             * tracer: bounded by a send timeout, the socket's own restored after. */
-            struct timeval keep, bound = { 2, 0 };
-            socklen_t n = sizeof keep;
-            int timed = getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &keep, &n) == 0 &&
-                        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound) == 0;
-            struct sockaddr_un a = { .sun_family = AF_UNIX };
-            snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d", target);
-            r = connect(sock, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
-            if (timed)
-                setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &keep, sizeof keep);
-            close(sock);
+        struct send_timeout keep;
+        struct sockaddr_un a = fd_address(target);
+        bound_send_timeout(sock, &keep);
+        r = connect(sock, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
+        restore_send_timeout(sock, &keep);
+        close(sock);
+    }
+    close(target);
+    return r;
+}
+
+#define SEND_MAX (4u << 20)     /* bytes of one datagram the tracer copies */
+#define CONTROL_MAX 65536u      /* above the kernel's optmem_max default */
+#define IOV_MAX_ 1024u          /* UIO_MAXIOV */
+#define SCM_MAX_FD_ 253         /* descriptors one SCM_RIGHTS message may carry */
+
+/* The descriptors an SCM_RIGHTS message names, duplicated from the tracee
+ * into the tracer in place; -EBADF when one is not the tracee's. */
+static int take_rights(pid_t tid, struct msghdr *m, int *taken, size_t cap, size_t *n_taken)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int *fds = (int *)CMSG_DATA(c);
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            if (*n_taken == cap)
+                return -EINVAL;             /* as the kernel says for too many */
+            int mine = tracee_fd(tid, (uint64_t)fds[i]);
+            if (mine < 0)
+                return -EBADF;
+            taken[(*n_taken)++] = mine;
+            fds[i] = mine;
         }
     }
+    return 0;
+}
+
+/* sendto()/sendmsg() of a datagram to a unix path, done by the tracer for
+ * the tracee, for connect_for's reason: the kernel would read the address
+ * again after the check, and another thread can rewrite it in between. The
+ * message is copied out of the tracee (its data, and its descriptors under
+ * SCM_RIGHTS duplicated into the tracer) and sent on the tracee's own socket
+ * to exactly the checked inode. A receiver's SCM_CREDENTIALS check sees the
+ * tracer as the sender. Returns the bytes sent or -errno. */
+static int64_t send_for(struct tracer *t, struct proc *p, const __u64 *a, int is_sendto,
+                        struct pending *pd)
+{
+    struct msghdr tm;                       /* the tracee's, pointers into its memory */
+    memset(&tm, 0, sizeof tm);
+    int flags;
+    struct iovec one;
+    if (is_sendto) {
+        one = (struct iovec){ (void *)(uintptr_t)a[1], (size_t)a[2] };
+        tm.msg_iov = &one;
+        tm.msg_iovlen = 1;
+        flags = (int)a[3];
+    } else {
+        if (tracee_read(p->tid, a[1], &tm, sizeof tm) < 0)
+            return -EFAULT;
+        flags = (int)a[2];
+    }
+    if (tm.msg_iovlen > IOV_MAX_ || tm.msg_controllen > CONTROL_MAX)
+        return tm.msg_iovlen > IOV_MAX_ ? -EMSGSIZE : -ENOBUFS;
+    int target = open_checked_socket(t, p, pd);
+    if (target < 0)
+        return target;
+    int64_t r;
+    struct iovec *iov = is_sendto ? &one : calloc(tm.msg_iovlen ? tm.msg_iovlen : 1, sizeof *iov);
+    char *data = NULL, *control = NULL;
+    int taken[SCM_MAX_FD_];
+    size_t n_taken = 0;
+    int sock = -1;
+    if (!iov) {
+        r = -ENOMEM;
+        goto out;
+    }
+    if (!is_sendto && tm.msg_iovlen &&
+        tracee_read(p->tid, (uint64_t)(uintptr_t)tm.msg_iov, iov, tm.msg_iovlen * sizeof *iov) < 0) {
+        r = -EFAULT;
+        goto out;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < tm.msg_iovlen; i++) {
+        if (iov[i].iov_len > SEND_MAX - total) {
+            r = -EMSGSIZE;
+            goto out;
+        }
+        total += iov[i].iov_len;
+    }
+    data = malloc(total ? total : 1);
+    control = malloc(tm.msg_controllen ? tm.msg_controllen : 1);
+    if (!data || !control) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0, at = 0; i < tm.msg_iovlen; at += iov[i].iov_len, i++) {
+        if (iov[i].iov_len &&
+            tracee_read(p->tid, (uint64_t)(uintptr_t)iov[i].iov_base, data + at, iov[i].iov_len) < 0) {
+            r = -EFAULT;
+            goto out;
+        }
+    }
+    struct iovec whole = { data, total };
+    struct sockaddr_un dest = fd_address(target);
+    struct msghdr m = { .msg_name = &dest, .msg_namelen = sizeof dest, .msg_iov = &whole,
+                        .msg_iovlen = 1, .msg_control = tm.msg_controllen ? control : NULL,
+                        .msg_controllen = tm.msg_controllen };
+    if (tm.msg_controllen &&
+        tracee_read(p->tid, (uint64_t)(uintptr_t)tm.msg_control, control, tm.msg_controllen) < 0) {
+        r = -EFAULT;
+        goto out;
+    }
+    if ((r = take_rights(p->tid, &m, taken, sizeof taken / sizeof *taken, &n_taken)) < 0)
+        goto out;
+    if ((sock = tracee_fd(p->tid, a[0])) < 0) {
+        r = -EBADF;
+        goto out;
+    }
+    struct send_timeout keep;
+    bound_send_timeout(sock, &keep);
+    ssize_t sent = sendmsg(sock, &m, flags | MSG_NOSIGNAL);
+    r = sent < 0 ? -errno : sent;
+    restore_send_timeout(sock, &keep);
+out:
+    if (sock >= 0)
+        close(sock);
+    for (size_t i = 0; i < n_taken; i++)
+        close(taken[i]);
+    if (iov != &one)
+        free(iov);
+    free(data);
+    free(control);
     close(target);
     return r;
 }
@@ -525,7 +672,18 @@ static uint32_t socket_kind(pid_t tid, uint64_t fd)
     return (uint32_t)(type & 0xff) | (uint32_t)(proto & 0xff) << 8;
 }
 
-/* sendmmsg: decode every message's destination; 0 when none names one. */
+/* A unix path a sandbox process bound? (For reports only: what is sent is
+ * checked on an open descriptor, see open_checked_socket.) */
+static int bound_here(struct tracer *t, struct proc *p, const char *raw)
+{
+    struct sock_id id;
+    return unix_identity(p->tid, raw, &id) == 0 && is_bound(t, &id);
+}
+
+/* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
+ * names a unix path (the call is refused, see on_seccomp; pd reports a host
+ * socket if one is named, else the first path), else 1 when one names any
+ * destination (pd reports the first), else 0. */
 static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
                            uint64_t vec, uint64_t vlen)
 {
@@ -546,18 +704,21 @@ static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
         if (found)
             memset(&scratch->ev, 0, sizeof scratch->ev);
         take_sockaddr(p, into, (uint64_t)(uintptr_t)m.msg_hdr.msg_name, m.msg_hdr.msg_namelen);
-        if (into->ev.h.flags == CAPER_AF_UNIX && unix_refusal(t, p, into)) {
-            if (into != pd) {  /* report the refused one */
+        if (into->ev.h.flags == CAPER_AF_UNIX) {
+            int host = !bound_here(t, p, into->unix_raw);
+            if (into != pd && (found < 2 || host)) {  /* report this one */
                 memcpy(pd->s[0], into->s[0], into->ev.n[0]);
-                memcpy(pd->unix_raw, into->unix_raw, sizeof pd->unix_raw);
                 pd->ev.n[0] = into->ev.n[0];
                 pd->ev.s[0] = pd->s[0];
                 pd->ev.h.flags = into->ev.h.flags;
                 pd->ev.h.arg0 = into->ev.h.arg0;
             }
-            return 1;
+            if (host)
+                return 2;
+            found = 2;
+        } else if (!found) {
+            found = 1;
         }
-        found = 1;
     }
     return found;
 }
@@ -674,13 +835,23 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         h->mode = socket_kind(p->tid, a[0]);
         break;
     }
-    case DEC_MMSGHDR:
-        /* Every message may name its own destination: all are checked, the
-         * first refused (or else the first named) is reported. */
-        if (!take_mmsg_dests(t, p, pd, a[1], a[2]))
+    case DEC_MMSGHDR: {
+        /* Every message may name its own destination. One to a unix path
+         * refuses the call: the kernel would read it again after the check
+         * (send_for's reason), and the tracer does not send for sendmmsg. */
+        int dests = take_mmsg_dests(t, p, pd, a[1], a[2]);
+        if (!dests)
             return;
         h->mode = socket_kind(p->tid, a[0]);
+        if (dests == 2) {
+            h->info |= CAPER_INFO_REFUSED;
+            h->result = -EACCES;
+            emit_folded(t, p, &pd->ev);
+            deny(p->tid, EACCES);
+            return;
+        }
         break;
+    }
     case DEC_SIGNAL:
         /* pid_t is an int: kill(-1) and process groups stay negative. */
         h->arg0 = s->a0 < 0 ? -1 : (int64_t)(int32_t)a[s->a0];  /* pidfd: no number */
@@ -704,13 +875,12 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         return;
     }
     if (s->kind == CAPER_EV_SENDTO && h->flags == CAPER_AF_UNIX) {
-        int err = unix_refusal(t, p, pd);
-        if (err) {
-            h->result = -err;
-            emit_folded(t, p, &pd->ev);
-            deny(p->tid, err);
-            return;
-        }
+        /* The same for a datagram to a unix path: sent by the tracer. */
+        int64_t r = send_for(t, p, a, s->nr == SYS_sendto, pd);
+        h->result = r;
+        emit_folded(t, p, &pd->ev);
+        deny(p->tid, (int)-r);
+        return;
     }
     if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX)
         pd->unix_bind = 1;

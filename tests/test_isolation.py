@@ -404,12 +404,63 @@ def test_connect_address_swapped_by_another_thread_does_not_reach_host(tmp_path,
                                                                       host_unix_listener):
     listener, host = host_unix_listener
     own = str(tmp_path / "own.sock")
-    events, result = sandbox([cfixture("race_connect", "-pthread"), own, host, "20000"], tmp_path)
+    events, result = sandbox([cfixture("race_address", "-pthread"), "connect", own, host, "20000"],
+                             tmp_path)
     r = report_lines(result)
     assert r["bind_own"] == "OK"
     assert_nothing_accepted(listener)
     assert r["host_connected"] == "never"
     assert all(e.path == own for e in of_kind(events, Kind.CONNECT) if e.ok)
+
+
+@pytest.mark.parametrize("call", ["sendto", "sendmsg"])
+def test_datagram_address_swapped_by_another_thread_does_not_reach_host(tmp_path, cfixture, call):
+    """The tracer sends the datagram itself, to the inode it checked: before,
+    a swap between the check and the kernel's own read reached the host
+    socket in ~600 tries."""
+    host = str(tmp_path / "host-dgram.sock")
+    own = str(tmp_path / "own.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(host)
+        events, result = sandbox([cfixture("race_address", "-pthread"), call, own, host, "5000"],
+                                 tmp_path)
+        receiver.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            got = receiver.recv(100)
+            pytest.fail(f"the host socket received {got!r}")
+    r = report_lines(result)
+    assert r["bind_own"] == "OK" and int(r["sent"]) == 5000    # every datagram went to OWN
+    sends = [e for e in of_kind(events, Kind.SENDTO) if e.syscall == call]
+    assert sends and all(e.path == own and e.ok for e in sends)
+
+
+def test_datagrams_the_tracer_sends_arrive_whole_with_their_descriptors(tmp_path):
+    """What send_for copies out of the tracee: several buffers (sendmsg's
+    iovec), SCM_RIGHTS descriptors (duplicated into the tracer, so the
+    receiver gets working ones), the sender's own address."""
+    (tmp_path / "note").write_text("passed along\n")
+    code = f"""
+import array, os, socket
+a = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); a.bind({str(tmp_path / 'a.sock')!r})
+b = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); b.bind({str(tmp_path / 'b.sock')!r})
+a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+f = os.open({str(tmp_path / 'note')!r}, os.O_RDONLY)
+n = b.sendmsg([b"x" * 70000, b"y" * 30000],
+              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [f]))], 0,
+              {str(tmp_path / 'a.sock')!r})
+msg, fds, flags, addr = socket.recv_fds(a, 200000, 4)
+print(n, len(msg), msg.count(b"x"), msg.count(b"y"), len(fds), addr)
+print(os.read(fds[0], 100).decode().strip())
+print(b.sendto(b"plain", {str(tmp_path / 'a.sock')!r}), a.recvfrom(10))
+"""
+    events, result = sandbox([PY, "-c", code], tmp_path)
+    out = stdout(result).splitlines()
+    assert out[0].split() == ["100000", "100000", "70000", "30000", "1", str(tmp_path / "b.sock")], \
+        stderr(result)
+    assert out[1] == "passed along"
+    assert out[2] == f"5 (b'plain', '{tmp_path / 'b.sock'}')"
+    sends = [e for e in of_kind(events, Kind.SENDTO) if e.path == str(tmp_path / "a.sock")]
+    assert {e.syscall for e in sends} == {"sendmsg", "sendto"} and all(e.ok for e in sends)
 
 
 def test_own_seccomp_user_notification_cannot_bypass_the_tracer(tmp_path, cfixture,
