@@ -13,6 +13,7 @@ labels in caper/commit.py; scripts/check_commit_cases.py checks the match.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import pickle
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -731,38 +733,52 @@ KILL_SPEC = {"a": "a", "b": "b", "c": "c", "d/x": "x", "d/y/z": "z", "e/p": "p",
              "g/h": "h", "l": Link("a"), "m/old": "o", "k/1": "1", "k/s/2": "2"}
 
 
-def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
-    """Build the scenario once with a real overlay, then for N = 1, 2, ... kill the
-    commit at its N-th step, recover, and require the pre-state or the post-state."""
-    proto = Env(base / "proto", upper_base / "proto")
-    proto.build(KILL_SPEC)
-    post = proto.run(KILL_SCRIPT)
-    work = Env(base / "work", upper_base / "work")
+class _Scenario:
+    """KILL_SCRIPT over KILL_SPEC, run once with a real overlay (proto) and
+    copied into `work` (on work_base, by default beside proto) before every
+    attempt: reset() gives the pre-state, check() names the state reached."""
 
-    def reset():
+    def __init__(self, base: Path, upper_base: Path, work_base: Path | None = None):
+        self.proto = Env(base / "proto", upper_base / "proto")
+        self.proto.build(KILL_SPEC)
+        self.post = self.proto.run(KILL_SCRIPT)
+        self.work = Env((work_base or base) / "work", (work_base or upper_base) / "work")
+        self.pre = self.reset()
+
+    def reset(self) -> dict:
+        proto, work = self.proto, self.work
         for src, dst in ((proto.host, work.host), (proto.upper, work.upper)):
             shutil.rmtree(dst, ignore_errors=True)
             subprocess.run(["cp", "-a", str(src), str(dst)], check=True)   # mtimes too
         shutil.rmtree(work.state, ignore_errors=True)
+        shutil.rmtree(work.base / C.TRASH_DIR, ignore_errors=True)    # caper's scratch would go
         work.state.mkdir()
         return snapshot(work.host)
 
-    pre = reset()
+    def commit(self) -> None:
+        commit([self.work.layer()], state_dir=str(self.work.state), since_ns=2**62)
 
-    def do_commit():
-        commit([work.layer()], state_dir=str(work.state), since_ns=2**62)
+    def recover(self) -> list[str]:
+        return recover(str(self.work.state))
 
-    def check(label: str) -> str:
+    def check(self, label: str) -> str:
+        work = self.work
         assert leftovers(work.host) == [], label
         assert os.listdir(work.state / "journal") == [], label
         assert overlay_xattrs_in(work.host) == [], label
         now = snapshot(work.host)
-        if now == pre:
+        if now == self.pre:
             return "pre"
-        if now == post:
+        if now == self.post:
             return "post"
         raise AssertionError(f"{label}: neither pre- nor post-state\n"
-                             f"vs pre:\n{diff(now, pre)}\nvs post:\n{diff(now, post)}")
+                             f"vs pre:\n{diff(now, self.pre)}\nvs post:\n{diff(now, self.post)}")
+
+
+def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
+    """For N = 1, 2, ... kill the commit at its N-th step, recover, and
+    require the pre-state or the post-state."""
+    sc = _Scenario(base, upper_base)
 
     def spread(outcomes: list[str]) -> list[int]:
         """Recovery is killed at every step of it, for a spread of commit kill points."""
@@ -772,10 +788,9 @@ def _kill_matrix(base: Path, upper_base: Path, recover_points: int) -> dict:
         return sorted(k for k in picks if 1 <= k <= len(outcomes))
 
     def reset_checked():
-        assert reset() == pre
+        assert sc.reset() == sc.pre
 
-    outcomes, nested = kill_sweep(do_commit, lambda: recover(str(work.state)), reset_checked,
-                                  check, spread)
+    outcomes, nested = kill_sweep(sc.commit, sc.recover, reset_checked, sc.check, spread)
     # once applied, always applied
     first_post = outcomes.index("post") if "post" in outcomes else len(outcomes)
     assert all(o == "pre" for o in outcomes[:first_post])
@@ -799,6 +814,81 @@ def test_kill_at_every_step_exdev(tmp_path):
     stats = in_mount_ns(inner)
     print(f"\nkill test (upper on tmpfs): {stats}")
     assert stats["steps"] > 60 and stats["pre"] > 10 and stats["post"] > 5
+
+
+class _FillAt:
+    """A fault hook that fills the filesystem under `where` for real at the
+    commit's N-th step: every free byte, then every free inode."""
+
+    def __init__(self, at: int, where: Path):
+        self.at, self.n, self.where, self.filled = at, 0, where, False
+
+    def __call__(self, what: str) -> None:
+        self.n += 1
+        if self.n != self.at:
+            return
+        self.filled = True
+        self.where.mkdir(exist_ok=True)
+        fd = os.open(self.where / "bytes", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            v = os.statvfs(self.where)
+            if v.f_bavail:
+                os.posix_fallocate(fd, 0, v.f_bavail * v.f_frsize)
+        finally:
+            os.close(fd)
+        i = 0
+        while True:
+            try:
+                os.close(os.open(self.where / f"i{i}", os.O_WRONLY | os.O_CREAT, 0o600))
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                break
+            i += 1
+
+
+def test_a_full_disk_at_every_step_of_the_commit_leaves_pre_or_post(tmp_path):
+    """The workspace, the upper and caper's journal share a small tmpfs, which
+    is filled for real at the commit's 1st, 2nd ... step. The commit either
+    still finishes, or is undone at once (the pre-state while the disk is
+    still full), or leaves its journal for recover: then, space freed,
+    recover ends in the pre- or the post-state. Never anything else."""
+    def inner():
+        small = tmp_path / "small"
+        small.mkdir()
+        mount("tmpfs", str(small), "tmpfs", 0, "size=4m,nr_inodes=400")
+        sc = _Scenario(tmp_path, tmp_path, work_base=small)
+        filler = small / "filler"
+        seen: Counter = Counter()
+        n = 0
+        while True:
+            n += 1
+            assert sc.reset() == sc.pre
+            fill = _FillAt(n, filler)
+            journal.fault_hook = fill
+            try:
+                sc.commit()
+                how = "finished"
+            except C.CommitIncomplete:
+                how = "left for recover"
+            except CommitError:
+                how = "undone"
+                assert snapshot(sc.work.host) == sc.pre, f"step {n}: undone, but not to the pre-state"
+            finally:
+                journal.fault_hook = None
+            if not fill.filled:
+                assert sc.check("no fill") == "post"
+                break
+            sc.recover()                       # still full: may fail, must not harm
+            shutil.rmtree(filler)
+            sc.recover()
+            seen[(how, sc.check(f"disk full at step {n}, commit {how}"))] += 1
+        return n, dict(seen)
+
+    steps, seen = in_mount_ns(inner)
+    print(f"\nfull disk at each of {steps} steps: {seen}")
+    assert steps > 60
+    assert seen.get(("undone", "pre"), 0) > 5          # the space-taking steps refuse and undo
+    assert sum(v for (how, _), v in seen.items() if how == "finished") > 5
 
 
 def test_commit_refuses_until_an_interrupted_commit_is_recovered(env):
