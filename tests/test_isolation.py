@@ -164,6 +164,33 @@ def test_udp_sendto_host_loopback_socket_receives_nothing_and_is_reported(tmp_pa
     assert stdout(result).split() == [str(ev.result) if ev.ok else ev.error]
 
 
+def test_dns_lookups_reach_no_resolver_and_are_reported(tmp_path):
+    """The system resolver, as any program uses it: the host's nameservers
+    (/etc/resolv.conf, seen through the snapshot) are unreachable from the
+    sandbox's network, the lookup fails, and each query shows in the report."""
+    try:
+        with open("/etc/resolv.conf") as f:
+            servers = re.findall(r"^\s*nameserver\s+(\S+)", f.read(), re.M)
+    except OSError:
+        servers = []
+    servers = [s for s in servers if not s.startswith(("127.", "::1"))]
+    if not servers:
+        pytest.skip("no non-loopback nameserver in /etc/resolv.conf")
+    code = """
+import socket
+try:
+    print(socket.getaddrinfo("caper-dns-test.example.com", 80))
+except socket.gaierror as e:
+    print("FAILED", e.errno)
+"""
+    events, result = sandbox([PY, "-c", code], tmp_path)
+    assert stdout(result).startswith("FAILED"), stdout(result)
+    queries = [e for e in of_kind(events, Kind.CONNECT, Kind.SENDTO) if e.port == 53]
+    assert queries and {e.path for e in queries} <= set(servers)
+    assert not any(e.ok and e.kind == Kind.CONNECT for e in queries)
+    assert all(e.error in ("ENETUNREACH", "EHOSTUNREACH", "ECONNREFUSED") for e in queries if not e.ok)
+
+
 def host_global_ipv4() -> str | None:
     try:
         out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
