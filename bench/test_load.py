@@ -34,6 +34,7 @@ def _session(args) -> dict:
     ws, state, name, n = args
     from caper import Gate
     from caper.config import Config
+    from caper.snapshot import settle     # a run's scratch goes on a thread after it answers
     gate = Gate(ws, approver="allow", session=name, config=Config(), state_dir=state)
     walls, bad, fds = [], [], None
     for i in range(n):
@@ -45,7 +46,9 @@ def _session(args) -> dict:
         if not out.committed or out.stdout.text() != f"{line}\n".encode() or paths != ["log.txt"]:
             bad.append((i, out.decision, out.reason[:100], paths, out.stdout.text()[:50]))
         if i == 0:     # after the first command: what one-time set-up opened stays open
+            settle()
             fds = sorted(os.listdir("/proc/self/fd"))
+    settle()
     return {"name": name, "walls": walls, "bad": bad,
             "fds_leaked": len(os.listdir("/proc/self/fd")) - len(fds)}
 

@@ -284,10 +284,7 @@ def _columns() -> int:
         return 80
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="caper", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a command in a snapshot; commit it if approved")
+def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
     r.add_argument("--task", help="what the user asked for (evidence for the approver)")
     r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
@@ -312,40 +309,48 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run in this process, not through the resident gate (CAPER_NO_GATE=1)")
     r.add_argument("argv", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
-    s = sub.add_parser("session", help="list sessions, or re-open one's stopped gate")
+
+
+def _args_session(s: argparse.ArgumentParser) -> None:
     s.add_argument("action", choices=["list", "reset"])
     s.add_argument("id", nargs="?")
-    s.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+    _state_dir(s)
     s.set_defaults(func=cmd_session)
-    for name, discard in (("commit", False), ("discard", True)):
-        c = sub.add_parser(name, help=f"{name} a run held for a human")
-        c.add_argument("id")
-        c.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
-        c.set_defaults(func=cmd_commit, discard=discard)
-    h = sub.add_parser("hook", help="an agent's hook: reads its JSON on stdin")
+
+
+def _args_held(c: argparse.ArgumentParser, discard: bool) -> None:
+    c.add_argument("id")
+    _state_dir(c)
+    c.set_defaults(func=cmd_commit, discard=discard)
+
+
+def _args_hook(h: argparse.ArgumentParser) -> None:
     h.add_argument("agent", choices=AGENT_NAMES)
     h.set_defaults(func=cmd_hook)
-    for name, remove in (("install", False), ("uninstall", True)):
-        ins = sub.add_parser(name, help=f"{name} caper's hook in an agent's settings")
-        ins.add_argument("agent", choices=AGENT_NAMES)
-        where = ins.add_mutually_exclusive_group()
-        where.add_argument("--project", action="store_true",
-                           help="the project's settings (.claude/settings.json, "
-                                ".codex/hooks.json, .gemini/settings.json): the default")
-        where.add_argument("--user", action="store_true", help="the same under ~")
-        ins.set_defaults(func=cmd_install, remove=remove)
-    m = sub.add_parser("mcp", help="an MCP server (stdio) with a run_command tool")
-    m.set_defaults(func=cmd_mcp)
-    sv = sub.add_parser("serve", help="the resident gate `caper run` talks to (started on demand)")
-    sv.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+
+
+def _args_install(ins: argparse.ArgumentParser, remove: bool) -> None:
+    ins.add_argument("agent", choices=AGENT_NAMES)
+    where = ins.add_mutually_exclusive_group()
+    where.add_argument("--project", action="store_true",
+                       help="the project's settings (.claude/settings.json, "
+                            ".codex/hooks.json, .gemini/settings.json): the default")
+    where.add_argument("--user", action="store_true", help="the same under ~")
+    ins.set_defaults(func=cmd_install, remove=remove)
+
+
+def _args_serve(sv: argparse.ArgumentParser) -> None:
+    _state_dir(sv)
     sv.add_argument("--idle", type=float, metavar="S", help="exit after S idle seconds (900)")
     sv.set_defaults(func=cmd_serve)
-    d = sub.add_parser("demo", help="the paper's example, end to end, with the offline approver")
-    d.set_defaults(func=cmd_demo)
-    rc = sub.add_parser("recover", help="finish or undo interrupted commits; remove what killed runs left")
-    rc.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+
+
+def _args_recover(rc: argparse.ArgumentParser) -> None:
+    _state_dir(rc)
     rc.set_defaults(func=cmd_recover)
-    t = sub.add_parser("trace", help="run a command in the sandbox and print what it did")
+
+
+def _args_trace(t: argparse.ArgumentParser) -> None:
     t.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
     t.add_argument("--jsonl", action="store_true", help="one JSON object per event")
     t.add_argument("--quiet", action="store_true", help="print no events, only the output")
@@ -362,10 +367,46 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the seccomp program as pseudocode first")
     t.add_argument("argv", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
+
+
+def _state_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", help="caper's state directory (default: as caper run)")
+
+
+# name -> (help, adds its arguments)
+SUBCOMMANDS = {
+    "run": ("run a command in a snapshot; commit it if approved", _args_run),
+    "session": ("list sessions, or re-open one's stopped gate", _args_session),
+    "commit": ("commit a run held for a human", lambda c: _args_held(c, False)),
+    "discard": ("discard a run held for a human", lambda c: _args_held(c, True)),
+    "hook": ("an agent's hook: reads its JSON on stdin", _args_hook),
+    "install": ("install caper's hook in an agent's settings", lambda i: _args_install(i, False)),
+    "uninstall": ("uninstall caper's hook in an agent's settings", lambda i: _args_install(i, True)),
+    "mcp": ("an MCP server (stdio) with a run_command tool",
+            lambda m: m.set_defaults(func=cmd_mcp)),
+    "serve": ("the resident gate `caper run` talks to (started on demand)", _args_serve),
+    "demo": ("the paper's example, end to end, with the offline approver",
+             lambda d: d.set_defaults(func=cmd_demo)),
+    "recover": ("finish or undo interrupted commits; remove what killed runs left", _args_recover),
+    "trace": ("run a command in the sandbox and print what it did", _args_trace),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """only: the subcommand being run. The others are listed (for -h and
+    errors) without their arguments: argparse takes ~3 ms to build them all,
+    at every `caper run` a hook makes."""
+    p = _Parser(prog="caper", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, (text, add_arguments) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=text)
+        if only not in SUBCOMMANDS or only == name:
+            add_arguments(sp)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     return args.func(args, parser)
