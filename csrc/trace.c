@@ -537,6 +537,10 @@ static int connect_for(struct tracer *t, struct proc *p, uint64_t fd, struct pen
 static int take_rights(pid_t tid, struct msghdr *m, int *taken, size_t cap, size_t *n_taken)
 {
     for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        /* The tracee wrote these lengths: the kernel's own check (CMSG_OK). */
+        if (c->cmsg_len < sizeof *c ||
+            c->cmsg_len > (size_t)((char *)m->msg_control + m->msg_controllen - (char *)c))
+            return -EINVAL;
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
             continue;
         int *fds = (int *)CMSG_DATA(c);
