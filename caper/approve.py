@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal, Mapping, Protocol
 if TYPE_CHECKING:
     from caper.config import Config
     from caper.report import Report
+    from caper.secrets import Protected
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class ApprovalRequest:
     cwd: str | None = None
     workspace: str | None = None
     home: str | None = None
+    protected: "Protected | None" = None   # the run's credential locations (defaults, config, tainted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from typing import Iterable
 
 from caper.approve import ApprovalRequest, Decision
 from caper.report import CHANGES_NOT_SHOWN
-from caper.secrets import default_patterns, glob_regex, protected_for
+from caper.secrets import Protected, default_patterns, glob_regex, protected_for
 from caper.workspace import PathView
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
@@ -249,16 +249,17 @@ class PolicyApprover:
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
         intent = task_intent(request.task, rules)
-        judge = _Judge(rules, declared, intent, request.home, workspace)
+        protected = request.protected or protected_for(default_patterns(), request.home, workspace)
+        judge = _Judge(rules, declared, intent, request.home, workspace, protected)
         findings = judge.run(report)
         return _verdict(findings, report, request.task)
 
 
 class _Judge:
     def __init__(self, rules: Rules, declared: Declared, intent: TaskIntent | None,
-                 home: str | None, workspace: str):
+                 home: str | None, workspace: str, protected: Protected):
         self.r, self.d, self.t = rules, declared, intent
-        self.home, self.ws = home, workspace
+        self.home, self.ws, self.protected = home, workspace, protected
         self.absolute = PathView(workspace, home).absolute   # the report's short paths
         self.findings: list[Finding] = []
 
@@ -408,8 +409,7 @@ class _Judge:
             return
         old, new = int(m.group(1), 8), int(m.group(2), 8)
         added = new & ~old
-        sensitive = protected_for(default_patterns(), self.home, self.ws).kind(full) or \
-            self.r.matches(self.r.persistence, full)
+        sensitive = self.protected.kind(full) or self.r.matches(self.r.persistence, full)
         widening = added & 0o002 or added & 0o6000 or (sensitive and added & 0o077)
         if widening:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
@@ -467,10 +467,8 @@ class _Judge:
                      "repository data leaving the machine")
 
     def _credential(self, short: str) -> bool:
-        # The report's own list (config patterns and tainted files included),
-        # and the defaults for reads it had no room to list.
-        return short in self.credential_reads or protected_for(
-            default_patterns(), self.home, self.ws).kind(self.absolute(short)) is not None
+        # The report's own list, and the run's patterns for reads it had no room to list.
+        return short in self.credential_reads or self.protected.kind(self.absolute(short)) is not None
 
 
 def _verb(op: str) -> str:

@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
 from caper.content import FileDetail, RunTree, inspect
@@ -183,6 +183,13 @@ class Report(_Model):
     secrets: list[SecretSeen] = []
     output: OutputSummary
     processes: Processes
+    # Every changed file that received a secret, by absolute path: for caper
+    # itself (the session taints them), not shown, so never cut to fit.
+    _secret_files: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def secret_files(self) -> dict[str, list[str]]:
+        return self._secret_files
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
@@ -430,8 +437,11 @@ def build(facts: RunFacts) -> Report:
     for limits in LEVELS:
         report = _render(draft, limits)
         if report.size() <= TARGET_BYTES:
-            return report
-    return _squeeze(report)
+            break
+    else:
+        report = _squeeze(report)
+    report._secret_files = {p: sorted(k) for p, k in draft.secrets.items()}
+    return report
 
 
 def _clean(redactor: Redactor, s: str, limit: int, found: set[str] | None = None) -> str:

@@ -19,7 +19,7 @@ from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_a
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
 from caper.state import default_state_dir
-from caper.workspace import PathView, find_workspace
+from caper.workspace import find_workspace
 
 if TYPE_CHECKING:
     from caper.report import Report
@@ -144,12 +144,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
             sessions.record(session, text, verdict, outcome.approver, outcome.reason)
-        if outcome.committed and outcome.report is not None:
-            view = PathView(workspace, home)   # the report names files briefly
-            secret_files = {view.absolute(s.where): s.kinds for s in outcome.report.secrets
-                            if s.where not in ("stdout", "stderr", "argv")}
-            if secret_files:
-                sessions.taint(secret_files, session)
+        if outcome.committed and outcome.report is not None and outcome.report.secret_files:
+            sessions.taint(outcome.report.secret_files, session)
         return outcome
 
 
@@ -208,13 +204,13 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             t = time.perf_counter()
             roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
             roots += [(workspace, bsnap.path)] if bsnap else []
+            protected = protected_for(default_patterns() + tuple(config.protected_patterns())
+                                      + tainted, home, workspace)
             try:
                 report = build(RunFacts(
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
-                    tree=RunTree.of(roots), home=home,
-                    protected=protected_for(default_patterns() + tuple(config.protected_patterns())
-                                            + tainted, home, workspace),
+                    tree=RunTree.of(roots), home=home, protected=protected,
                     backend="btrfs" if bsnap else "overlay"))
             except CaperError:
                 raise
@@ -224,7 +220,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
 
             t = time.perf_counter()
             request = ApprovalRequest(text, task, report, history, cwd=cwd, workspace=workspace,
-                                      home=home)
+                                      home=home, protected=protected)
             decision = _decide(judge, request, result, config.on_unsure)
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
             if decision.allowed and still_wanted is not None and not still_wanted():

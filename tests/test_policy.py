@@ -186,6 +186,23 @@ def test_policy_lists_extend_from_config(env):
     assert gate(env, "./tool.sh", "build it", tool, config=cfg).committed
 
 
+def test_credential_locations_from_config_count_for_permission_widening(env):
+    """The policy judges with the run's credential locations (defaults, the
+    config's, tainted files), not only the defaults: opening a file only the
+    config names to its group is widening a credential's permissions."""
+    vault = env / "proj" / "deploy" / "vault.conf"
+    vault.parent.mkdir()
+    vault.write_text("token\n")
+    vault.chmod(0o600)
+    cmd, task = "chmod 640 deploy/vault.conf", "let the deploy group read the config"
+    assert gate(env, cmd, task).committed          # unknown to the defaults: ordinary work
+    vault.chmod(0o600)
+    cfg = Config(report={"protected": [{"path": "deploy/vault.conf", "kind": "deploy-secret"}]})
+    out = gate(env, cmd, task, config=cfg)
+    assert out.decision == "block" and "permissions" in out.reason
+    assert oct(vault.stat().st_mode & 0o777) == "0o600"
+
+
 def test_command_declarations():
     d = declared_by_command("rm -rf build dist && cp a.txt ~/x; echo hi > out.log; "
                             "find . -name '*.o' -delete; git rm -q old.c; git config core.x y",

@@ -137,3 +137,16 @@ def test_many_first_runs_at_once_share_the_new_database(tmp_path):
         with mp.get_context("fork").Pool(8) as pool:
             errors = pool.map(_open_at, [(state, time.time() + 0.3)] * 8)
         assert errors == [None] * 8
+
+
+def test_a_secret_copied_to_a_long_path_taints_that_exact_file(ws, tmp_path):
+    """The taint comes from the builder's own list of files that received
+    secrets, not from the report's names, which are shortened and cut to fit
+    (240 characters at most): this path is longer."""
+    from caper.session import open_sessions
+    long = "/".join(["d" * 80] * 3) + "/app.log"
+    (ws / long).parent.mkdir(parents=True)
+    out = go(ws, f"cat .env >> {long}", "allow", tmp_path)
+    assert out.committed and out.report.secrets[0].where.endswith("…")
+    with open_sessions(str(tmp_path / "state")) as sessions:
+        assert list(sessions.tainted()) == [str(ws / long)]
