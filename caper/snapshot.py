@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -310,6 +311,31 @@ def collect_dead_runs(state_dir: str) -> list[str]:
         finally:
             if fd >= 0:
                 os.close(fd)
+    return out
+
+
+def expire_kept(state_dir: str, max_age_s: float) -> list[str]:
+    """Scratch dirs kept for the user (a conflicting run's version; a held
+    run's, which caper.pending expires sooner) whose mark is older than
+    max_age_s: nobody took them."""
+    runs = os.path.join(state_dir, "runs")
+    try:
+        marks = [n for n in os.listdir(runs) if n.endswith(".kept")]
+    except FileNotFoundError:
+        return []
+    out = []
+    now = time.time()
+    for m in marks:
+        mark = os.path.join(runs, m)
+        try:
+            if now - os.stat(mark).st_mtime <= max_age_s:
+                continue
+        except FileNotFoundError:
+            continue
+        path = mark.removesuffix(".kept")
+        remove_tree(path)
+        _unlink(mark)
+        out.append(path)
     return out
 
 

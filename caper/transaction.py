@@ -30,6 +30,7 @@ BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
+KEPT_DAYS = 7   # a conflicting run's version stays this long for the user to take
 
 
 @contextmanager
@@ -161,7 +162,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.report import RunFacts, build
     from caper.secrets import default_patterns, protected_for
     from caper.limits import DiskGuard
-    from caper.snapshot import OverlaySnapshot, collect_dead_runs
+    from caper.snapshot import OverlaySnapshot, collect_dead_runs, expire_kept
     from caper.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
@@ -176,6 +177,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     recover_btrfs(state_dir)
     collect_dead_runs(state_dir)   # scratch of runs killed before they finished
     expire(state_dir)   # held runs nobody applied
+    expire_kept(state_dir, KEPT_DAYS * 86400)   # conflicting runs' versions nobody took
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
         bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
@@ -240,10 +242,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     committed = True
                 except BtrfsConflict as e:
                     kept = bsnap.path
-                    decision = _not_committed(e, workspace_swapped)
+                    decision = _not_committed(e, workspace_swapped, f"the run's version is the "
+                                              f"snapshot {kept}")
                 except CommitConflict as e:
                     kept = snap.scratch
-                    decision = _not_committed(e, workspace_swapped)
+                    decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
+                                              f"in {kept} (layer*/upper) for {KEPT_DAYS} days")
                 except CommitIncomplete as e:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
@@ -276,10 +280,10 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 bsnap.discard()
 
 
-def _not_committed(e: CaperError, workspace_swapped: bool) -> Decision:
+def _not_committed(e: CaperError, workspace_swapped: bool, kept: str | None = None) -> Decision:
     where = ("the workspace (btrfs) was committed, changes outside it were not"
              if workspace_swapped else "not committed")
-    return Decision("block", f"{where}: {e}", approver="caper")
+    return Decision("block", f"{where}: {e}" + (f"; {kept}" if kept else ""), approver="caper")
 
 
 def _decide(judge: "Approver", request: ApprovalRequest, result: RunResult,

@@ -131,6 +131,31 @@ def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, sta
     assert out.kept_upper and any(Path(out.kept_upper).rglob("other.txt"))
 
 
+def test_a_conflicting_runs_version_is_kept_said_where_and_expires(ws, state):
+    """Kept for the user, the reason says where; after KEPT_DAYS a later run
+    deletes it (before, such scratch dirs stayed forever)."""
+    from caper.transaction import KEPT_DAYS
+    target = ws / "README"
+
+    def edit_meanwhile():
+        time.sleep(0.3)
+        target.write_text("user edit\n")
+
+    t = threading.Thread(target=edit_meanwhile)
+    t.start()
+    out = run("sleep 0.8; echo agent edit > README", cwd=ws, approver="allow", state_dir=state)
+    t.join()
+    assert not out.committed and out.kept_upper and f"kept in {out.kept_upper}" in out.reason
+    kept = Path(out.kept_upper)
+    assert (kept / "layer0" / "upper").is_dir()
+    assert run("true", cwd=ws, approver="allow", state_dir=state).committed
+    assert kept.is_dir()                                   # young: left alone
+    old = time.time() - KEPT_DAYS * 86400 - 60
+    os.utime(str(kept) + ".kept", (old, old))
+    assert run("true", cwd=ws, approver="allow", state_dir=state).committed
+    assert not kept.exists() and not os.path.exists(str(kept) + ".kept")
+
+
 def _spans_of_concurrent_runs(workspaces, state) -> list[tuple[float, float]]:
     """Start one run per workspace at once; each reports when its command ran."""
     spans = []
