@@ -128,8 +128,13 @@ def cmd_run(args, parser) -> int:
             if "error" in answer:
                 return _failed(args, answer["error"])
             out, err = gate.decode_output(answer)
-            return _finish(args, {**answer["outcome"], "gate": answer["gate_pid"]},
-                           answer["card"], out, err)
+            status = _finish(args, {**answer["outcome"], "gate": answer["gate_pid"]},
+                             answer["card"], out, err)
+            # The answer is out and this process holds nothing else: skip the
+            # interpreter's teardown, ~4 ms of every hook's `caper run`.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
     from caper.errors import CaperError
     from caper.transaction import run
     try:
