@@ -58,6 +58,7 @@ import re
 import secrets
 import stat
 import struct
+from dataclasses import replace
 from typing import Callable, Iterable
 
 from caper import mountinfo
@@ -508,7 +509,27 @@ class BtrfsSnapshot:
     def changes(self) -> list[Change]:
         """changed_paths as report entries: created (only in the snapshot),
         deleted (only in the workspace), replaced (the type changed), else
-        modified."""
+        modified. A deleted directory is one entry that counts what it held,
+        as in the overlay's plan (the report need not look at each file)."""
+        out = self._each_change()
+        deleted_dirs = {c.path for c in out if c.kind == "deleted" and c.ftype == "dir"}
+        held: dict[str, int] = {}
+        kept = []
+        for c in out:
+            top = None                       # the highest deleted directory above c
+            d = os.path.dirname(c.path)
+            while d != self.workspace and len(d) > len(self.workspace):
+                if d in deleted_dirs:
+                    top = d
+                d = os.path.dirname(d)
+            if top is None:
+                kept.append(c)
+            else:
+                held[top] = held.get(top, 0) + 1
+        return [replace(c, entries=held.get(c.path, 0)) if c.path in deleted_dirs else c
+                for c in kept]
+
+    def _each_change(self) -> list[Change]:
         out = []
         for p in self.changed_paths():
             rel = os.path.relpath(p, self.workspace)
