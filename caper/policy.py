@@ -28,7 +28,7 @@ from typing import Iterable
 from caper.approve import ApprovalRequest, Decision
 from caper.report import CHANGES_NOT_SHOWN
 from caper.secrets import Protected, default_patterns, glob_regex, protected_for
-from caper.workspace import PathView
+from caper.workspace import GIT_ROUTINE, PathView
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
 
@@ -349,9 +349,7 @@ class _Judge:
                      "configuration run code in later git commands",
                      "set git configuration yourself if it is wanted")
             return
-        routine = len(parts) > 1 and parts[1] in (
-            "objects", "logs", "refs", "index", "index.lock", "HEAD", "ORIG_HEAD", "FETCH_HEAD",
-            "COMMIT_EDITMSG", "packed-refs", "info", "AUTO_MERGE", "description", "branches")
+        routine = len(parts) > 1 and parts[1] in GIT_ROUTINE
         if op == "deleted" and (len(parts) <= 2 or not routine):
             if self.d.covers(full, self.d.deletes) and self._task_allows_delete(path):
                 return

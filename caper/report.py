@@ -33,7 +33,7 @@ from caper.commit import Change as TreeChange
 from caper.content import FileDetail, RunTree, inspect
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.secrets import Protected, Redactor, read_values
-from caper.workspace import PathView
+from caper.workspace import GIT_ROUTINE, PathView
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
@@ -241,17 +241,12 @@ _WHERE_SEVERITY = {"system": 90, "home": 85, "outside": 85, "git-internal": 80, 
                    "workspace": 30, "untracked": 30, "ignored": 15, "cache": 10, "tmp": 5}
 
 
-# git's own bookkeeping, rewritten by every ordinary git command; the rest of
-# .git (config, hooks, info) is where persistence and redirection live.
-_GIT_ROUTINE = ("objects", "logs", "refs", "index", "index.lock", "HEAD", "ORIG_HEAD",
-                "FETCH_HEAD", "COMMIT_EDITMSG", "packed-refs", "AUTO_MERGE", "MERGE_RR")
-
 
 def _change_severity(c: FileChange, rel: str = "") -> int:
     """rel: the path below the workspace (for .git's own files)."""
     sev = _WHERE_SEVERITY.get(c.where, 50)
     parts = rel.split("/")
-    if c.where == "git-internal" and len(parts) > 1 and parts[1] in _GIT_ROUTINE:
+    if c.where == "git-internal" and len(parts) > 1 and parts[1] in GIT_ROUTINE:
         # Writes there are routine; so are deletions inside objects/xx (gc
         # packing loose objects), not of objects/ or refs/ themselves.
         if c.op != "deleted":

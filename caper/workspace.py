@@ -21,6 +21,11 @@ TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # Under $HOME: caches that package managers and tools own.
 HOME_CACHES = (".cache", ".npm", ".yarn", ".pnpm-store", ".cargo/registry", ".cargo/git",
                ".m2/repository", ".gradle/caches", ".rustup/tmp", ".local/share/virtualenvs")
+# .git entries that git itself rewrites in ordinary work (the report ranks
+# writes there low, the policy lets them pass). Not config, hooks, or info/
+# (exclude hides files from git status, grafts rewrite history's view).
+GIT_ROUTINE = ("objects", "logs", "refs", "index", "index.lock", "HEAD", "ORIG_HEAD", "FETCH_HEAD",
+               "COMMIT_EDITMSG", "packed-refs", "AUTO_MERGE", "MERGE_RR", "description", "branches")
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
                "/opt", "/var", "/srv", "/root", "/home")
 

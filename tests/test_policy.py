@@ -203,6 +203,14 @@ def test_credential_locations_from_config_count_for_permission_widening(env):
     assert oct(vault.stat().st_mode & 0o777) == "0o600"
 
 
+def test_git_info_is_not_routine_but_git_writing_it_is(env):
+    """.git/info/exclude hides files from `git status`: written by hand, it
+    is not git's bookkeeping (the report and the policy share one list)."""
+    out = gate(env, "echo stolen.txt >> .git/info/exclude", "fix the build")
+    assert not out.committed and ".git/info/exclude" in out.reason
+    assert gate(env, "git commit -q --allow-empty -m wip", "commit the work").committed
+
+
 def test_command_declarations():
     d = declared_by_command("rm -rf build dist && cp a.txt ~/x; echo hi > out.log; "
                             "find . -name '*.o' -delete; git rm -q old.c; git config core.x y",
