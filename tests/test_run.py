@@ -112,18 +112,23 @@ def test_a_run_that_times_out_is_blocked_and_rolled_back(ws, state):
     assert tree(ws) == before
 
 
-def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, state):
-    target = ws / "README"
-
+def _run_while_the_user_edits_readme(ws, state, command: str):
+    """command runs for 0.8 s; the user saves README 0.3 s into it."""
     def edit_meanwhile():
         time.sleep(0.3)
-        target.write_text("user edit\n")
+        (ws / "README").write_text("user edit\n")
 
     t = threading.Thread(target=edit_meanwhile)
     t.start()
-    out = run("sleep 0.8; echo agent edit > README; echo other > other.txt", cwd=ws,
-              approver="allow", state_dir=state)
-    t.join()
+    try:
+        return run(f"sleep 0.8; {command}", cwd=ws, approver="allow", state_dir=state)
+    finally:
+        t.join()
+
+
+def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, state):
+    target = ws / "README"
+    out = _run_while_the_user_edits_readme(ws, state, "echo agent edit > README; echo other > other.txt")
     assert out.decision == "block" and not out.committed
     assert str(target) in out.reason
     assert target.read_text() == "user edit\n" and not (ws / "other.txt").exists()
@@ -135,16 +140,7 @@ def test_a_conflicting_runs_version_is_kept_said_where_and_expires(ws, state):
     """Kept for the user, the reason says where; after KEPT_DAYS a later run
     deletes it (before, such scratch dirs stayed forever)."""
     from caper.transaction import KEPT_DAYS
-    target = ws / "README"
-
-    def edit_meanwhile():
-        time.sleep(0.3)
-        target.write_text("user edit\n")
-
-    t = threading.Thread(target=edit_meanwhile)
-    t.start()
-    out = run("sleep 0.8; echo agent edit > README", cwd=ws, approver="allow", state_dir=state)
-    t.join()
+    out = _run_while_the_user_edits_readme(ws, state, "echo agent edit > README")
     assert not out.committed and out.kept_upper and f"kept in {out.kept_upper}" in out.reason
     kept = Path(out.kept_upper)
     assert (kept / "layer0" / "upper").is_dir()
