@@ -209,9 +209,10 @@ class OverlaySnapshot:
         cannot hold them before anything runs, with a way out."""
         fstype = mountinfo.containing(state_dir, entries).fstype
         if fstype in UNUSABLE_UPPER_FS:
-            raise ConfigError(f"caper's state directory {os.path.realpath(state_dir)} is on {fstype}, which cannot hold "
-                              "an overlay upper layer; set CAPER_STATE_DIR to a directory on "
-                              "another filesystem (ext4, xfs, btrfs, tmpfs)")
+            raise ConfigError(f"caper's state directory {os.path.realpath(state_dir)} is on "
+                              f"{fstype}, which cannot hold an overlay upper layer; set "
+                              "CAPER_STATE_DIR to a directory on another filesystem "
+                              "(ext4, xfs, btrfs, tmpfs)")
 
     @classmethod
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool,
