@@ -60,8 +60,7 @@ import secrets
 import stat
 import time
 from collections import Counter, OrderedDict
-import contextlib
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -1246,7 +1245,7 @@ class _Trash:
         self.fd: int | None = None
         try:
             path = os.path.join(os.path.dirname(upper), TRASH_DIR)
-            with contextlib.suppress(FileExistsError):
+            with suppress(FileExistsError):
                 os.mkdir(path, 0o700)
             self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
