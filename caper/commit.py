@@ -27,10 +27,12 @@ The stages, in order (`commit` lists them):
    hidden name), RENAME_NOREPLACE for a creation and for moving a deleted
    entry aside.  Then the new mode/owner/xattrs of merged directories.
    `syncfs`, then the journal says "applied".
-5. **finish**.  Delete the old versions kept at the hidden names, set the
-   directories' times, empty the upper dirs (their files are the host's files
-   now: writing through them again would change the host unseen), delete the
-   journal.
+5. **finish**.  Move the old versions kept at the hidden names into the
+   trash beside each upper dir (deleted with the run's scratch after caper
+   has answered; in place where that is another mount, or where an old
+   version has a link elsewhere), set the directories' times, empty the
+   upper dirs (their files are the host's files now: writing through them
+   again would change the host unseen), delete the journal.
 
 A crash (kill -9, power loss after the syncs) at any point leaves a journal;
 `recover` undoes a commit that had not reached "applied" (every step is
