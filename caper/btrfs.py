@@ -35,7 +35,9 @@ leaves ctime older; same-clock-tick changes are conservatively conflicts).
 
 **Journal.**  `state_dir/btrfs/<id>.json` (tmp + fsync + rename + fsync dir)
 records the workspace, the snapshot path and the subvolume UUIDs; `<id>.lock`
-is flocked by the live owner.  Phases: created -> prepared -> applied.
+is flocked by the live owner.  Phases: created -> prepared -> applied, or
+created -> kept (a conflicting run's version, left for the user, deleted by
+recover_btrfs once older than caper.state.KEPT_S).
 Recovery identifies everything by UUID, never by name alone:
 
 * created:   the owner died before commit: delete the snapshot (rollback).
@@ -58,6 +60,7 @@ import re
 import secrets
 import stat
 import struct
+import time
 from dataclasses import replace
 from typing import Callable, Iterable
 
@@ -65,6 +68,7 @@ from caper import mountinfo
 from caper.commit import Change, file_type
 from caper.errors import CaperError
 from caper.journal import Journal, fsync_dir, step
+from caper.state import KEPT_S
 from caper.syscalls import RENAME_EXCHANGE, renameat2
 
 try:
@@ -624,6 +628,14 @@ class BtrfsSnapshot:
         self._done = True
         self._journal.remove()
 
+    def keep(self) -> None:
+        """Leave the snapshot for the user (a conflicting run's version):
+        recover_btrfs deletes it once it is older than max_kept_s."""
+        self._check_live()
+        self._journal.write({**self._record("kept"), "kept_at": time.time()})
+        self._done = True
+        self._journal.unlock()
+
     def _record(self, phase: str) -> dict:
         return {"version": JOURNAL_VERSION, "id": self.id, "phase": phase, "workspace": self.workspace,
                 "snapshot": self.path, "ws_uuid": self._ws_uuid, "snap_uuid": self._snap_uuid}
@@ -649,9 +661,14 @@ def _is_our_snapshot(path: str, rec: dict) -> str | None:
     return info.uuid.hex() if info.parent_uuid.hex() == rec["ws_uuid"] else None
 
 
-def _recover_one(journal: _Journal, rec: dict) -> str:
-    """Bring one record to the pre-state or the post-state, then drop it.  Idempotent."""
+def _recover_one(journal: _Journal, rec: dict, max_kept_s: float) -> str | None:
+    """Bring one record to the pre-state or the post-state, then drop it; a
+    kept snapshot only once it is older than max_kept_s (else None).
+    Idempotent."""
     ws, snap, phase = rec["workspace"], rec["snapshot"], rec["phase"]
+    if phase == "kept" and time.time() - rec.get("kept_at", 0) <= max_kept_s:
+        journal.unlock()
+        return None
     if os.path.basename(snap) != SNAP_PREFIX + rec["id"] or os.path.dirname(snap) != os.path.dirname(ws):
         raise BtrfsError(f"{journal.path}: snapshot path does not match the record", step="recover")
     exchanged = phase in ("prepared", "applied") and _is_our_snapshot(ws, rec) is not None
@@ -667,10 +684,11 @@ def _recover_one(journal: _Journal, rec: dict) -> str:
     return what
 
 
-def recover_btrfs(state_dir: str) -> list[str]:
+def recover_btrfs(state_dir: str, max_kept_s: float = KEPT_S) -> list[str]:
     """Finish or undo every interrupted btrfs commit, and delete the snapshots of
-    runs whose owner died.  Records held by a live owner are left alone.
-    With no records there is nothing to do, btrfsutil or not."""
+    runs whose owner died, and kept snapshots older than max_kept_s.  Records
+    held by a live owner are left alone.  With no records there is nothing to
+    do, btrfsutil or not."""
     jdir = os.path.join(os.path.abspath(state_dir), JOURNAL_DIR)
     try:
         names = sorted(os.listdir(jdir))
@@ -690,7 +708,9 @@ def recover_btrfs(state_dir: str) -> list[str]:
             if rec is None:
                 journal.remove()            # died before its first record: nothing exists
                 continue
-            done.append(_recover_one(journal, rec))
+            what = _recover_one(journal, rec, max_kept_s)
+            if what is not None:
+                done.append(what)
         except (OSError, BtrfsError, ValueError) as e:
             journal.unlock()
             done.append(f"{jid}: FAILED, record kept: {e}")

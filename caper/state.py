@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+# How long caper keeps a run's version that could not be committed (the
+# workspace changed meanwhile) for the user to take: then it is deleted.
+KEPT_S = 7 * 86400
+
 
 def default_state_dir(env: "Mapping[str, str] | None" = None) -> str:  # noqa: F821
     env = os.environ if env is None else env

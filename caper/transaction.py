@@ -18,7 +18,7 @@ from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_a
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
-from caper.state import default_state_dir
+from caper.state import KEPT_S, default_state_dir
 from caper.workspace import find_workspace
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
-KEPT_DAYS = 7   # a conflicting run's version stays this long for the user to take
 
 
 @contextmanager
@@ -177,7 +176,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     recover_btrfs(state_dir)
     collect_dead_runs(state_dir)   # scratch of runs killed before they finished
     expire(state_dir)   # held runs nobody applied
-    expire_kept(state_dir, KEPT_DAYS * 86400)   # conflicting runs' versions nobody took
+    expire_kept(state_dir, KEPT_S)   # conflicting runs' versions nobody took
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
         bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
@@ -242,12 +241,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     committed = True
                 except BtrfsConflict as e:
                     kept = bsnap.path
-                    decision = _not_committed(e, workspace_swapped, f"the run's version is the "
-                                              f"snapshot {kept}")
+                    decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
+                                              f"as the snapshot {kept} for {KEPT_S // 86400} days")
                 except CommitConflict as e:
                     kept = snap.scratch
                     decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
-                                              f"in {kept} (layer*/upper) for {KEPT_DAYS} days")
+                                              f"in {kept} (layer*/upper) for {KEPT_S // 86400} days")
                 except CommitIncomplete as e:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
@@ -276,8 +275,11 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 snap.keep()
             else:
                 snap.discard_later()
-            if bsnap and not workspace_swapped and kept != bsnap.path:
-                bsnap.discard()
+            if bsnap and not workspace_swapped:
+                if kept == bsnap.path:
+                    bsnap.keep()
+                else:
+                    bsnap.discard()
 
 
 def _not_committed(e: CaperError, workspace_swapped: bool, kept: str | None = None) -> Decision:

@@ -5,6 +5,7 @@ mkfs.btrfs and the btrfsutil module; skipped with the reason otherwise.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -425,3 +426,35 @@ def test_backend_btrfs_refuses_a_plain_directory(tmp_path):
     with pytest.raises(ConfigError, match="not a btrfs subvolume"):
         caper.run("true", cwd=str(tmp_path), workspace=str(tmp_path), backend="btrfs",
                   state_dir=str(tmp_path / "state"))
+
+
+def test_a_conflicting_runs_snapshot_is_kept_for_the_user_then_expires(env):
+    """caper run keeps the run's version (the snapshot) when the workspace
+    changed meanwhile; later runs leave it alone until it is KEPT_S old.
+    (Before, the next run's recovery deleted it as a dead run's snapshot.)"""
+    import threading
+
+    import caper
+    from caper.state import KEPT_S
+
+    def edit_meanwhile():
+        time.sleep(0.3)
+        (env.ws / "a").write_text("user edit\n")
+
+    t = threading.Thread(target=edit_meanwhile)
+    t.start()
+    out = caper.run("sleep 0.8; echo agent > a", cwd=str(env.ws), approver="allow",
+                    state_dir=str(env.state))
+    t.join()
+    assert out.report.backend == "btrfs" and not out.committed
+    kept = out.kept_upper
+    assert kept and f"kept as the snapshot {kept}" in out.reason
+    assert (Path(kept) / "a").read_text() == "agent\n" and (env.ws / "a").read_text() == "user edit\n"
+    assert caper.run("true", cwd=str(env.ws), approver="allow", state_dir=str(env.state)).committed
+    assert Path(kept, "a").exists()                       # young: left alone
+    [record] = list((env.state / "btrfs").glob("*.json"))
+    doc = json.loads(record.read_text())
+    doc["kept_at"] -= KEPT_S + 60
+    record.write_text(json.dumps(doc))
+    assert caper.run("true", cwd=str(env.ws), approver="allow", state_dir=str(env.state)).committed
+    assert not os.path.exists(kept) and env.siblings() == ["ws"]

@@ -137,16 +137,16 @@ def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, sta
 
 
 def test_a_conflicting_runs_version_is_kept_said_where_and_expires(ws, state):
-    """Kept for the user, the reason says where; after KEPT_DAYS a later run
+    """Kept for the user, the reason says where; after KEPT_S a later run
     deletes it (before, such scratch dirs stayed forever)."""
-    from caper.transaction import KEPT_DAYS
+    from caper.state import KEPT_S
     out = _run_while_the_user_edits_readme(ws, state, "echo agent edit > README")
     assert not out.committed and out.kept_upper and f"kept in {out.kept_upper}" in out.reason
     kept = Path(out.kept_upper)
     assert (kept / "layer0" / "upper").is_dir()
     assert run("true", cwd=ws, approver="allow", state_dir=state).committed
     assert kept.is_dir()                                   # young: left alone
-    old = time.time() - KEPT_DAYS * 86400 - 60
+    old = time.time() - KEPT_S - 60
     os.utime(str(kept) + ".kept", (old, old))
     assert run("true", cwd=ws, approver="allow", state_dir=state).committed
     assert not kept.exists() and not os.path.exists(str(kept) + ".kept")
