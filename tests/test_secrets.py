@@ -34,6 +34,17 @@ def test_extra_patterns_relative_to_workspace_and_home():
     assert p.kind(f"{HOME}/.vault-token") == "vault"
 
 
+def test_the_first_matching_pattern_names_the_kind():
+    """The patterns are one alternation tried in order: defaults before the
+    config's, so a config pattern cannot rename a default location."""
+    a, b = ProtectedPattern("*.key", "any-key"), ProtectedPattern("deploy/*.key", "deploy-key")
+    assert Protected([a, b], "/h", "/w").kind("/w/deploy/x.key") == "any-key"
+    assert Protected([b, a], "/h", "/w").kind("/w/deploy/x.key") == "deploy-key"
+    assert Protected([b, a], "/h", "/w").kind("/w/other/x.key") == "any-key"
+    assert Protected([b], "/h", "/w").kind("/w/deploy/x.keys") is None
+    assert Protected([], "/h", "/w").kind("/w/.env") is None
+
+
 def test_values_of_credential_files():
     data = (b"# comment\n[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\n"
             b"export TOKEN=\"quoted-token-1\"\nDEBUG=1\nmachine h login bob password hunter22\n"
