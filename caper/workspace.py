@@ -37,7 +37,21 @@ class _Git:
         self.proc = subprocess.Popen(_GIT + ["-C", workspace, *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, **_GIT_ENV})
-        self.stdin = stdin
+        # What fits in the pipe now, without waiting: git works on it while
+        # the caller starts the next one (given in result(), it would wait).
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        try:
+            sent = os.write(fd, stdin) if stdin else 0
+        except BlockingIOError:
+            sent = 0
+        except BrokenPipeError:
+            sent = len(stdin)            # git is gone already: result() says why
+        os.set_blocking(fd, True)
+        self.stdin: bytes | None = stdin[sent:]
+        if not self.stdin:
+            self.proc.stdin.close()
+            self.proc.stdin = self.stdin = None
 
     def result(self, ok: tuple[int, ...]) -> bytes:
         try:

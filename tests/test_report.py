@@ -295,3 +295,19 @@ def test_a_write_outside_after_reading_a_credential_carries_the_read(repo, tmp_p
     assert stash.secrets == ["dotenv"]
     assert SECRET not in dump(r)                            # not from argv either
     assert any(s.where == "argv" for s in r.secrets)
+
+
+def test_git_classification_of_many_paths_more_than_a_pipe_holds(tmp_path):
+    """PathView asks git check-ignore on its stdin while ls-files runs: the
+    part of the names that fits in the pipe is written at once, the rest
+    when the answer is read. 3,000 long names (~200 KB) go both ways."""
+    from caper.workspace import PathView
+    from conftest import git_project
+    ws = git_project(tmp_path / "p", {"src/a.c": "int a;\n", ".gitignore": "build/\n"})
+    names = [str(ws / "build" / f"{'o' * 60}{i}.o") for i in range(3000)]
+    view = PathView(str(ws), str(tmp_path))
+    view.learn([(n, False) for n in names] + [(str(ws / "src/a.c"), False),
+                                               (str(ws / "new.c"), False)])
+    assert view.git_failed is None
+    assert {view.where(n) for n in names} == {"ignored"}
+    assert view.where(str(ws / "src/a.c")) == "tracked" and view.where(str(ws / "new.c")) == "untracked"
