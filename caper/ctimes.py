@@ -15,8 +15,9 @@ timestamp floor), while every earlier one is below it. So the threshold is
 the fine-grained ctime caper provokes on a probe file of its own, and the
 command starts at once. That a filesystem type honours the floor is not
 assumed from a list: it is shown once per process, on a file caper writes
-in a directory of that type (its state directory, the temp directory,
-/dev/shm). A type it cannot show it for keeps the wait.
+in a directory of that type (its state directory, where the btrfs backend
+snapshots the workspace, the temp directory, /dev/shm). A writable mount of
+a type caper has no such directory on keeps the wait.
 
 A filesystem that stores whole seconds (ext4 with 128-byte inodes; FAT,
 two) cannot tell a change just before the snapshot from one just after: a
@@ -48,15 +49,19 @@ class Threshold:
     not_before_ns: int   # 0, or: hold the command until CLOCK_REALTIME_COARSE reaches this
 
 
-def take(state_dir: str, fstypes: Iterable[str],
-         entries: list[mountinfo.MountEntry]) -> Threshold:
+def take(state_dir: str, fstypes: Iterable[str], entries: list[mountinfo.MountEntry],
+         own_dirs: Iterable[str] = ()) -> Threshold:
     """The threshold for a snapshot whose writable host mounts are of
-    fstypes; state_dir holds the probe file."""
+    fstypes; state_dir holds the probe file. own_dirs: more directories
+    caper writes in anyway (where the btrfs backend makes its snapshot),
+    for showing the floor on their filesystems' types."""
     fd = os.open(os.path.join(state_dir, "ctime-probe"),
                  os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    candidates = (state_dir, *own_dirs, tempfile.gettempdir(), "/dev/shm")
     try:
         fine = fine_ctime(fd)
-        if fine is not None and all(_honours_floor(t, state_dir, fd, entries) for t in set(fstypes)):
+        if fine is not None and all(_honours_floor(t, candidates, fd, entries)
+                                    for t in set(fstypes)):
             return Threshold(fine, 0)
     finally:
         os.close(fd)
@@ -77,10 +82,10 @@ def fine_ctime(fd: int) -> int | None:
     return None
 
 
-def _honours_floor(fstype: str, state_dir: str, probe_fd: int,
+def _honours_floor(fstype: str, candidates: tuple[str, ...], probe_fd: int,
                    entries: list[mountinfo.MountEntry]) -> bool:
     if fstype not in _floor_shown:
-        for directory in (state_dir, tempfile.gettempdir(), "/dev/shm"):
+        for directory in candidates:
             try:
                 if mountinfo.containing(directory, entries).fstype == fstype:
                     shown = _show_floor(directory, probe_fd)

@@ -225,7 +225,8 @@ class OverlaySnapshot:
         covered = [m for m in host_mounts(entries)
                    if m.fstype not in PSEUDO_FS and not _below(m.mount_point, state_real)
                    and not any(_below(m.mount_point, t) for t in KERNEL_TREES)]
-        threshold = ctimes.take(state_dir, (m.fstype for m in covered if not m.read_only), entries)
+        threshold = ctimes.take(state_dir, (m.fstype for m in covered if not m.read_only), entries,
+                                own_dirs=[os.path.dirname(source) for source, _ in binds])
         if userxattr:
             plan.split_root(covered)
         else:
