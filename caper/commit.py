@@ -524,7 +524,7 @@ class _LayerPlan:
         self.can_link = True
 
     def excluded(self, hp: str) -> bool:
-        return any(hp == e or hp.startswith(e.rstrip("/") + "/") for e in self.exclude)
+        return any(mountinfo.below(hp, e) for e in self.exclude)
 
     def excluded_below(self, hp: str) -> bool:
         return any(e.startswith(hp.rstrip("/") + "/") for e in self.exclude)

@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
+from caper.mountinfo import below
 from caper.secrets import Redactor
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
@@ -42,7 +43,7 @@ class RunTree:
     def locate(self, path: str) -> tuple[str, str] | None:
         """(root, path relative to it) of path's run version, or None."""
         for prefix, root in self.roots:
-            if prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+            if below(path, prefix):
                 return root, os.path.relpath(path, prefix) if path != prefix else "."
         return None
 

@@ -38,9 +38,13 @@ def read(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
     return out
 
 
+def below(path: str, top: str) -> bool:
+    """Is path top itself or inside it (as strings: no symlink is resolved)?"""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
 def containing(path: str, entries: list[MountEntry]) -> MountEntry:
     """The mount that holds path (after resolving its symlinks); of several
     on one point, the last mounted, which hides the others."""
     real = os.path.realpath(path)
-    return max((m for m in reversed(entries) if real == m.point or real.startswith(m.point.rstrip("/") + "/")),
-               key=lambda m: len(m.point))
+    return max((m for m in reversed(entries) if below(real, m.point)), key=lambda m: len(m.point))

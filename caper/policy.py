@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Iterable
 
 from caper.approve import ApprovalRequest, Decision
+from caper.mountinfo import below
 from caper.report import CHANGES_NOT_SHOWN
 from caper.secrets import Protected, default_patterns, glob_regex, protected_for
 from caper.workspace import GIT_ROUTINE, PathView
@@ -113,7 +114,7 @@ class Declared:
 
     def covers(self, path: str, targets: list[str]) -> bool:
         for t in targets:
-            if path == t or path.startswith(t.rstrip("/") + "/"):
+            if below(path, t):
                 return True
             if any(ch in t for ch in "*?[") and re.match(glob_regex(t) + r"(?:/.*)?\Z", path):
                 return True

@@ -241,7 +241,6 @@ _WHERE_SEVERITY = {"system": 90, "home": 85, "outside": 85, "git-internal": 80, 
                    "workspace": 30, "untracked": 30, "ignored": 15, "cache": 10, "tmp": 5}
 
 
-
 def _change_severity(c: FileChange, rel: str = "") -> int:
     """rel: the path below the workspace (for .git's own files)."""
     sev = _WHERE_SEVERITY.get(c.where, 50)

@@ -72,10 +72,6 @@ def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
                                                 m.mount_point))
 
 
-def _below(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
 def _escape_option(path: str) -> str:
     # overlay's option parser splits on ',' and lowerdir on ':'
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
@@ -155,7 +151,7 @@ class _Planner:
                 if not os.access(path, os.R_OK | os.X_OK):
                     self.cover(path, True)  # closed to this user natively too
                     continue
-                if any(_below(p, path) and p != path for p in points):
+                if any(mountinfo.below(p, path) and p != path for p in points):
                     if path in points and points[path].read_only:
                         self.cover(path, True)
                     else:
@@ -223,8 +219,8 @@ class OverlaySnapshot:
         state_real = os.path.realpath(state_dir)
         plan = _Planner(scratch, stage, userxattr)
         covered = [m for m in host_mounts(entries)
-                   if m.fstype not in PSEUDO_FS and not _below(m.mount_point, state_real)
-                   and not any(_below(m.mount_point, t) for t in KERNEL_TREES)]
+                   if m.fstype not in PSEUDO_FS and not mountinfo.below(m.mount_point, state_real)
+                   and not any(mountinfo.below(m.mount_point, t) for t in KERNEL_TREES)]
         threshold = ctimes.take(state_dir, (m.fstype for m in covered if not m.read_only), entries,
                                 own_dirs=[os.path.dirname(source) for source, _ in binds])
         if userxattr:

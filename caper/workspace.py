@@ -11,6 +11,8 @@ import bisect
 import os
 import subprocess
 
+from caper.mountinfo import below
+
 GIT_TIMEOUT_S = 10
 ARG_BYTES = 128 * 1024   # of pathspecs per git call (ARG_MAX is larger; MAX_ARG_STRLEN per arg)
 _GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
@@ -95,10 +97,6 @@ def _chunks(items: list[str], max_bytes: int) -> list[list[str]]:
     return out
 
 
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
 class PathView:
     """Classifies host paths for the report, and names them briefly:
     workspace paths relative to it, home paths as ~/..., others absolute."""
@@ -112,7 +110,7 @@ class PathView:
         self.git_failed: str | None = None
 
     def inside(self, path: str) -> bool:
-        return _under(path, self.workspace)
+        return below(path, self.workspace)
 
     def rel(self, path: str) -> str:
         return os.path.relpath(path, self.workspace) if self.inside(path) else path
@@ -120,7 +118,7 @@ class PathView:
     def short(self, path: str) -> str:
         if self.inside(path):
             return self.rel(path)
-        if self.home and _under(path, self.home):
+        if self.home and below(path, self.home):
             return "~" + path[len(self.home.rstrip("/")):]
         return path
 
@@ -188,11 +186,11 @@ class PathView:
             if self.tracked_below(rel):
                 return "tracked"
             return "ignored" if rel in self._ignored else "untracked"
-        if self.home and _under(path, self.home):
+        if self.home and below(path, self.home):
             rel = path[len(self.home.rstrip("/")) + 1:]
-            return "cache" if any(_under(rel, c) for c in HOME_CACHES) else "home"
-        if any(_under(path, t) for t in TEMP_DIRS):
+            return "cache" if any(below(rel, c) for c in HOME_CACHES) else "home"
+        if any(below(path, t) for t in TEMP_DIRS):
             return "tmp"
-        if any(_under(path, s) for s in SYSTEM_DIRS):
+        if any(below(path, s) for s in SYSTEM_DIRS):
             return "system"
         return "outside"
