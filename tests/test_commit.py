@@ -535,14 +535,22 @@ def test_dir_deleted_on_host_during_the_run_is_a_conflict(env):
     assert not (env.host / "d").exists()
 
 
-def test_planted_symlink_is_refused_not_followed(env, tmp_path):
-    # CASE(dir, symlink): the host dir became a symlink to somewhere else
+def _symlink_planted_after_the_run(env, tmp_path, spec: dict, action: str, where: str) -> Path:
+    """Run action over spec, then replace the host directory `where` by a
+    symlink to a directory outside: the commit must never write through it."""
     outside = tmp_path / "outside"
     outside.mkdir()
-    env.build({"d/f": "1"})
-    env.run("echo evil > d/f; echo new > d/g")
-    shutil.rmtree(env.host / "d")
-    os.symlink(outside, env.host / "d")
+    env.build(spec)
+    env.run(action)
+    shutil.rmtree(env.host / where)
+    os.symlink(outside, env.host / where)
+    return outside
+
+
+def test_planted_symlink_is_refused_not_followed(env, tmp_path):
+    # CASE(dir, symlink): the host dir became a symlink to somewhere else
+    outside = _symlink_planted_after_the_run(env, tmp_path, {"d/f": "1"},
+                                             "echo evil > d/f; echo new > d/g", "d")
     with pytest.raises(CommitError):                   # a conflict: planted after the snapshot
         env.commit()
     # the same with the symlink older than the snapshot: not a conflict, still refused
@@ -555,12 +563,7 @@ def test_planted_symlink_is_refused_not_followed(env, tmp_path):
 
 def test_symlink_in_a_deeper_component_is_refused(env, tmp_path):
     # CASE(dir, symlink): d/s is a symlink on the host, the upper has d/s/f
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    env.build({"d/s/f": "1"})
-    env.run("echo 2 > d/s/f")
-    shutil.rmtree(env.host / "d/s")
-    os.symlink(outside, env.host / "d/s")
+    outside = _symlink_planted_after_the_run(env, tmp_path, {"d/s/f": "1"}, "echo 2 > d/s/f", "d/s")
     env.since = time.time_ns()
     with pytest.raises(CommitError, match="refusing"):
         env.commit()
