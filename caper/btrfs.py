@@ -473,7 +473,7 @@ class BtrfsSnapshot:
             otime_ns = _otime_ns(snap, info.id)
         except BaseException:
             try:
-                _recover_one(journal, journal.read() or rec)
+                _recover_one(journal, journal.read() or rec, KEPT_S)
             finally:
                 journal.unlock()
             raise

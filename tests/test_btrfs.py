@@ -314,6 +314,21 @@ def test_nested_subvolume_refused(env):
     assert env.siblings() == ["ws"]
 
 
+def test_a_failed_snapshot_leaves_no_record_and_names_the_call(env):
+    """The snapshot ioctl fails (an immutable parent directory): the error
+    names create_snapshot, and the record written before it is gone."""
+    subprocess.run(["chattr", "+i", str(env.parent)], check=True)
+    try:
+        with pytest.raises(BtrfsError) as ei:
+            BtrfsSnapshot.create(str(env.ws), str(env.state))
+    finally:
+        subprocess.run(["chattr", "-i", str(env.parent)], check=True)
+    assert ei.value.step == "create_snapshot" and ei.value.errno == 1   # EPERM
+    assert env.siblings() == ["ws"] and os.listdir(env.state / "btrfs") == []
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))         # and the next one works
+    snap.discard()
+
+
 def test_refuses_non_subvolume_and_mount_point(env):
     with pytest.raises(BtrfsError, match="not the root of a btrfs subvolume"):
         BtrfsSnapshot.create(str(env.ws / "d"), str(env.state))
