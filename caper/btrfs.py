@@ -35,15 +35,16 @@ leaves ctime older; same-clock-tick changes are conservatively conflicts).
 
 **Journal.**  `state_dir/btrfs/<id>.json` (tmp + fsync + rename + fsync dir)
 records the workspace, the snapshot path and the subvolume UUIDs; `<id>.lock`
-is flocked by the live owner.  Phases: created -> prepared -> applied, or
-created -> kept (a conflicting run's version, left for the user, deleted by
+is flocked by the live owner.  Phases: created -> prepared (then the
+exchange; the record goes once the old workspace is deleted), or created ->
+kept (a conflicting run's version, left for the user, deleted by
 recover_btrfs once older than caper.state.KEPT_S).
 Recovery identifies everything by UUID, never by name alone:
 
 * created:   the owner died before commit: delete the snapshot (rollback).
 * prepared:  if the workspace path holds the snapshot's UUID the exchange
              happened: finish (post-state); else delete the snapshot (pre-state).
-* applied:   finish: delete the old workspace (at the snapshot path).
+* applied:   (written by earlier versions after the exchange) as prepared.
 
 Limits: the window between the conflict check and the exchange is not closed
 (a host write in that window is lost with the old subvolume); a process whose
@@ -431,7 +432,7 @@ class BtrfsSnapshot:
         self._journal = journal
         self._ws_uuid = ws_uuid
         self._snap_uuid = snap_uuid
-        self._done = False
+        self._phase = "live"                 # -> swapped (commit) -> done
 
     # -- create -----------------------------------------------------------------------------
     @classmethod
@@ -583,12 +584,20 @@ class BtrfsSnapshot:
     # -- commit / discard ----------------------------------------------------------------------------
     def commit(self) -> None:
         """Make the workspace path show the snapshot; delete the old workspace."""
+        self.swap()
+        self.finish()
+
+    def swap(self) -> None:
+        """Make the workspace path show the snapshot, durably.  The old
+        workspace is then at self.path, until finish() deletes it."""
         self._check_live()
         conflicts = self._conflicts()
         if conflicts:
             shown = ", ".join(conflicts[:10]) + (f" (+{len(conflicts) - 10} more)" if len(conflicts) > 10 else "")
             raise BtrfsConflict(f"commit({self.workspace}): the workspace changed after the snapshot "
                                 f"(transaction {self.since}): {shown}", conflicts)
+        # "prepared" is the last record: recovery tells whether the exchange
+        # happened by the UUID at the workspace path, and finishes it if so.
         self._journal.write(self._record("prepared"))
         parent = os.path.dirname(self.workspace)
         try:
@@ -602,17 +611,26 @@ class BtrfsSnapshot:
             except OSError as e:
                 self._journal.write(self._record("created"))   # nothing moved: back to a live snapshot
                 raise _oserr("renameat2(RENAME_EXCHANGE)", f"{self.path} <-> {self.workspace}", e) from e
-            step("syncfs")
-            os.fsync(pfd)                       # btrfs: commits the log of the parent dir
+            self._phase = "swapped"
+            step("sync")
             try:
-                btrfsutil.sync(parent)
+                btrfsutil.sync(parent)          # one transaction commit: the exchange is on disk
             except btrfsutil.BtrfsUtilError as e:
                 raise _utilerr("sync", parent, e) from e
         finally:
             os.close(pfd)
-        self._journal.write(self._record("applied"))
-        self._done = True
-        # the old workspace is now at self.path
+
+    @property
+    def swapped(self) -> bool:
+        """The workspace path shows the snapshot (finish() is due)."""
+        return self._phase == "swapped"
+
+    def finish(self) -> None:
+        """After swap(): delete the old workspace and the record."""
+        if not self.swapped:
+            raise BtrfsError(f"finish({self.path}): not swapped (phase {self._phase})", step="state",
+                             err=errno.EINVAL)
+        self._phase = "done"
         try:
             _delete(self.path, self._ws_uuid, "old workspace")
         except BtrfsError as e:
@@ -624,8 +642,12 @@ class BtrfsSnapshot:
     def discard(self) -> None:
         """Rollback: delete the snapshot.  The workspace was never touched."""
         self._check_live()
-        _delete(self.path, self._snap_uuid, "snapshot")
-        self._done = True
+        self._phase = "done"
+        try:
+            _delete(self.path, self._snap_uuid, "snapshot")
+        except BaseException:
+            self._journal.unlock()          # recover_btrfs retries it
+            raise
         self._journal.remove()
 
     def keep(self) -> None:
@@ -633,7 +655,7 @@ class BtrfsSnapshot:
         recover_btrfs deletes it once it is older than max_kept_s."""
         self._check_live()
         self._journal.write({**self._record("kept"), "kept_at": time.time()})
-        self._done = True
+        self._phase = "done"
         self._journal.unlock()
 
     def _record(self, phase: str) -> dict:
@@ -641,7 +663,7 @@ class BtrfsSnapshot:
                 "snapshot": self.path, "ws_uuid": self._ws_uuid, "snap_uuid": self._snap_uuid}
 
     def _check_live(self) -> None:
-        if self._done:
+        if self._phase != "live":
             raise BtrfsError(f"snapshot {self.path} already committed or discarded", step="state",
                              err=errno.EINVAL)
 
@@ -672,7 +694,7 @@ def _recover_one(journal: _Journal, rec: dict, max_kept_s: float) -> str | None:
     if os.path.basename(snap) != SNAP_PREFIX + rec["id"] or os.path.dirname(snap) != os.path.dirname(ws):
         raise BtrfsError(f"{journal.path}: snapshot path does not match the record", step="recover")
     exchanged = phase in ("prepared", "applied") and _is_our_snapshot(ws, rec) is not None
-    if phase == "applied" or exchanged:
+    if exchanged:
         _delete(snap, rec["ws_uuid"], "old workspace")
         what = f"{rec['id']}: commit finished ({ws} shows the snapshot; old workspace deleted)"
     else:

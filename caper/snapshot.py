@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from caper import ctimes, mountinfo
 from caper.commit import Layer
@@ -250,13 +250,11 @@ class OverlaySnapshot:
             self._release()
 
     def discard_later(self) -> None:
-        """discard() on a thread of its own, so that the caller can answer
-        first: deleting what a run wrote, and what its commit replaced
-        (caper.commit's trash), takes ~100 us a file where the files are on
-        disk. The scratch stays locked until it is gone, so collect_dead_runs
-        spares it; the thread is not a daemon, so an exiting process waits
-        for it. settle() waits for every such thread."""
-        threading.Thread(target=self.discard, name=DISCARD_THREAD).start()
+        """discard() after the answer (see later()): deleting what a run
+        wrote, and what its commit replaced (caper.commit's trash), takes
+        ~100 us a file where the files are on disk. The scratch stays locked
+        until it is gone, so collect_dead_runs spares it."""
+        later(self.discard)
 
     def keep(self) -> None:
         """Leave the scratch dir for later (a held run, a conflicting run's
@@ -272,8 +270,15 @@ class OverlaySnapshot:
             self.lock_fd = -1
 
 
+def later(clean_up: Callable[[], None]) -> None:
+    """Run clean_up on a thread of its own, so that the caller can answer
+    first. The thread is not a daemon, so an exiting process waits for it;
+    settle() waits for every such thread."""
+    threading.Thread(target=clean_up, name=DISCARD_THREAD).start()
+
+
 def settle() -> None:
-    """Wait until every scratch dir handed to discard_later() is gone."""
+    """Wait until every clean-up handed to later() is done."""
     for t in threading.enumerate():
         if t.name == DISCARD_THREAD:
             t.join()

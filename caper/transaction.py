@@ -161,7 +161,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.report import RunFacts, build
     from caper.secrets import default_patterns, protected_for
     from caper.limits import DiskGuard
-    from caper.snapshot import OverlaySnapshot, collect_dead_runs, expire_kept
+    from caper.snapshot import OverlaySnapshot, collect_dead_runs, expire_kept, later
     from caper.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
@@ -234,7 +234,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     # The workspace first: its conflict check comes before any change.
                     # (A conflict outside it after that leaves the workspace committed.)
                     if workspace_changes:  # an unchanged snapshot is just dropped
-                        bsnap.commit()
+                        bsnap.swap()
                         workspace_swapped = True
                     commit(snap.layers, state_dir=state_dir, since_ns=snap.since_ns,
                            exclude=hidden)
@@ -275,11 +275,10 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 snap.keep()
             else:
                 snap.discard_later()
-            if bsnap and not workspace_swapped:
-                if kept == bsnap.path:
-                    bsnap.keep()
-                else:
-                    bsnap.discard()
+            if bsnap and kept == bsnap.path:
+                bsnap.keep()
+            elif bsnap:   # the old workspace after a swap, else the unused snapshot
+                later(bsnap.finish if bsnap.swapped else bsnap.discard)
 
 
 def _not_committed(e: CaperError, workspace_swapped: bool, kept: str | None = None) -> Decision:

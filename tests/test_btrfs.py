@@ -19,6 +19,7 @@ import pytest
 import caper.btrfs as B
 from caper.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
 from caper.errors import CaperError
+from caper.snapshot import settle
 from crash import kill_sweep, killed_at
 
 
@@ -421,13 +422,16 @@ def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_
     changed = {c.path: c.op for c in out.report.changes}   # workspace paths are relative
     assert {"a": "modified", "n/f": "created", "d": "deleted", str(outside / "o"): "created"}.items() \
         <= changed.items()
-    assert env.siblings() == ["ws"]                 # the snapshot is gone
+    settle()                                        # the snapshot goes after the answer
+    assert env.siblings() == ["ws"] and os.listdir(env.state / "btrfs") == []
 
     out = caper.run(cmd, cwd=str(env.ws), approver="allow", state_dir=str(env.state))
     assert out.committed, out.reason
     assert (env.ws / "a").read_text() == "new\n" and not (env.ws / "d").exists()
     assert (env.ws / "n" / "f").read_text() == "1\n" and (outside / "o").read_text() == "out\n"
-    assert B.is_subvolume(str(env.ws)) and env.siblings() == ["ws"]
+    assert B.is_subvolume(str(env.ws))
+    settle()                                        # and so does the old workspace
+    assert env.siblings() == ["ws"] and os.listdir(env.state / "btrfs") == []
 
     out = caper.run("true", cwd=str(env.ws), approver="block", backend="overlay",
                     state_dir=str(env.state))
@@ -466,12 +470,14 @@ def test_a_conflicting_runs_snapshot_is_kept_for_the_user_then_expires(env):
     assert kept and f"kept as the snapshot {kept}" in out.reason
     assert (Path(kept) / "a").read_text() == "agent\n" and (env.ws / "a").read_text() == "user edit\n"
     assert caper.run("true", cwd=str(env.ws), approver="allow", state_dir=str(env.state)).committed
+    settle()
     assert Path(kept, "a").exists()                       # young: left alone
     [record] = list((env.state / "btrfs").glob("*.json"))
     doc = json.loads(record.read_text())
     doc["kept_at"] -= KEPT_S + 60
     record.write_text(json.dumps(doc))
     assert caper.run("true", cwd=str(env.ws), approver="allow", state_dir=str(env.state)).committed
+    settle()
     assert not os.path.exists(kept) and env.siblings() == ["ws"]
 
 
