@@ -515,28 +515,14 @@ class BtrfsSnapshot:
         """changed_paths as report entries: created (only in the snapshot),
         deleted (only in the workspace), replaced (the type changed), else
         modified. A deleted directory is one entry that counts what it held,
-        as in the overlay's plan (the report need not look at each file)."""
-        out = self._each_change()
-        deleted_dirs = {c.path for c in out if c.kind == "deleted" and c.ftype == "dir"}
-        held: dict[str, int] = {}
-        kept = []
-        for c in out:
-            top = None                       # the highest deleted directory above c
-            d = os.path.dirname(c.path)
-            while d != self.workspace and len(d) > len(self.workspace):
-                if d in deleted_dirs:
-                    top = d
-                d = os.path.dirname(d)
-            if top is None:
-                kept.append(c)
-            else:
-                held[top] = held.get(top, 0) + 1
-        return [replace(c, entries=held.get(c.path, 0)) if c.path in deleted_dirs else c
-                for c in kept]
-
-    def _each_change(self) -> list[Change]:
-        out = []
-        for p in self.changed_paths():
+        as in the overlay's plan: what is below it is counted, not looked at."""
+        out: list[Change] = []
+        held: dict[str, int] = {}           # deleted directory -> entries below it
+        for p in self.changed_paths():      # sorted: a directory comes before what it holds
+            top = self._deleted_above(p, held)
+            if top is not None:
+                held[top] += 1
+                continue
             rel = os.path.relpath(p, self.workspace)
             old = _lstat_or_none(p)
             new = _lstat_or_none(os.path.join(self.path, rel))
@@ -546,11 +532,23 @@ class BtrfsSnapshot:
                 out.append(Change(p, "created", file_type(new.st_mode)))
             elif new is None:
                 out.append(Change(p, "deleted", file_type(old.st_mode)))
+                if stat.S_ISDIR(old.st_mode):
+                    held[p] = 0
             elif stat.S_IFMT(old.st_mode) != stat.S_IFMT(new.st_mode):
                 out.append(Change(p, "replaced", file_type(new.st_mode), file_type(old.st_mode)))
             else:
                 out.append(Change(p, "modified", file_type(new.st_mode)))
-        return out
+        return [replace(c, entries=held[c.path]) if c.path in held else c for c in out]
+
+    def _deleted_above(self, path: str, held: dict[str, int]) -> str | None:
+        """The highest deleted directory above path, if any."""
+        top = None
+        d = os.path.dirname(path)
+        while len(d) > len(self.workspace):
+            if d in held:
+                top = d
+            d = os.path.dirname(d)
+        return top
 
     def _conflicts(self) -> list[str]:
         ws, snap = self._trees()
