@@ -536,6 +536,16 @@ class _LayerPlan:
             raise CommitError(f"{hp}: a mount point is at or below this path on the host; refusing",
                               step="plan")
 
+    def boundary(self, hp: str) -> str:
+        """What a directory on another st_dev than its layer's mount is."""
+        if hp in self.mounts:
+            return "a mount point on the host"
+        # btrfs gives each subvolume its own st_dev; the overlay spans them,
+        # one commit does not (renames between subvolumes fail with EXDEV).
+        return ("a btrfs subvolume on the host, or another filesystem, not mounted there (the "
+                "overlay backend commits within one; as root, a workspace that is a subvolume "
+                "takes the btrfs backend)")
+
     def close(self) -> None:
         self.host.close()
         self.up.close()
@@ -650,7 +660,7 @@ class _Planner:
                 elif stat.S_ISDIR(hst.st_mode):
                     if hst.st_dev != lp.dev:
                         # CASE(*, mount): another filesystem mounted on the host since
-                        raise CommitError(f"{hp}: a mount point on the host; refusing to commit below it",
+                        raise CommitError(f"{hp}: {lp.boundary(hp)}; refusing to commit below it",
                                           step="plan")
                     # CASE(dir, dir): merged: keep what the upper does not mention
                     # CASE(opaque, dir): the host's entries go, the upper's stay
@@ -860,7 +870,7 @@ class _Planner:
             raise CommitError(f"{hp}: the run replaced this directory, which holds an excluded path; refusing",
                               step="plan")
         if hst.st_dev != lp.dev:
-            raise CommitError(f"{hp}: a mount point; refusing to delete it", step="plan")
+            raise CommitError(f"{hp}: {lp.boundary(hp)}; refusing to delete it", step="plan")
         lp.check_mount(hp, below=True)
 
         def walk(fd: int, where: str) -> int:
@@ -874,8 +884,8 @@ class _Planner:
                 count += 1
                 if stat.S_ISDIR(st.st_mode):
                     if st.st_dev != lp.dev:
-                        raise CommitError(f"{p}: a mount point below a directory the run deletes; refusing",
-                                          step="plan")
+                        raise CommitError(f"{p}: {lp.boundary(p)} below a directory the run deletes; "
+                                          "refusing", step="plan")
                     cfd = os.open(n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     try:
                         count += walk(cfd, p)

@@ -438,6 +438,22 @@ def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_
     assert out.report.backend == "overlay"
 
 
+def test_overlay_backend_on_a_subvolume_refuses_the_commit_and_says_why(env):
+    """The overlay spans subvolumes, one commit does not: a write below a
+    subvolume root that is not a mount point is refused as such (it was
+    called "a mount point"), and nothing changes."""
+    import caper
+    from caper.commit import CommitError
+    from test_run import tree
+
+    before = tree(env.ws)
+    with pytest.raises(CommitError, match="a btrfs subvolume on the host") as ei:
+        caper.run("echo agent > a", cwd=str(env.ws), workspace=str(env.ws), approver="allow",
+                  backend="overlay", state_dir=str(env.state))
+    assert str(env.ws) in str(ei.value) and "mount point" not in str(ei.value)
+    assert tree(env.ws) == before
+
+
 def test_backend_btrfs_refuses_a_plain_directory(tmp_path):
     import caper
     from caper.errors import ConfigError
