@@ -92,10 +92,13 @@ class _Planner:
         """An overlay of path (or a read-only bind of a read-only mount)."""
         target = self._target(path)
         if read_only:
-            # Read-only on the host stays read-only in the sandbox.
+            # Read-only on the host stays read-only in the sandbox, the whole
+            # tree (MS_REC: the mounts below it too, or they would stay
+            # writable and reach the host); a writable mount below it that
+            # gets its own layer is mounted on top later.
             self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
             self.mounts.append(Mount(None, target, None, None,
-                                     MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+                                     MS_BIND | MS_REMOUNT | MS_REC | MS_RDONLY | MS_NOSUID | MS_NODEV))
             return
         n = len(self.layers)
         upper = os.path.join(self.scratch, f"layer{n}", "upper")
@@ -135,6 +138,21 @@ class _Planner:
         self.mounts.append(Mount(None, self.stage, None, None,
                                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
 
+    def _cover_below(self, path: str, points: dict[str, HostMount]) -> None:
+        """Below a tree bound read-only whole: a writable mount with none below
+        it gets its overlay on top, so that the command writes there as it
+        could natively. The rest stay read-only (one this user cannot reach,
+        one with mounts below it, which only a readable directory could split)."""
+        for p, m in points.items():
+            if p == path or not mountinfo.below(p, path) or m.read_only \
+                    or any(q != p and mountinfo.below(q, p) for q in points):
+                continue
+            try:
+                os.stat(p)
+            except PermissionError:
+                continue
+            self.cover(p, False)
+
     def _split(self, directory: str, points: dict[str, HostMount]) -> None:
         # Files beside a mount point (rare below "/") can only be bound read-only.
         for entry in os.scandir(directory):
@@ -150,10 +168,12 @@ class _Planner:
                 os.mkdir(target)
                 if not os.access(path, os.R_OK | os.X_OK):
                     self.cover(path, True)  # closed to this user natively too
+                    self._cover_below(path, points)
                     continue
                 if any(mountinfo.below(p, path) and p != path for p in points):
                     if path in points and points[path].read_only:
                         self.cover(path, True)
+                        self._cover_below(path, points)
                     else:
                         self._split(path, points)
                 else:

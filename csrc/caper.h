@@ -127,7 +127,9 @@ struct caper_noise {
 
 /* Mounts the sandbox makes in its own mount namespace, in order, before it
  * moves into new_root (the snapshot layers of caper run; none for caper trace).
- * A mount with a NULL fstype and MS_BIND in flags is a bind mount. */
+ * A mount with a NULL fstype and MS_BIND in flags is a bind mount; with
+ * MS_BIND | MS_REMOUNT | MS_REC, the flags (read-only, nosuid, nodev, noexec)
+ * are set on the whole tree below target (mount_setattr, AT_RECURSIVE). */
 struct caper_mount {
     const char *source;
     const char *target;

@@ -21,9 +21,41 @@
 
 #define MNT_SAFE (MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+/* struct mount_attr and its bits (linux/mount.h, not in every libc's headers) */
+struct setattr_args { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+#define ATTR_RDONLY 0x1
+#define ATTR_NOSUID 0x2
+#define ATTR_NODEV  0x4
+#define ATTR_NOEXEC 0x8
+
+/* A read-only remount of a bind with MS_REC: mount(2) would change the top
+ * mount only and leave the mounts below it writable, reaching the host. */
+static int remount_tree(const char *dst, unsigned long flags)
+{
+    struct setattr_args a = { 0 };
+    a.attr_set = (flags & MS_RDONLY ? ATTR_RDONLY : 0) | (flags & MS_NOSUID ? ATTR_NOSUID : 0) |
+                 (flags & MS_NODEV ? ATTR_NODEV : 0) | (flags & MS_NOEXEC ? ATTR_NOEXEC : 0);
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, dst, AT_RECURSIVE, &a, sizeof a);
+}
+
 static int do_mount(struct caper_failure *f, uint32_t step, const char *src, const char *dst,
                     const char *type, unsigned long flags, const char *data)
 {
+    const unsigned long tree = MS_BIND | MS_REMOUNT | MS_REC;
+    if ((flags & tree) == tree) {
+        if (remount_tree(dst, flags) == 0)
+            return 0;
+        int e = errno;
+        fail_set(f, step, e, "mount_setattr(%s, AT_RECURSIVE, 0x%lx)%s", dst, flags,
+                 e == ENOSYS ? " (hint: Linux 5.12 or later is needed)" : "");
+        return -1;
+    }
     if (mount(src, dst, type, flags, data) == 0)
         return 0;
     int e = errno;

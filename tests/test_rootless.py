@@ -98,3 +98,66 @@ def test_caper_run_tests_pass_as_an_unprivileged_user():
         assert " passed" in p.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+RUN_AS_NOBODY = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import caper
+out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sys.argv[4],
+                state_dir=sys.argv[5])
+print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code}))
+"""
+
+
+@pytest.mark.parametrize("above", ["a directory this user can pass but not list",
+                                   "a read-only mount"])
+def test_a_writable_mount_below_a_read_only_tree_stays_in_the_sandbox(above):
+    """Rootless planning binds such a tree read-only whole. mount(2) made only
+    its top mount read-only: a writable mount below it stayed writable, and a
+    blocked run's writes reached the host. Now the whole tree is read-only
+    and the writable mount gets an overlay of its own: the write is held,
+    and committed only when allowed."""
+    reason = _usable()
+    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    base, state = tempfile.mkdtemp(prefix="caper-below-"), tempfile.mkdtemp(prefix="caper-state-")
+    tree, inner = Path(base, "tree"), Path(base, "tree", "inner")
+    tree.mkdir()
+    mounted = []
+    try:
+        os.chown(state, NOBODY, NOBODY)
+        os.chmod(base, 0o755)
+        if above.startswith("a directory"):
+            os.chmod(tree, 0o711)                   # x without r for uid 65534
+            inner.mkdir()
+        else:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "caper-ro", tree],
+                           check=True)
+            mounted.append(tree)
+            inner.mkdir()
+            subprocess.run(["mount", "-o", "remount,ro", tree], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0777", "caper-rw", inner],
+                       check=True)
+        mounted.insert(0, inner)
+
+        def run(approver: str) -> dict:
+            p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                                ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(inner),
+                                "echo held > f; echo done", approver, state],
+                               capture_output=True, text=True, timeout=120, cwd="/",
+                               env={"PATH": "/usr/bin:/bin", "HOME": state})
+            assert p.returncode == 0, p.stderr[-3000:]
+            return json.loads(p.stdout)
+
+        out = run("block")
+        assert out["exit"] == 0 and not out["committed"]
+        assert not (inner / "f").exists()           # it reached the host before
+        out = run("allow")
+        assert out["committed"], out["reason"]
+        assert (inner / "f").read_text() == "held\n"
+    finally:
+        for m in mounted:
+            subprocess.run(["umount", str(m)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
