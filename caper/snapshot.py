@@ -72,6 +72,24 @@ def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
                                                 m.mount_point))
 
 
+def subvolume_root(path: str, entries: list[mountinfo.MountEntry]) -> str | None:
+    """The root of the btrfs subvolume holding path, when that root is not a
+    mount point; None when path is on its mount's own subvolume. btrfs gives
+    each subvolume its own st_dev and one commit cannot cross between two
+    (a rename fails with EXDEV), so such a root is given a layer of its own."""
+    real = os.path.realpath(path)
+    mount = mountinfo.containing(real, entries)
+    if mount.fstype != "btrfs":
+        return None
+    dev = os.stat(real).st_dev
+    if os.stat(mount.point).st_dev == dev:
+        return None
+    top = real
+    while top != mount.point and os.stat(os.path.dirname(top)).st_dev == dev:
+        top = os.path.dirname(top)
+    return top
+
+
 def _escape_option(path: str) -> str:
     # overlay's option parser splits on ',' and lowerdir on ':'
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
@@ -197,9 +215,13 @@ class OverlaySnapshot:
 
     @classmethod
     def create(cls, state_dir: str, *, userxattr: bool,
-               binds: Sequence[tuple[str, str]] = ()) -> "OverlaySnapshot":
+               binds: Sequence[tuple[str, str]] = (),
+               workspace: str | None = None) -> "OverlaySnapshot":
         """binds: (host path, sandbox path) pairs mounted over the overlays,
-        e.g. a btrfs snapshot of the workspace at the workspace's path."""
+        e.g. a btrfs snapshot of the workspace at the workspace's path.
+        workspace: where the command works; when it lies in a btrfs subvolume
+        that is not mounted on its own, that subvolume gets a layer of its own,
+        as a mount does (see subvolume_root)."""
         entries = mountinfo.read()
         cls.check_state_dir(state_dir, entries)
         runs = os.path.join(state_dir, "runs")
@@ -210,7 +232,7 @@ class OverlaySnapshot:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
             os.mkdir(scratch, 0o700)
-            snap = cls._plan(scratch, state_dir, userxattr, binds, entries)
+            snap = cls._plan(scratch, state_dir, userxattr, binds, entries, workspace)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             _unlink(scratch + ".lock")
@@ -233,7 +255,7 @@ class OverlaySnapshot:
     @classmethod
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool,
               binds: Sequence[tuple[str, str]],
-              entries: list[mountinfo.MountEntry]) -> "OverlaySnapshot":
+              entries: list[mountinfo.MountEntry], workspace: str | None) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
         state_real = os.path.realpath(state_dir)
@@ -252,6 +274,13 @@ class OverlaySnapshot:
                 plan.layers.clear()
         if not plan.layers:
             raise SetupError("no writable mount to snapshot", step="MOUNT_ROOT")
+        subvolume = subvolume_root(workspace, entries) if workspace else None
+        # Mounted over its parent's overlay; not over a mount below it, which
+        # it would hide, nor where the parent is no layer (read-only, caper's own).
+        if subvolume and not any(mountinfo.below(m.mount_point, subvolume) for m in covered) \
+                and any(mountinfo.below(subvolume, l.mount_point) for l in plan.layers) \
+                and not mountinfo.below(subvolume, state_real):
+            plan.cover(subvolume, False)
         for source, path in binds:
             plan.mounts.append(Mount(source, stage + path, None, None, MS_BIND))
         # caper's own state (other runs' pending changes) is not the command's business.

@@ -182,7 +182,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
         try:
             snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
-                                          binds=[(bsnap.path, workspace)] if bsnap else [])
+                                          binds=[(bsnap.path, workspace)] if bsnap else [],
+                                          workspace=None if bsnap else workspace)
         except BaseException:
             if bsnap:
                 bsnap.discard()

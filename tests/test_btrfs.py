@@ -438,20 +438,103 @@ def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_
     assert out.report.backend == "overlay"
 
 
-def test_overlay_backend_on_a_subvolume_refuses_the_commit_and_says_why(env):
-    """The overlay spans subvolumes, one commit does not: a write below a
-    subvolume root that is not a mount point is refused as such (it was
-    called "a mount point"), and nothing changes."""
+# What the overlay tests below run: every kind of change, in the workspace.
+SHELL_CHANGES = ("echo agent > b; rm -r d; mkdir n; echo 1 > n/f; mv k k2; chmod 600 k2/r; "
+                 "ln -s n l3; echo done")
+
+
+def _native(env: Env, cmd: str) -> dict:
+    """The tree cmd leaves when run plainly in a fresh copy of the workspace."""
+    from test_run import tree
+    subprocess.run(["sh", "-c", cmd], cwd=env.ws, check=True, capture_output=True)
+    after = tree(env.ws)
+    env.reset()
+    return after
+
+
+def test_overlay_backend_gives_a_subvolume_workspace_a_layer_of_its_own(env):
+    """A workspace that is a subvolume but not a mount point (rootless caper
+    on btrfs, or --backend overlay): the overlay gets a layer at the subvolume
+    root, as for a mount, so its changes commit (before, every write there
+    was refused: one commit cannot cross subvolumes)."""
+    import caper
+    from test_run import tree
+
+    want, before = _native(env, SHELL_CHANGES), tree(env.ws)
+    out = caper.run(SHELL_CHANGES, cwd=str(env.ws), approver="block", backend="overlay",
+                    state_dir=str(env.state))
+    assert out.report.backend == "overlay" and out.stdout.text() == b"done\n"
+    assert tree(env.ws) == before
+    out = caper.run(SHELL_CHANGES, cwd=str(env.ws), approver="allow", backend="overlay",
+                    state_dir=str(env.state))
+    assert out.committed, out.reason
+    assert tree(env.ws) == want and B.is_subvolume(str(env.ws))
+
+
+def test_overlay_backend_refuses_a_commit_across_a_nested_subvolume_and_says_why(env):
+    """One layer per subvolume root that holds the workspace, not for others
+    below it: a write in a nested subvolume is refused as such (it was called
+    "a mount point"), and nothing changes."""
     import caper
     from caper.commit import CommitError
     from test_run import tree
 
+    _subvol(env.ws / "inner")
+    (env.ws / "inner" / "f").write_text("f\n")
     before = tree(env.ws)
     with pytest.raises(CommitError, match="a btrfs subvolume on the host") as ei:
-        caper.run("echo agent > a", cwd=str(env.ws), workspace=str(env.ws), approver="allow",
-                  backend="overlay", state_dir=str(env.state))
-    assert str(env.ws) in str(ei.value) and "mount point" not in str(ei.value)
+        caper.run("echo agent > inner/f", cwd=str(env.ws), approver="allow", backend="overlay",
+                  state_dir=str(env.state))
+    assert str(env.ws / "inner") in str(ei.value) and "mount point" not in str(ei.value)
     assert tree(env.ws) == before
+
+
+ROOTLESS_RUN = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import caper
+out = caper.run(sys.argv[3], cwd=sys.argv[2], approver=sys.argv[4], state_dir=sys.argv[5])
+print(json.dumps({"committed": out.committed, "reason": out.reason, "backend": out.report.backend}))
+"""
+
+
+def test_rootless_caper_commits_in_a_subvolume_workspace(env):
+    """The same as uid 65534 (user namespace, userxattr overlays): auto picks
+    the overlay, which covers the subvolume with a layer of its own."""
+    from test_rootless import NOBODY, ROOT, ROOTLESS_VENV, _usable
+    from test_run import tree
+    reason = _usable()
+    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    cmd = "echo agent > b; rm -r d; mkdir n; echo 1 > n/f; echo done"
+    want = _native(env, cmd)
+    for path in [env.parent, env.state, *env.ws.rglob("*"), env.ws]:
+        os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+    before = tree(env.ws)
+
+    def run(approver: str) -> dict:
+        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(ROOT), str(env.ws), cmd, approver,
+                            str(env.state / "nobody")],
+                           capture_output=True, text=True, timeout=120, cwd=env.ws,
+                           env={"PATH": "/usr/bin:/bin", "HOME": str(env.state)})
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout)
+
+    # pytest's own directories above the image's mount are root's (0700)
+    opened = [(d, d.stat().st_mode) for d in env.parent.parents
+              if d.stat().st_mode & 0o001 == 0]
+    for d, mode in opened:
+        d.chmod(mode | 0o001)
+    try:
+        out = run("block")
+        assert out["backend"] == "overlay" and not out["committed"] and tree(env.ws) == before
+        out = run("allow")
+        assert out["committed"], out["reason"]
+        assert tree(env.ws) == want
+    finally:
+        for d, mode in opened:
+            d.chmod(mode)
 
 
 def test_backend_btrfs_refuses_a_plain_directory(tmp_path):
