@@ -16,6 +16,12 @@ from test_run import tree
 
 EXAMPLES = int(os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", 25))
 NAMES = ["a", "b", "d", "d/a", "d/b", "e", "e/c", "d/e"]
+# Unprivileged, only modes that keep the owner's search bit: renaming a
+# directory that was there before the run is EXDEV in the overlay (no
+# redirect_dir), and mv's fallback, a copy, cannot read one its owner cannot
+# search, where the native rename just works (README: known differences).
+# As root the copy reads it, and all four modes are tried.
+CHMOD_MODES = ["600", "755", "640", "700"] if os.geteuid() == 0 else ["755", "700"]
 content = st.text(alphabet="xyz\n", max_size=12)
 name = st.sampled_from(NAMES)
 op = st.one_of(
@@ -29,7 +35,7 @@ op = st.one_of(
     st.tuples(st.just("rename"), name, name),
     st.tuples(st.just("symlink"), st.sampled_from(NAMES + ["/etc/hostname", "../x"]), name),
     st.tuples(st.just("hardlink"), name, name),
-    st.tuples(st.just("chmod"), st.sampled_from(["600", "755", "640", "700"]), name),
+    st.tuples(st.just("chmod"), st.sampled_from(CHMOD_MODES), name),
 )
 
 
