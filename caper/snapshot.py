@@ -98,8 +98,9 @@ def _escape_option(path: str) -> str:
 class _Planner:
     """Turns host paths into mounts under the staging root."""
 
-    def __init__(self, scratch: str, stage: str, userxattr: bool):
+    def __init__(self, scratch: str, stage: str, userxattr: bool, host_points: set[str]):
         self.scratch, self.stage, self.userxattr = scratch, stage, userxattr
+        self.host_points = host_points       # every mount point, pseudo filesystems too
         self.layers: list[Layer] = []
         self.mounts: list[Mount] = []
 
@@ -111,12 +112,14 @@ class _Planner:
         target = self._target(path)
         if read_only:
             # Read-only on the host stays read-only in the sandbox, the whole
-            # tree (MS_REC: the mounts below it too, or they would stay
-            # writable and reach the host); a writable mount below it that
-            # gets its own layer is mounted on top later.
+            # tree: with mounts below it, MS_REC makes the core set the flags
+            # on each (mount_setattr, Linux 5.12+), or they would stay writable
+            # and reach the host. A writable mount below that gets its own
+            # layer is mounted on top later.
+            below = any(p != path and mountinfo.below(p, path) for p in self.host_points)
             self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
-            self.mounts.append(Mount(None, target, None, None,
-                                     MS_BIND | MS_REMOUNT | MS_REC | MS_RDONLY | MS_NOSUID | MS_NODEV))
+            self.mounts.append(Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
+                                     | MS_NOSUID | MS_NODEV | (MS_REC if below else 0)))
             return
         n = len(self.layers)
         upper = os.path.join(self.scratch, f"layer{n}", "upper")
@@ -259,7 +262,7 @@ class OverlaySnapshot:
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
         state_real = os.path.realpath(state_dir)
-        plan = _Planner(scratch, stage, userxattr)
+        plan = _Planner(scratch, stage, userxattr, {e.point for e in entries})
         covered = [m for m in host_mounts(entries)
                    if m.fstype not in PSEUDO_FS and not mountinfo.below(m.mount_point, state_real)
                    and not any(mountinfo.below(m.mount_point, t) for t in KERNEL_TREES)]
