@@ -169,6 +169,8 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
         os.write(2, stderr)
     if not args.quiet and card:
         sys.stderr.write(card)
+    for note in doc.get("notes", ()):
+        print(f"caper: note: {note}", file=sys.stderr)
     if doc.get("held"):
         print(f"caper: {doc['reason']}", file=sys.stderr)
     elif not doc["committed"]:

@@ -21,6 +21,7 @@ of the report itself.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections import defaultdict
@@ -40,6 +41,10 @@ TARGET_BYTES = 4096
 CAP_BYTES = 8192
 CREATED_DIFF_LINES = 4
 CHANGES_NOT_SHOWN = "changes-not-shown"   # uncertainty flag: dropped by the budget
+# uncertainty flag: a rename(2) inside the workspace failed with EXDEV, which
+# the overlay gives for a directory that was there before the run (README:
+# known difference); natively it would have worked
+RENAMES_REFUSED = "directory-renames-refused-by-the-overlay"
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
@@ -325,6 +330,9 @@ class _Analysis:
         if e.info & Info.TRUNCATED:
             self.uncertain["truncated-arguments"] += 1
         k = e.kind
+        if k == Kind.RENAME and e.result == -errno.EXDEV and e.path and e.path2 \
+                and view.inside(e.path) and view.inside(e.path2):
+            self.uncertain[RENAMES_REFUSED] += 1
         if k == Kind.PROC_START:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:

@@ -15,7 +15,7 @@ import pytest
 
 from caper.errors import ConfigError
 from caper.snapshot import settle
-from caper.transaction import EXIT_NOT_COMMITTED, run
+from caper.transaction import EXIT_NOT_COMMITTED, RENAMES_REFUSED_NOTE, run
 
 ROOT = Path(__file__).resolve().parent.parent
 # These build their bad filesystems with mount(8); the rootless run skips them.
@@ -367,3 +367,14 @@ def test_renaming_a_directory_from_before_the_run_is_exdev_and_mv_copes(ws, stat
     assert out.stdout.text().decode().split() == [str(errno.EXDEV)]
     assert (ws / "d3" / "f").read_text() == "f\n" and (ws / "fresh2").is_dir()
     assert not (ws / "d").exists() and not (ws / "fresh").exists()
+    # the report says so, and caper run tells the caller why
+    # two refusals: the rename(2), and mv's own first try before it copies
+    assert "directory-renames-refused-by-the-overlay: 2" in out.report.uncertain
+    assert out.notes == (RENAMES_REFUSED_NOTE,)
+    env = {**os.environ, "CAPER_STATE_DIR": state, "CAPER_NO_GATE": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--approver", "allow", "-c",
+                        "python3 -c 'import os; os.rename(\"d3\", \"d4\")'"],
+                       cwd=ws, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and f"caper: note: {RENAMES_REFUSED_NOTE}" in p.stderr
+    assert "caper: note:" not in run("mv fresh2 fresh3", cwd=str(ws), approver="allow",
+                                     state_dir=state).to_json()
