@@ -280,7 +280,8 @@ class OverlaySnapshot:
         subvolume = subvolume_root(workspace, entries) if workspace else None
         # Mounted over its parent's overlay; not over a mount below it, which
         # it would hide, nor where the parent is no layer (read-only, caper's own).
-        if subvolume and not any(mountinfo.below(m.mount_point, subvolume) for m in covered) \
+        if subvolume and not mountinfo.containing(subvolume, entries).read_only \
+                and not any(mountinfo.below(m.mount_point, subvolume) for m in covered) \
                 and any(mountinfo.below(subvolume, l.mount_point) for l in plan.layers) \
                 and not mountinfo.below(subvolume, state_real):
             plan.cover(subvolume, False)
