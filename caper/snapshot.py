@@ -331,9 +331,11 @@ def later(clean_up: Callable[[], None]) -> None:
 
 
 def settle() -> None:
-    """Wait until every clean-up handed to later() is done."""
+    """Wait until every clean-up handed to later() is done, and every
+    sandbox's init, still exiting when its run answered, is reaped."""
+    from caper.trace import TRACER_THREAD
     for t in threading.enumerate():
-        if t.name == DISCARD_THREAD:
+        if t.name in (DISCARD_THREAD, TRACER_THREAD):
             t.join()
 
 

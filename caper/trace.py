@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from caper.snapshot import Mount
 
 DEFAULT_TIMEOUT_S = 600.0
+# The thread that runs the native tracer, and then reaps the sandbox's init
+# after the caller has its result (caper.snapshot.settle waits for it).
+TRACER_THREAD = "caper-tracer"
 DEFAULT_MAX_PIDS = 1024
 DEFAULT_ARGV_MAX = 1024        # bytes of argv kept per exec event
 DEFAULT_OUTPUT_HEAD = 64 * 1024
@@ -138,6 +141,7 @@ class Trace:
         self._rc: int | None = None
         self._started = False
         self._thread: threading.Thread | None = None
+        self._returned = threading.Event()     # caper_run is done; init may still be reaped
         self._read_fd = -1
 
     def _cstr(self, b: bytes):
@@ -154,7 +158,14 @@ class Trace:
         return arr
 
     def _run_native(self) -> None:
-        self._rc = lib.caper_run(self._cfg, self._res)
+        reap = 0
+        try:
+            self._rc = lib.caper_run(self._cfg, self._res)
+            reap = self._res.reap_pid
+        finally:
+            self._returned.set()
+        if reap:    # the sandbox's init, tearing its namespaces down: not the caller's wait
+            lib.caper_reap(reap)
 
     def start(self) -> "Trace":
         if self._started:
@@ -169,7 +180,7 @@ class Trace:
         r, w = os.pipe2(os.O_CLOEXEC)
         self._read_fd = r
         self._cfg.event_fd = w
-        self._thread = threading.Thread(target=self._run_native, name="caper-tracer", daemon=True)
+        self._thread = threading.Thread(target=self._run_native, name=TRACER_THREAD, daemon=True)
         self._thread.start()
         return self
 
@@ -202,7 +213,7 @@ class Trace:
                 pass
             os.close(self._read_fd)
             self._read_fd = -1
-        self._thread.join()
+        self._returned.wait()
         try:
             self.result = self._collect()
         finally:

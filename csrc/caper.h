@@ -191,6 +191,10 @@ struct caper_result {
     struct caper_output out;
     struct caper_output err_out;
     char detail[256];      /* the failed call and its object, e.g. "mount(proc, /proc)" */
+    int32_t reap_pid;      /* the sandbox's init when it was still exiting at return: every
+                              other process of the sandbox is gone, the kernel is tearing
+                              down its namespaces (~1.5 ms); caper_reap() waits for it.
+                              0: already reaped */
 };
 
 /* One record on the event pipe. Strings follow the header inside the record
@@ -220,10 +224,14 @@ struct caper_event {
 const char *caper_syscall_name(uint32_t sysno);
 
 /* Run a command in the sandbox, tracing it, until it and every process of its
- * sandbox are gone. Returns 0 when the result is filled in (whatever the
+ * sandbox are gone (but for init, which may still be exiting: reap_pid). Returns 0 when the result is filled in (whatever the
  * command did), -1 with the result's step/err/detail when setup failed before
  * the command could start. Always closes config->event_fd. */
 int caper_run(const struct caper_config *config, struct caper_result *result);
+
+/* Wait, in the thread that called caper_run, for the init it left exiting
+ * (result.reap_pid). 0, or -errno. */
+int caper_reap(int32_t pid);
 
 /* Free the output buffers of a result. */
 void caper_result_free(struct caper_result *result);

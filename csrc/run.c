@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define DEFAULT_HEAD (64 * 1024)
@@ -141,4 +143,22 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
     }
     copy_failure(r, &f);
     return r->end == CAPER_END_SETUP_FAILED ? -1 : 0;
+}
+
+int caper_reap(int32_t pid)
+{
+    for (;;) {
+        int st;
+        if (waitpid(pid, &st, __WALL) < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (WIFEXITED(st) || WIFSIGNALED(st))
+            return 0;
+        /* Stopped on its way out (a SIGCHLD, say): let it go untraced, with
+         * its signal unless this was a ptrace event. */
+        int sig = WSTOPSIG(st), event = (unsigned)st >> 16;
+        ptrace(PTRACE_DETACH, pid, 0, event || sig == (SIGTRAP | 0x80) ? 0 : sig);
+    }
 }
