@@ -359,9 +359,10 @@ def test_the_run_answers_before_its_init_is_reaped_and_leaves_no_zombie(command)
     A background job still stops the answer until it is dead, and a command
     that never started (init still in its vfork) does not hang the run."""
     from caper.snapshot import settle
+    before = set(_zombie_children())         # another test's, if any
     events, result = trace(command, timeout=30).run()
     assert pids_with_cmdline(b"sleep\x000.373") == []   # dead when the run answered
     if command[0] == "sh":
         assert result.stdout.text() == b"now\n" and result.end == End.EXITED
     settle()
-    assert _zombie_children() == []
+    assert set(_zombie_children()) <= before
