@@ -378,3 +378,16 @@ def test_renaming_a_directory_from_before_the_run_is_exdev_and_mv_copes(ws, stat
     assert p.returncode == 1 and f"caper: note: {RENAMES_REFUSED_NOTE}" in p.stderr
     assert "caper: note:" not in run("mv fresh2 fresh3", cwd=str(ws), approver="allow",
                                      state_dir=state).to_json()
+
+
+def test_a_write_through_one_hard_link_leaves_the_others_as_they_were(ws, state):
+    """The other known difference (README): the overlay copies up the name
+    written through, alone, so the file's other links keep the old content,
+    in the sandbox as after the commit. (Natively both would change.)"""
+    (ws / "a").write_text("old\n")
+    os.link(ws / "a", ws / "hl")
+    out = run("echo new > a; cat hl", cwd=str(ws), approver="allow", state_dir=state)
+    assert out.committed, out.reason
+    assert out.stdout.text() == b"old\n"                  # what the command saw
+    assert (ws / "a").read_text() == "new\n" and (ws / "hl").read_text() == "old\n"
+    assert os.stat(ws / "a").st_ino != os.stat(ws / "hl").st_ino
