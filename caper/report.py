@@ -31,6 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
+from caper.mountinfo import below
 from caper.content import FileDetail, RunTree, inspect
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.secrets import Protected, Redactor, read_values
@@ -41,10 +42,22 @@ TARGET_BYTES = 4096
 CAP_BYTES = 8192
 CREATED_DIFF_LINES = 4
 CHANGES_NOT_SHOWN = "changes-not-shown"   # uncertainty flag: dropped by the budget
-# uncertainty flag: a rename(2) inside the workspace failed with EXDEV, which
-# the overlay gives for a directory that was there before the run (README:
-# known difference); natively it would have worked
+# Uncertainty flags for where the run differed from a native one (README:
+# known differences), and what caper run tells the caller about each.
+# A rename(2) inside the workspace failed with EXDEV: the overlay's answer for
+# a directory that was there before the run.
 RENAMES_REFUSED = "directory-renames-refused-by-the-overlay"
+# A file with other hard links was modified: the overlay copied up that name
+# alone, so the other names kept the old content.
+LINKS_SPLIT = "hard-linked-files-written-through-one-name"
+NOTES = {
+    RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's overlay "
+                     "(EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and `git mv` do "
+                     "not. Use mv, or the btrfs backend on a btrfs workspace.",
+    LINKS_SPLIT: "a file with other hard links was written through one name: in caper's overlay "
+                 "that name got its own copy, and the other names kept the old content (as they "
+                 "will after the commit). The btrfs backend keeps hard links shared.",
+}
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
@@ -474,6 +487,11 @@ def _draft(facts: RunFacts) -> _Draft:
     uncertain: dict[str, int] = dict(an.uncertain)
     if view.git_failed:
         uncertain["git-status-unknown"] = 1
+    split = sum(1 for c in facts.changes if c.kind == "modified" and c.ftype == "file"
+                and not (facts.backend == "btrfs" and below(c.path, facts.workspace))
+                and _links(c.path) > 1)
+    if split:
+        uncertain[LINKS_SPLIT] = split
 
     # Deleted + created with a rename between them is one rename.
     by_path = {c.path: c for c in facts.changes}
@@ -685,6 +703,19 @@ def _render(d: _Draft, lim: Limits) -> Report:
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
+
+
+def notes(report: Report) -> tuple[str, ...]:
+    """What the caller should know about how this run differed from a native one."""
+    flagged = {u.split(":")[0] for u in report.uncertain}
+    return tuple(text for flag, text in NOTES.items() if flag in flagged)
+
+
+def _links(path: str) -> int:
+    try:
+        return os.lstat(path).st_nlink
+    except OSError:
+        return 0
 
 
 def _bump(flags: list[str], name: str) -> None:

@@ -30,10 +30,6 @@ BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
-# Told to the caller when the report says a rename met the overlay's limit.
-RENAMES_REFUSED_NOTE = ("renaming a directory that was there before the run fails in caper's "
-                        "overlay (EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and "
-                        "`git mv` do not. Use mv, or the btrfs backend on a btrfs workspace.")
 
 
 @contextmanager
@@ -164,7 +160,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                               plan_changes, recover)
     from caper.content import RunTree
     from caper.pending import expire, hold
-    from caper.report import RENAMES_REFUSED, RunFacts, build
+    from caper.report import RunFacts, build, notes
     from caper.secrets import default_patterns, protected_for
     from caper.limits import DiskGuard
     from caper.snapshot import OverlaySnapshot, collect_dead_runs, expire_kept, later
@@ -271,14 +267,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                                                     f"Apply it with `caper commit {held}`, or "
                                                     f"drop it with `caper discard {held}`.")
             timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
-            notes = (RENAMES_REFUSED_NOTE,) if any(u.startswith(RENAMES_REFUSED)
-                                                   for u in report.uncertain) else ()
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=result.stdout,
                               stderr=result.stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
-                              ask=decision.ask, steps=decision.steps, held=held, notes=notes)
+                              ask=decision.ask, steps=decision.steps, held=held, notes=notes(report))
         finally:
             if kept == snap.scratch:
                 snap.keep()

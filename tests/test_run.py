@@ -15,7 +15,8 @@ import pytest
 
 from caper.errors import ConfigError
 from caper.snapshot import settle
-from caper.transaction import EXIT_NOT_COMMITTED, RENAMES_REFUSED_NOTE, run
+from caper.report import LINKS_SPLIT, NOTES, RENAMES_REFUSED
+from caper.transaction import EXIT_NOT_COMMITTED, run
 
 ROOT = Path(__file__).resolve().parent.parent
 # These build their bad filesystems with mount(8); the rootless run skips them.
@@ -369,13 +370,13 @@ def test_renaming_a_directory_from_before_the_run_is_exdev_and_mv_copes(ws, stat
     assert not (ws / "d").exists() and not (ws / "fresh").exists()
     # the report says so, and caper run tells the caller why
     # two refusals: the rename(2), and mv's own first try before it copies
-    assert "directory-renames-refused-by-the-overlay: 2" in out.report.uncertain
-    assert out.notes == (RENAMES_REFUSED_NOTE,)
+    assert f"{RENAMES_REFUSED}: 2" in out.report.uncertain
+    assert out.notes == (NOTES[RENAMES_REFUSED],)
     env = {**os.environ, "CAPER_STATE_DIR": state, "CAPER_NO_GATE": "1", "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--approver", "allow", "-c",
                         "python3 -c 'import os; os.rename(\"d3\", \"d4\")'"],
                        cwd=ws, env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and f"caper: note: {RENAMES_REFUSED_NOTE}" in p.stderr
+    assert p.returncode == 1 and f"caper: note: {NOTES[RENAMES_REFUSED]}" in p.stderr
     assert "caper: note:" not in run("mv fresh2 fresh3", cwd=str(ws), approver="allow",
                                      state_dir=state).to_json()
 
@@ -391,3 +392,6 @@ def test_a_write_through_one_hard_link_leaves_the_others_as_they_were(ws, state)
     assert out.stdout.text() == b"old\n"                  # what the command saw
     assert (ws / "a").read_text() == "new\n" and (ws / "hl").read_text() == "old\n"
     assert os.stat(ws / "a").st_ino != os.stat(ws / "hl").st_ino
+    assert LINKS_SPLIT in out.report.uncertain and out.notes == (NOTES[LINKS_SPLIT],)
+    out = run("echo newer > a", cwd=str(ws), approver="allow", state_dir=state)   # one link now
+    assert out.committed and out.notes == () and LINKS_SPLIT not in out.report.uncertain
