@@ -11,6 +11,7 @@ Rollback is deleting the scratch directory; commit is caper.commit.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import shutil
 import threading
@@ -90,6 +91,12 @@ def subvolume_root(path: str, entries: list[mountinfo.MountEntry]) -> str | None
     return top
 
 
+@functools.cache
+def _can_remount_tree() -> bool:
+    from caper._native import lib
+    return bool(lib.caper_can_remount_tree())
+
+
 def _escape_option(path: str) -> str:
     # overlay's option parser splits on ',' and lowerdir on ':'
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
@@ -112,14 +119,17 @@ class _Planner:
         target = self._target(path)
         if read_only:
             # Read-only on the host stays read-only in the sandbox, the whole
-            # tree: with mounts below it, MS_REC makes the core set the flags
-            # on each (mount_setattr, Linux 5.12+), or they would stay writable
-            # and reach the host. A writable mount below that gets its own
-            # layer is mounted on top later.
+            # tree: MS_REC makes the core set the flags on every mount below
+            # (mount_setattr, Linux 5.12+), or they would stay writable and
+            # reach the host; a mount made on the host after this plan too.
+            # An older kernel gets the plain remount where no mount lies below,
+            # and fails the set-up where one does. A writable mount below that
+            # gets its own layer is mounted on top later.
             below = any(p != path and mountinfo.below(p, path) for p in self.host_points)
+            tree = below or _can_remount_tree()
             self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
             self.mounts.append(Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
-                                     | MS_NOSUID | MS_NODEV | (MS_REC if below else 0)))
+                                     | MS_NOSUID | MS_NODEV | (MS_REC if tree else 0)))
             return
         n = len(self.layers)
         upper = os.path.join(self.scratch, f"layer{n}", "upper")

@@ -229,6 +229,10 @@ const char *caper_syscall_name(uint32_t sysno);
  * the command could start. Always closes config->event_fd. */
 int caper_run(const struct caper_config *config, struct caper_result *result);
 
+/* 1 if this kernel can set a bind mount's flags on its whole tree (mount_setattr,
+ * Linux 5.12+): what caper_mount's MS_BIND | MS_REMOUNT | MS_REC needs. */
+int caper_can_remount_tree(void);
+
 /* Wait, in the thread that called caper_run, for the init it left exiting
  * (result.reap_pid). 0, or -errno. */
 int caper_reap(int32_t pid);

@@ -44,6 +44,13 @@ static int remount_tree(const char *dst, unsigned long flags)
     return (int)syscall(SYS_mount_setattr, AT_FDCWD, dst, AT_RECURSIVE, &a, sizeof a);
 }
 
+int caper_can_remount_tree(void)
+{
+    /* A size below the first struct's: EINVAL where the call exists, before any
+     * permission check; ENOSYS from an old kernel, EPERM from a seccomp policy. */
+    return syscall(SYS_mount_setattr, -1, "", 0, NULL, 0) < 0 && errno != ENOSYS && errno != EPERM;
+}
+
 static int do_mount(struct caper_failure *f, uint32_t step, const char *src, const char *dst,
                     const char *type, unsigned long flags, const char *data)
 {

@@ -161,3 +161,31 @@ def test_a_writable_mount_below_a_read_only_tree_stays_in_the_sandbox(above):
             subprocess.run(["umount", str(m)], check=False)
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_every_read_only_bind_is_made_read_only_as_a_whole_tree(tmp_path):
+    """Where the kernel can (mount_setattr), every tree the plan binds
+    read-only gets its flags recursively, mounts below it or not: a mount
+    the host adds below it after the plan is read-only too."""
+    from caper.snapshot import MS_BIND, MS_REC, MS_REMOUNT, MS_RDONLY, OverlaySnapshot, _can_remount_tree
+    if not _can_remount_tree():
+        pytest.skip("this kernel has no mount_setattr")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount the read-only tree it plans around")
+    ro = tmp_path / "ro"                      # nothing below it: the plain remount before
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "caper-ro-leaf", ro], check=True)
+    try:
+        for userxattr in (False, True):
+            snap = OverlaySnapshot.create(str(tmp_path / f"state{userxattr}"), userxattr=userxattr)
+            try:
+                mine = [m for m in snap.mounts if m.target == snap.stage + str(ro)
+                        and m.flags & MS_REMOUNT]
+                assert mine and mine[0].flags & MS_RDONLY, snap.mounts
+                remounts = [m for m in snap.mounts if m.flags & MS_REMOUNT and m.flags & MS_RDONLY
+                            and m.target != snap.stage]     # the staging root's own, not a tree
+                assert all(m.flags & (MS_BIND | MS_REC) == MS_BIND | MS_REC for m in remounts)
+            finally:
+                snap.discard()
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
