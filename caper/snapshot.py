@@ -186,6 +186,8 @@ class _Planner:
 
     def _split(self, directory: str, points: dict[str, HostMount]) -> None:
         # Files beside a mount point (rare below "/") can only be bound read-only.
+        # Any mount counts here, a pseudo filesystem's too: the kernel refuses
+        # a lower layer with a (locked) mount anywhere below it.
         for entry in os.scandir(directory):
             path = entry.path
             target = self._target(path)
@@ -195,13 +197,21 @@ class _Planner:
             if entry.is_symlink():
                 os.symlink(os.readlink(path), target)
                 continue
+            if path in self.host_points and path not in points:
+                # a pseudo filesystem (nsfs, mqueue, autofs ...): not the
+                # command's business; an empty stand-in, read-only with the stage
+                if entry.is_dir(follow_symlinks=False):
+                    os.mkdir(target)
+                else:
+                    open(target, "w").close()
+                continue
             if entry.is_dir(follow_symlinks=False):
                 os.mkdir(target)
                 if not os.access(path, os.R_OK | os.X_OK):
                     self.cover(path, True)  # closed to this user natively too
                     self._cover_below(path, points)
                     continue
-                if any(mountinfo.below(p, path) and p != path for p in points):
+                if any(mountinfo.below(p, path) and p != path for p in self.host_points):
                     if path in points and points[path].read_only:
                         self.cover(path, True)
                         self._cover_below(path, points)

@@ -106,7 +106,8 @@ sys.path.insert(0, sys.argv[1])
 import caper
 out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sys.argv[4],
                 state_dir=sys.argv[5])
-print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code}))
+print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code,
+                  "stdout": out.stdout.text().decode()}))
 """
 
 
@@ -189,3 +190,35 @@ def test_every_read_only_bind_is_made_read_only_as_a_whole_tree(tmp_path):
                 snap.discard()
     finally:
         subprocess.run(["umount", str(ro)], check=False)
+
+
+def test_a_pseudo_filesystem_mount_does_not_stop_a_rootless_run():
+    """An nsfs, mqueue or autofs mount (ip netns, container runtimes, NFS
+    clients) below a directory made the rootless overlay of that directory
+    fail (the kernel refuses a lower layer with a locked mount below it), so
+    every run failed. Such a directory is now split like one with any other
+    mount below it, and the pseudo mount is an empty stand-in."""
+    reason = _usable()
+    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    base, state = tempfile.mkdtemp(prefix="caper-pseudo-"), tempfile.mkdtemp(prefix="caper-state-")
+    ws, mq = Path(base, "ws"), Path(base, "mq")
+    ws.mkdir()
+    mq.mkdir()
+    subprocess.run(["mount", "-t", "mqueue", "caper-mq", mq], check=True)
+    try:
+        for p in (base, ws, state):
+            os.chown(p, NOBODY, NOBODY)
+        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(ws),
+                            f"echo held > f; ls -A {mq} | wc -l", "block", state],
+                           capture_output=True, text=True, timeout=120, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "HOME": state})
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout)
+        assert out["exit"] == 0 and not out["committed"] and not (ws / "f").exists()
+        assert out["stdout"].strip() == "0"         # the stand-in is empty
+    finally:
+        subprocess.run(["umount", str(mq)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
