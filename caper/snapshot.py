@@ -91,6 +91,18 @@ def subvolume_root(path: str, entries: list[mountinfo.MountEntry]) -> str | None
     return top
 
 
+def _foreign_between(top: str, path: str) -> bool:
+    """A directory in (top, path] whose owner or group is not this process's."""
+    uid, gid = os.geteuid(), os.getegid()
+    d = path
+    while len(d) > len(top):
+        st = os.stat(d)
+        if st.st_uid != uid or st.st_gid != gid:
+            return True
+        d = os.path.dirname(d)
+    return False
+
+
 @functools.cache
 def _can_remount_tree() -> bool:
     from caper._native import lib
@@ -168,6 +180,24 @@ class _Planner:
         self._split("/", points)
         self.mounts.append(Mount(None, self.stage, None, None,
                                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+
+    def layer_above(self, path: str) -> str:
+        """The mount point of the deepest layer holding path ("" if none)."""
+        return max((l.mount_point for l in self.layers if mountinfo.below(path, l.mount_point)),
+                   key=len, default="")
+
+    def own_layer(self, path: str | None, entries: list[mountinfo.MountEntry],
+                  state_real: str) -> None:
+        """An overlay of path, a directory no mount is on, over its parent's:
+        not where a mount lies below it (it would hide it, and the kernel
+        refuses such a lower layer), nor where no layer holds it or its mount
+        is read-only (the command cannot write there natively), nor in
+        caper's own state."""
+        if path and self.layer_above(path) not in ("", path) \
+                and not any(mountinfo.below(p, path) for p in self.host_points) \
+                and not mountinfo.containing(path, entries).read_only \
+                and not mountinfo.below(path, state_real):
+            self.cover(path, False)
 
     def _cover_below(self, path: str, points: dict[str, HostMount]) -> None:
         """Below a tree bound read-only whole: a writable mount with none below
@@ -297,14 +327,18 @@ class OverlaySnapshot:
                 plan.layers.clear()
         if not plan.layers:
             raise SetupError("no writable mount to snapshot", step="MOUNT_ROOT")
-        subvolume = subvolume_root(workspace, entries) if workspace else None
-        # Mounted over its parent's overlay; not over a mount below it, which
-        # it would hide, nor where the parent is no layer (read-only, caper's own).
-        if subvolume and not mountinfo.containing(subvolume, entries).read_only \
-                and not any(mountinfo.below(m.mount_point, subvolume) for m in covered) \
-                and any(mountinfo.below(subvolume, l.mount_point) for l in plan.layers) \
-                and not mountinfo.below(subvolume, state_real):
-            plan.cover(subvolume, False)
+        if workspace:
+            # The workspace's own layers, each over its parent's overlay: at the
+            # root of the btrfs subvolume that holds it (one commit cannot cross
+            # subvolumes), and, unprivileged, at the workspace itself when a
+            # directory above it in its layer belongs to someone else (copying
+            # such a directory up fails in a user namespace: EOVERFLOW, its
+            # owner has no id there).
+            real = os.path.realpath(workspace)
+            plan.own_layer(subvolume_root(real, entries), entries, state_real)
+            above = plan.layer_above(real)
+            if userxattr and above and _foreign_between(above, real):
+                plan.own_layer(real, entries, state_real)
         for source, path in binds:
             plan.mounts.append(Mount(source, stage + path, None, None, MS_BIND))
         # caper's own state (other runs' pending changes) is not the command's business.
