@@ -269,12 +269,11 @@ class OverlaySnapshot:
     @classmethod
     def create(cls, state_dir: str, *, userxattr: bool,
                binds: Sequence[tuple[str, str]] = (),
-               workspace: str | None = None) -> "OverlaySnapshot":
+               work_dirs: Sequence[str] = ()) -> "OverlaySnapshot":
         """binds: (host path, sandbox path) pairs mounted over the overlays,
         e.g. a btrfs snapshot of the workspace at the workspace's path.
-        workspace: where the command works; when it lies in a btrfs subvolume
-        that is not mounted on its own, that subvolume gets a layer of its own,
-        as a mount does (see subvolume_root)."""
+        work_dirs: where the command is expected to write (its workspace,
+        $HOME), which may need layers of their own (see _plan)."""
         entries = mountinfo.read()
         cls.check_state_dir(state_dir, entries)
         runs = os.path.join(state_dir, "runs")
@@ -285,7 +284,7 @@ class OverlaySnapshot:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
             os.mkdir(scratch, 0o700)
-            snap = cls._plan(scratch, state_dir, userxattr, binds, entries, workspace)
+            snap = cls._plan(scratch, state_dir, userxattr, binds, entries, work_dirs)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             _unlink(scratch + ".lock")
@@ -308,7 +307,7 @@ class OverlaySnapshot:
     @classmethod
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool,
               binds: Sequence[tuple[str, str]],
-              entries: list[mountinfo.MountEntry], workspace: str | None) -> "OverlaySnapshot":
+              entries: list[mountinfo.MountEntry], work_dirs: Sequence[str]) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
         state_real = os.path.realpath(state_dir)
@@ -327,18 +326,20 @@ class OverlaySnapshot:
                 plan.layers.clear()
         if not plan.layers:
             raise SetupError("no writable mount to snapshot", step="MOUNT_ROOT")
-        if workspace:
-            # The workspace's own layers, each over its parent's overlay: at the
-            # root of the btrfs subvolume that holds it (one commit cannot cross
-            # subvolumes), and, unprivileged, at the workspace itself when a
-            # directory above it in its layer belongs to someone else (copying
-            # such a directory up fails in a user namespace: EOVERFLOW, its
-            # owner has no id there).
-            real = os.path.realpath(workspace)
-            plan.own_layer(subvolume_root(real, entries), entries, state_real)
-            above = plan.layer_above(real)
-            if userxattr and above and _foreign_between(above, real):
-                plan.own_layer(real, entries, state_real)
+        # Layers of their own for the work dirs, each over its parent's overlay,
+        # parents first: at the root of a btrfs subvolume that holds one (one
+        # commit cannot cross subvolumes), and, unprivileged, at a work dir
+        # itself when a directory above it in its layer belongs to someone else
+        # (copying such a directory up fails in a user namespace: EOVERFLOW,
+        # its owner has no id there).
+        dirs = {os.path.realpath(d) for d in work_dirs if os.path.isdir(d)}
+        roots = {r for r in (subvolume_root(d, entries) for d in dirs) if r}
+        for path in sorted(dirs | roots, key=lambda p: (p.count("/"), p)):
+            if path in roots:
+                plan.own_layer(path, entries, state_real)
+            above = plan.layer_above(path)
+            if path in dirs and userxattr and above and _foreign_between(above, path):
+                plan.own_layer(path, entries, state_real)
         for source, path in binds:
             plan.mounts.append(Mount(source, stage + path, None, None, MS_BIND))
         # caper's own state (other runs' pending changes) is not the command's business.

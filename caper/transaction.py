@@ -185,7 +185,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         try:
             snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
                                           binds=[(bsnap.path, workspace)] if bsnap else [],
-                                          workspace=None if bsnap else workspace)
+                                          work_dirs=[d for d in ([home] if bsnap else
+                                                                 [workspace, home]) if d])
         except BaseException:
             if bsnap:
                 bsnap.discard()

@@ -227,34 +227,38 @@ def test_a_pseudo_filesystem_mount_does_not_stop_a_rootless_run():
 def test_a_rootless_workspace_below_a_directory_of_another_owner_takes_writes():
     """Rootless, a write needs every directory above it, up to its layer's
     root, copied up, and copying up a directory whose owner has no id in the
-    user namespace fails (EOVERFLOW): a workspace under /var/tmp/<root's dir>
-    or /srv took no write at all. Such a workspace now gets its own layer."""
+    user namespace fails (EOVERFLOW): a workspace, or a $HOME, under
+    /var/tmp/<root's dir> or /srv took no write at all. Each now gets its own
+    layer."""
     reason = _usable()
     if reason or not os.access(ROOTLESS_VENV, os.X_OK):
         pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
     base, state = tempfile.mkdtemp(prefix="caper-foreign-"), tempfile.mkdtemp(prefix="caper-state-")
-    ws = Path(base, "roots", "ws")                 # roots/: root's, 0755
+    ws, home = Path(base, "roots", "ws"), Path(base, "roots", "home")   # roots/: root's, 0755
     ws.mkdir(parents=True)
+    home.mkdir()
     try:
         os.chmod(base, 0o755)
         os.chmod(ws.parent, 0o755)
-        for p in (ws, state):
+        for p in (ws, home, state):
             os.chown(p, NOBODY, NOBODY)
 
         def run(approver: str) -> dict:
             p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                                 ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(ws),
-                                "mkdir d && echo held > d/f && cat d/f", approver, state],
+                                "mkdir d && echo held > d/f && cat d/f && echo rc > $HOME/.rc",
+                                approver, state],
                                capture_output=True, text=True, timeout=120, cwd="/",
-                               env={"PATH": "/usr/bin:/bin", "HOME": state})
+                               env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
             assert p.returncode == 0, p.stderr[-3000:]
             return json.loads(p.stdout)
 
         out = run("block")
-        assert (out["exit"], out["stdout"]) == (0, "held\n") and not (ws / "d").exists()
+        assert (out["exit"], out["stdout"]) == (0, "held\n"), out
+        assert not (ws / "d").exists() and not (home / ".rc").exists()
         out = run("allow")
         assert out["committed"], out["reason"]
-        assert (ws / "d" / "f").read_text() == "held\n"
+        assert (ws / "d" / "f").read_text() == "held\n" and (home / ".rc").read_text() == "rc\n"
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
