@@ -182,11 +182,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
         bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
+        work_dirs = _work_dirs(None if bsnap else workspace, home,
+                               os.environ if env is None else env)
         try:
             snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
                                           binds=[(bsnap.path, workspace)] if bsnap else [],
-                                          work_dirs=[d for d in ([home] if bsnap else
-                                                                 [workspace, home]) if d])
+                                          work_dirs=work_dirs)
         except BaseException:
             if bsnap:
                 bsnap.discard()
@@ -283,6 +284,13 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 bsnap.keep()
             elif bsnap:   # the old workspace after a swap, else the unused snapshot
                 later(bsnap.finish if bsnap.swapped else bsnap.discard)
+
+
+def _work_dirs(workspace: str | None, home: str | None, env: Mapping[str, str]) -> list[str]:
+    """Where a command is expected to write: its workspace, $HOME, and the
+    shared temporary directories ($TMPDIR, /var/tmp; /tmp is a layer of its
+    own already)."""
+    return [d for d in (workspace, home, env.get("TMPDIR"), "/var/tmp") if d]
 
 
 def _not_committed(e: CaperError, workspace_swapped: bool, kept: str | None = None) -> Decision:

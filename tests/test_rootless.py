@@ -262,3 +262,31 @@ def test_a_rootless_workspace_below_a_directory_of_another_owner_takes_writes():
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_rootless_command_writes_to_var_tmp():
+    """/var/tmp (root's, 1777) sits below /var in its layer: copying it up
+    failed with EOVERFLOW, so `mktemp -p /var/tmp` failed under rootless
+    caper. The shared temporary directories are work dirs now."""
+    reason = _usable()
+    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    if os.stat("/var/tmp").st_uid == NOBODY or os.path.ismount("/var/tmp"):
+        pytest.skip("/var/tmp here is not a root-owned directory inside /var")
+    ws, state = tempfile.mkdtemp(prefix="caper-vartmp-"), tempfile.mkdtemp(prefix="caper-state-")
+    try:
+        for p in (ws, state):
+            os.chown(p, NOBODY, NOBODY)
+        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), ws,
+                            "f=$(mktemp -p /var/tmp caper-test-XXXXXX) && echo $f", "block", state],
+                           capture_output=True, text=True, timeout=120, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "HOME": state})
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout)
+        made = out["stdout"].strip()
+        assert out["exit"] == 0 and made.startswith("/var/tmp/caper-test-"), out
+        assert not os.path.exists(made)               # held, not on the host
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
