@@ -50,6 +50,10 @@ RENAMES_REFUSED = "directory-renames-refused-by-the-overlay"
 # A file with other hard links was modified: the overlay copied up that name
 # alone, so the other names kept the old content.
 LINKS_SPLIT = "hard-linked-files-written-through-one-name"
+# A write failed with EOVERFLOW: rootless, its directory (or one above it)
+# belongs to an owner or group without an id in the user namespace, and
+# overlayfs cannot copy it up.
+WRITES_REFUSED = "writes-refused-by-the-user-namespace"
 NOTES = {
     RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's overlay "
                      "(EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and `git mv` do "
@@ -57,6 +61,10 @@ NOTES = {
     LINKS_SPLIT: "a file with other hard links was written through one name: in caper's overlay "
                  "that name got its own copy, and the other names kept the old content (as they "
                  "will after the commit). The btrfs backend keeps hard links shared.",
+    WRITES_REFUSED: "a write failed with EOVERFLOW ('Value too large for defined data type'): "
+                    "it was below a directory whose owner or group has no id in the user "
+                    "namespace of unprivileged caper (a setgid team directory, say), which the "
+                    "overlay cannot copy into the sandbox. caper run as root has no such limit.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
@@ -346,14 +354,16 @@ class _Analysis:
         if k == Kind.RENAME and e.result == -errno.EXDEV and e.path and e.path2 \
                 and view.inside(e.path) and view.inside(e.path2):
             self.uncertain[RENAMES_REFUSED] += 1
+        if e.result == -errno.EOVERFLOW and (k in _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)
+                                             or k == Kind.OPEN and _writes(e.flags)):
+            self.uncertain[WRITES_REFUSED] += 1
         if k == Kind.PROC_START:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
         elif k == Kind.OPEN and e.path:
             acc = e.flags & 3
-            writes = acc != os.O_RDONLY or e.flags & (os.O_CREAT | os.O_TRUNC)
-            if writes and e.ok:
+            if _writes(e.flags) and e.ok:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
                 kind = facts.protected.kind(e.path)
@@ -709,6 +719,11 @@ def notes(report: Report) -> tuple[str, ...]:
     """What the caller should know about how this run differed from a native one."""
     flagged = {u.split(":")[0] for u in report.uncertain}
     return tuple(text for flag, text in NOTES.items() if flag in flagged)
+
+
+def _writes(flags: int) -> bool:
+    """An open with these flags writes (or creates, or truncates)."""
+    return flags & 3 != os.O_RDONLY or bool(flags & (os.O_CREAT | os.O_TRUNC))
 
 
 def _links(path: str) -> int:

@@ -107,7 +107,7 @@ import caper
 out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sys.argv[4],
                 state_dir=sys.argv[5])
 print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code,
-                  "stdout": out.stdout.text().decode()}))
+                  "stdout": out.stdout.text().decode(), "notes": list(out.notes)}))
 """
 
 
@@ -287,6 +287,36 @@ def test_a_rootless_command_writes_to_var_tmp():
         made = out["stdout"].strip()
         assert out["exit"] == 0 and made.startswith("/var/tmp/caper-test-"), out
         assert not os.path.exists(made)               # held, not on the host
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_write_below_a_directory_of_a_foreign_group_says_why_it_failed():
+    """What stays out of reach rootless (README): inside the workspace, a
+    setgid team directory whose group has no id in the user namespace cannot
+    be copied up, so a write there fails with EOVERFLOW ('Value too large
+    for defined data type'). The report flags it and caper run says why."""
+    from caper.report import NOTES, WRITES_REFUSED
+    reason = _usable()
+    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    ws, state = tempfile.mkdtemp(prefix="caper-group-"), tempfile.mkdtemp(prefix="caper-state-")
+    team = Path(ws, "team")
+    team.mkdir()
+    try:
+        for p in (ws, state):
+            os.chown(p, NOBODY, NOBODY)
+        os.chown(team, NOBODY, 0)
+        os.chmod(team, 0o2775)
+        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), ws,
+                            "echo a > team/f", "block", state],
+                           capture_output=True, text=True, timeout=120, cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "HOME": state})
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout)
+        assert out["exit"] == 2 and out["notes"] == [NOTES[WRITES_REFUSED]], out
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
