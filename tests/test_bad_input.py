@@ -11,6 +11,7 @@ import pytest
 
 from caper.config import Config
 from caper.errors import ConfigError
+from caper.snapshot import settle
 from caper.transaction import run
 from test_run import tree
 
@@ -96,4 +97,5 @@ def test_a_read_only_workspace_stays_read_only_inside(tmp_path):
         assert out.stdout.text() == b"ran\n" and b"Read-only file system" in out.stderr.text()
         assert out.report.changes == [] and tree(ro) == before
     finally:
+        settle()        # the sandbox's init, still exiting, holds the mount until reaped
         subprocess.run(["umount", str(ro)], check=True)

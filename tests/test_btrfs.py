@@ -59,6 +59,7 @@ def fs(tmp_path_factory):
     try:
         yield mnt
     finally:
+        settle()        # a sandbox's init may still be exiting, holding the mount
         r = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"umount {mnt}: {r.stderr.strip()}; detaching it lazily")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from caper import ctimes, mountinfo
+from caper.snapshot import settle
 
 
 def wait_for(threshold: ctimes.Threshold) -> None:
@@ -101,6 +102,7 @@ def whole_seconds_fs(tmp_path_factory):
     try:
         yield mnt
     finally:
+        settle()        # a sandbox's init may still be exiting, holding the mount
         subprocess.run(["umount", str(mnt)], check=True)
         shutil.rmtree(base, ignore_errors=True)
 

@@ -160,6 +160,7 @@ def test_a_full_disk_during_the_commit_changes_nothing(tmp_path):
         assert tree(ws) == before
         assert [n for n in os.listdir(ws) if n not in ("keep", "old")] == []   # no staging left
     finally:
+        settle()        # the sandbox's init, still exiting, holds the tmpfs until reaped
         subprocess.run(["umount", str(ws)], check=True)
 
 
@@ -212,7 +213,10 @@ def test_a_damaged_session_database_fails_closed(tmp_path):
 
 @needs_root
 @pytest.mark.parametrize("what, command", [
-    ("bytes", "head -c 200000000 /dev/zero > big; echo never"),
+    # 1 MB at a time: one 200 MB write fills this tmpfs in ~30 ms, and under
+    # load the guard, which looks every DISK_POLL_MS, could miss it (the
+    # run is then refused by the full disk instead, nothing committed)
+    ("bytes", "for i in $(seq 200); do head -c 1000000 /dev/zero > f$i; done; echo never"),
     ("inodes", "mkdir many && cd many && i=0; while :; do : > f$i; i=$((i+1)); done"),
 ])
 def test_a_command_that_fills_the_upper_layer_is_stopped_and_its_scratch_reclaimed(
@@ -236,6 +240,7 @@ def test_a_command_that_fills_the_upper_layer_is_stopped_and_its_scratch_reclaim
         v = os.statvfs(state)
         assert v.f_bavail * v.f_frsize > 60 << 20 and v.f_favail > 3900   # reclaimed
     finally:
+        settle()        # the sandbox's init, still exiting, holds the tmpfs until reaped
         subprocess.run(["umount", str(state)], check=True)
 
 
