@@ -490,23 +490,12 @@ def test_overlay_backend_refuses_a_commit_across_a_nested_subvolume_and_says_why
     assert tree(env.ws) == before
 
 
-ROOTLESS_RUN = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import caper
-out = caper.run(sys.argv[3], cwd=sys.argv[2], approver=sys.argv[4], state_dir=sys.argv[5])
-print(json.dumps({"committed": out.committed, "reason": out.reason, "backend": out.report.backend}))
-"""
-
-
 def test_rootless_caper_commits_in_a_subvolume_workspace(env):
     """The same as uid 65534 (user namespace, userxattr overlays): auto picks
     the overlay, which covers the subvolume with a layer of its own."""
-    from test_rootless import NOBODY, ROOT, ROOTLESS_VENV, _usable
+    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
     from test_run import tree
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    need_rootless_venv()
     cmd = "echo agent > b; rm -r d; mkdir n; echo 1 > n/f; echo done"
     want = _native(env, cmd)
     for path in [env.parent, env.state, *env.ws.rglob("*"), env.ws]:
@@ -514,13 +503,7 @@ def test_rootless_caper_commits_in_a_subvolume_workspace(env):
     before = tree(env.ws)
 
     def run(approver: str) -> dict:
-        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(ROOT), str(env.ws), cmd, approver,
-                            str(env.state / "nobody")],
-                           capture_output=True, text=True, timeout=120, cwd=env.ws,
-                           env={"PATH": "/usr/bin:/bin", "HOME": str(env.state)})
-        assert p.returncode == 0, p.stderr[-3000:]
-        return json.loads(p.stdout)
+        return run_as_nobody(env.ws, cmd, approver, env.state / "nobody", env.state)
 
     # pytest's own directories above the image's mount are root's (0700)
     opened = [(d, d.stat().st_mode) for d in env.parent.parents

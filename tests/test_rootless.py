@@ -107,8 +107,26 @@ import caper
 out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sys.argv[4],
                 state_dir=sys.argv[5])
 print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code,
-                  "stdout": out.stdout.text().decode(), "notes": list(out.notes)}))
+                  "stdout": out.stdout.text().decode(), "notes": list(out.notes),
+                  "backend": out.report.backend}))
 """
+
+
+def need_rootless_venv() -> None:
+    reason = _usable()
+    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
+        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+
+
+def run_as_nobody(ws, command: str, approver: str, state, home=None) -> dict:
+    """caper.run(command) in workspace ws by uid 65534: its outcome's fields."""
+    p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                        ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(ws), command, approver,
+                        str(state)],
+                       capture_output=True, text=True, timeout=120, cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(home or state)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
 
 
 @pytest.mark.parametrize("above", ["a directory this user can pass but not list",
@@ -119,9 +137,7 @@ def test_a_writable_mount_below_a_read_only_tree_stays_in_the_sandbox(above):
     blocked run's writes reached the host. Now the whole tree is read-only
     and the writable mount gets an overlay of its own: the write is held,
     and committed only when allowed."""
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    need_rootless_venv()
     base, state = tempfile.mkdtemp(prefix="caper-below-"), tempfile.mkdtemp(prefix="caper-state-")
     tree, inner = Path(base, "tree"), Path(base, "tree", "inner")
     tree.mkdir()
@@ -143,13 +159,7 @@ def test_a_writable_mount_below_a_read_only_tree_stays_in_the_sandbox(above):
         mounted.insert(0, inner)
 
         def run(approver: str) -> dict:
-            p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(inner),
-                                "echo held > f; echo done", approver, state],
-                               capture_output=True, text=True, timeout=120, cwd="/",
-                               env={"PATH": "/usr/bin:/bin", "HOME": state})
-            assert p.returncode == 0, p.stderr[-3000:]
-            return json.loads(p.stdout)
+            return run_as_nobody(inner, "echo held > f; echo done", approver, state)
 
         out = run("block")
         assert out["exit"] == 0 and not out["committed"]
@@ -198,9 +208,7 @@ def test_a_pseudo_filesystem_mount_does_not_stop_a_rootless_run():
     fail (the kernel refuses a lower layer with a locked mount below it), so
     every run failed. Such a directory is now split like one with any other
     mount below it, and the pseudo mount is an empty stand-in."""
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    need_rootless_venv()
     base, state = tempfile.mkdtemp(prefix="caper-pseudo-"), tempfile.mkdtemp(prefix="caper-state-")
     ws, mq = Path(base, "ws"), Path(base, "mq")
     ws.mkdir()
@@ -209,13 +217,7 @@ def test_a_pseudo_filesystem_mount_does_not_stop_a_rootless_run():
     try:
         for p in (base, ws, state):
             os.chown(p, NOBODY, NOBODY)
-        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(ws),
-                            f"echo held > f; ls -A {mq} | wc -l", "block", state],
-                           capture_output=True, text=True, timeout=120, cwd="/",
-                           env={"PATH": "/usr/bin:/bin", "HOME": state})
-        assert p.returncode == 0, p.stderr[-3000:]
-        out = json.loads(p.stdout)
+        out = run_as_nobody(ws, f"echo held > f; ls -A {mq} | wc -l", "block", state)
         assert out["exit"] == 0 and not out["committed"] and not (ws / "f").exists()
         assert out["stdout"].strip() == "0"         # the stand-in is empty
     finally:
@@ -230,9 +232,7 @@ def test_a_rootless_workspace_below_a_directory_of_another_owner_takes_writes():
     user namespace fails (EOVERFLOW): a workspace, or a $HOME, under
     /var/tmp/<root's dir> or /srv took no write at all. Each now gets its own
     layer."""
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    need_rootless_venv()
     base, state = tempfile.mkdtemp(prefix="caper-foreign-"), tempfile.mkdtemp(prefix="caper-state-")
     ws, home = Path(base, "roots", "ws"), Path(base, "roots", "home")   # roots/: root's, 0755
     ws.mkdir(parents=True)
@@ -244,14 +244,8 @@ def test_a_rootless_workspace_below_a_directory_of_another_owner_takes_writes():
             os.chown(p, NOBODY, NOBODY)
 
         def run(approver: str) -> dict:
-            p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), str(ws),
-                                "mkdir d && echo held > d/f && cat d/f && echo rc > $HOME/.rc",
-                                approver, state],
-                               capture_output=True, text=True, timeout=120, cwd="/",
-                               env={"PATH": "/usr/bin:/bin", "HOME": str(home)})
-            assert p.returncode == 0, p.stderr[-3000:]
-            return json.loads(p.stdout)
+            return run_as_nobody(ws, "mkdir d && echo held > d/f && cat d/f && echo rc > $HOME/.rc",
+                                 approver, state, home)
 
         out = run("block")
         assert (out["exit"], out["stdout"]) == (0, "held\n"), out
@@ -268,22 +262,15 @@ def test_a_rootless_command_writes_to_var_tmp():
     """/var/tmp (root's, 1777) sits below /var in its layer: copying it up
     failed with EOVERFLOW, so `mktemp -p /var/tmp` failed under rootless
     caper. The shared temporary directories are work dirs now."""
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    need_rootless_venv()
     if os.stat("/var/tmp").st_uid == NOBODY or os.path.ismount("/var/tmp"):
         pytest.skip("/var/tmp here is not a root-owned directory inside /var")
     ws, state = tempfile.mkdtemp(prefix="caper-vartmp-"), tempfile.mkdtemp(prefix="caper-state-")
     try:
         for p in (ws, state):
             os.chown(p, NOBODY, NOBODY)
-        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), ws,
-                            "f=$(mktemp -p /var/tmp caper-test-XXXXXX) && echo $f", "block", state],
-                           capture_output=True, text=True, timeout=120, cwd="/",
-                           env={"PATH": "/usr/bin:/bin", "HOME": state})
-        assert p.returncode == 0, p.stderr[-3000:]
-        out = json.loads(p.stdout)
+        out = run_as_nobody(ws, "f=$(mktemp -p /var/tmp caper-test-XXXXXX) && echo $f", "block",
+                            state)
         made = out["stdout"].strip()
         assert out["exit"] == 0 and made.startswith("/var/tmp/caper-test-"), out
         assert not os.path.exists(made)               # held, not on the host
@@ -298,9 +285,7 @@ def test_a_write_below_a_directory_of_a_foreign_group_says_why_it_failed():
     be copied up, so a write there fails with EOVERFLOW ('Value too large
     for defined data type'). The report flags it and caper run says why."""
     from caper.report import NOTES, WRITES_REFUSED
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
+    need_rootless_venv()
     ws, state = tempfile.mkdtemp(prefix="caper-group-"), tempfile.mkdtemp(prefix="caper-state-")
     team = Path(ws, "team")
     team.mkdir()
@@ -309,13 +294,7 @@ def test_a_write_below_a_directory_of_a_foreign_group_says_why_it_failed():
             os.chown(p, NOBODY, NOBODY)
         os.chown(team, NOBODY, 0)
         os.chmod(team, 0o2775)
-        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(ROOT), ws,
-                            "echo a > team/f", "block", state],
-                           capture_output=True, text=True, timeout=120, cwd="/",
-                           env={"PATH": "/usr/bin:/bin", "HOME": state})
-        assert p.returncode == 0, p.stderr[-3000:]
-        out = json.loads(p.stdout)
+        out = run_as_nobody(ws, "echo a > team/f", "block", state)
         assert out["exit"] == 2 and out["notes"] == [NOTES[WRITES_REFUSED]], out
     finally:
         shutil.rmtree(ws, ignore_errors=True)
