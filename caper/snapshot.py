@@ -137,8 +137,7 @@ class _Planner:
             # An older kernel gets the plain remount where no mount lies below,
             # and fails the set-up where one does. A writable mount below that
             # gets its own layer is mounted on top later.
-            below = any(p != path and mountinfo.below(p, path) for p in self.host_points)
-            tree = below or _can_remount_tree()
+            tree = self.mounts_below(path) or _can_remount_tree()
             self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
             self.mounts.append(Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
                                      | MS_NOSUID | MS_NODEV | (MS_REC if tree else 0)))
@@ -181,6 +180,12 @@ class _Planner:
         self.mounts.append(Mount(None, self.stage, None, None,
                                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
 
+    def mounts_below(self, path: str) -> bool:
+        """A mount lies strictly below path (a pseudo filesystem's too): an
+        overlay of path would hide it, and the kernel refuses such a lower
+        layer in a user namespace."""
+        return any(p != path and mountinfo.below(p, path) for p in self.host_points)
+
     def layer_above(self, path: str) -> str:
         """The mount point of the deepest layer holding path ("" if none)."""
         return max((l.mount_point for l in self.layers if mountinfo.below(path, l.mount_point)),
@@ -194,7 +199,7 @@ class _Planner:
         is read-only (the command cannot write there natively), nor in
         caper's own state."""
         if path and self.layer_above(path) not in ("", path) \
-                and not any(mountinfo.below(p, path) for p in self.host_points) \
+                and path not in self.host_points and not self.mounts_below(path) \
                 and not mountinfo.containing(path, entries).read_only \
                 and not mountinfo.below(path, state_real):
             self.cover(path, False)
@@ -205,8 +210,7 @@ class _Planner:
         could natively. The rest stay read-only (one this user cannot reach,
         one with mounts below it, which only a readable directory could split)."""
         for p, m in points.items():
-            if p == path or not mountinfo.below(p, path) or m.read_only \
-                    or any(q != p and mountinfo.below(q, p) for q in points):
+            if p == path or not mountinfo.below(p, path) or m.read_only or self.mounts_below(p):
                 continue
             try:
                 os.stat(p)
@@ -241,7 +245,7 @@ class _Planner:
                     self.cover(path, True)  # closed to this user natively too
                     self._cover_below(path, points)
                     continue
-                if any(mountinfo.below(p, path) and p != path for p in self.host_points):
+                if self.mounts_below(path):
                     if path in points and points[path].read_only:
                         self.cover(path, True)
                         self._cover_below(path, points)
