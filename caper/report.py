@@ -31,9 +31,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
-from caper.mountinfo import below
 from caper.content import FileDetail, RunTree, inspect
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
+from caper.mountinfo import below
 from caper.secrets import Protected, Redactor, read_values
 from caper.workspace import GIT_ROUTINE, PathView
 
@@ -323,6 +323,7 @@ class _Proc:
 
 _WRITE_KINDS = (Kind.UNLINK, Kind.RMDIR, Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR,
                 Kind.MKNOD)
+_CHANGING_KINDS = _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)   # besides opens
 _CLONE_VM = 0x100
 _STATUS_FILES = ("status", "stat")   # /proc/*/status shows TracerPid
 
@@ -354,7 +355,7 @@ class _Analysis:
         if k == Kind.RENAME and e.result == -errno.EXDEV and e.path and e.path2 \
                 and view.inside(e.path) and view.inside(e.path2):
             self.uncertain[RENAMES_REFUSED] += 1
-        if e.result == -errno.EOVERFLOW and (k in _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)
+        if e.result == -errno.EOVERFLOW and (k in _CHANGING_KINDS
                                              or k == Kind.OPEN and _writes(e.flags)):
             self.uncertain[WRITES_REFUSED] += 1
         if k == Kind.PROC_START:
