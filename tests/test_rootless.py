@@ -213,7 +213,10 @@ def test_a_pseudo_filesystem_mount_does_not_stop_a_rootless_run():
     ws, mq = Path(base, "ws"), Path(base, "mq")
     ws.mkdir()
     mq.mkdir()
-    subprocess.run(["mount", "-t", "mqueue", "caper-mq", mq], check=True)
+    if subprocess.run(["mount", "-t", "mqueue", "caper-mq", mq]).returncode != 0:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+        pytest.skip("cannot mount an mqueue filesystem here (the pseudo mount the test needs)")
     try:
         for p in (base, ws, state):
             os.chown(p, NOBODY, NOBODY)
