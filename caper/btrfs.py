@@ -35,16 +35,17 @@ leaves ctime older; same-clock-tick changes are conservatively conflicts).
 
 **Journal.**  `state_dir/btrfs/<id>.json` (tmp + fsync + rename + fsync dir)
 records the workspace, the snapshot path and the subvolume UUIDs; `<id>.lock`
-is flocked by the live owner.  Phases: created -> prepared (then the
-exchange; the record goes once the old workspace is deleted), or created ->
-kept (a conflicting run's version, left for the user, deleted by
-recover_btrfs once older than caper.state.KEPT_S).
-Recovery identifies everything by UUID, never by name alone:
+is flocked by the live owner.  Phases: created (written, durably, before
+the snapshot exists; the exchange needs no record of its own, and the record
+goes once the old workspace is deleted), or created -> kept (a conflicting
+run's version, left for the user, deleted by recover_btrfs once older than
+caper.state.KEPT_S).  Recovery identifies everything by UUID, never by name
+alone:
 
-* created:   the owner died before commit: delete the snapshot (rollback).
-* prepared:  if the workspace path holds the snapshot's UUID the exchange
-             happened: finish (post-state); else delete the snapshot (pre-state).
-* applied:   (written by earlier versions after the exchange) as prepared.
+* created:   if the workspace path holds a subvolume whose parent is the
+             workspace (the snapshot), the exchange happened: finish
+             (post-state); else delete the snapshot (pre-state).
+* prepared, applied: (written by earlier versions around the exchange) as created.
 
 Limits: the window between the conflict check and the exchange is not closed
 (a host write in that window is lost with the old subvolume); a process whose
@@ -436,7 +437,9 @@ class BtrfsSnapshot:
 
     # -- create -----------------------------------------------------------------------------
     @classmethod
-    def create(cls, workspace: str, state_dir: str) -> "BtrfsSnapshot":
+    def create(cls, workspace: str, state_dir: str,
+               entries: list[mountinfo.MountEntry] | None = None) -> "BtrfsSnapshot":
+        """entries: the mount table, if the caller has read it."""
         _need_btrfsutil()
         ws = os.path.abspath(workspace)
         if os.path.realpath(ws) != ws:
@@ -445,7 +448,7 @@ class BtrfsSnapshot:
         if not is_subvolume(ws):
             raise BtrfsError(f"create({ws}): not the root of a btrfs subvolume (errno {errno.EINVAL})",
                              step="config", err=errno.EINVAL)
-        if ws in {m.point for m in mountinfo.read()}:
+        if ws in {m.point for m in (mountinfo.read() if entries is None else entries)}:
             raise BtrfsError(f"create({ws}): a mount point; its subvolume cannot be swapped by rename "
                              f"(errno {errno.EBUSY})", step="config", err=errno.EBUSY)
         try:
@@ -594,9 +597,9 @@ class BtrfsSnapshot:
             shown = ", ".join(conflicts[:10]) + (f" (+{len(conflicts) - 10} more)" if len(conflicts) > 10 else "")
             raise BtrfsConflict(f"commit({self.workspace}): the workspace changed after the snapshot "
                                 f"(transaction {self.since}): {shown}", conflicts)
-        # "prepared" is the last record: recovery tells whether the exchange
-        # happened by the UUID at the workspace path, and finishes it if so.
-        self._journal.write(self._record("prepared"))
+        # No record before the exchange: recovery tells whether it happened by
+        # the UUID at the workspace path (a subvolume whose parent is the
+        # workspace: this snapshot), and finishes it if so.
         parent = os.path.dirname(self.workspace)
         try:
             pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -607,7 +610,6 @@ class BtrfsSnapshot:
             try:
                 renameat2(pfd, os.path.basename(self.path), os.path.basename(self.workspace), RENAME_EXCHANGE)
             except OSError as e:
-                self._journal.write(self._record("created"))   # nothing moved: back to a live snapshot
                 raise _oserr("renameat2(RENAME_EXCHANGE)", f"{self.path} <-> {self.workspace}", e) from e
             self._phase = "swapped"
             step("sync")
@@ -691,7 +693,7 @@ def _recover_one(journal: _Journal, rec: dict, max_kept_s: float) -> str | None:
         return None
     if os.path.basename(snap) != SNAP_PREFIX + rec["id"] or os.path.dirname(snap) != os.path.dirname(ws):
         raise BtrfsError(f"{journal.path}: snapshot path does not match the record", step="recover")
-    exchanged = phase in ("prepared", "applied") and _is_our_snapshot(ws, rec) is not None
+    exchanged = phase != "kept" and _is_our_snapshot(ws, rec) is not None
     if exchanged:
         _delete(snap, rec["ws_uuid"], "old workspace")
         what = f"{rec['id']}: commit finished ({ws} shows the snapshot; old workspace deleted)"

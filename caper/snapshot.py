@@ -273,12 +273,14 @@ class OverlaySnapshot:
     @classmethod
     def create(cls, state_dir: str, *, userxattr: bool,
                binds: Sequence[tuple[str, str]] = (),
-               work_dirs: Sequence[str] = ()) -> "OverlaySnapshot":
+               work_dirs: Sequence[str] = (),
+               entries: list[mountinfo.MountEntry] | None = None) -> "OverlaySnapshot":
         """binds: (host path, sandbox path) pairs mounted over the overlays,
         e.g. a btrfs snapshot of the workspace at the workspace's path.
         work_dirs: where the command is expected to write (its workspace,
-        $HOME), which may need layers of their own (see _plan)."""
-        entries = mountinfo.read()
+        $HOME), which may need layers of their own (see _plan). entries:
+        the mount table, if the caller has read it."""
+        entries = mountinfo.read() if entries is None else entries
         cls.check_state_dir(state_dir, entries)
         runs = os.path.join(state_dir, "runs")
         os.makedirs(runs, mode=0o700, exist_ok=True)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
+from caper import mountinfo
 from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver,
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
@@ -181,13 +182,14 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     expire_kept(state_dir, KEPT_S)   # conflicting runs' versions nobody took
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
-        bsnap = BtrfsSnapshot.create(workspace, state_dir) if btrfs else None
+        entries = mountinfo.read()
+        bsnap = BtrfsSnapshot.create(workspace, state_dir, entries) if btrfs else None
         work_dirs = _work_dirs(None if bsnap else workspace, home,
                                os.environ if env is None else env)
         try:
             snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
                                           binds=[(bsnap.path, workspace)] if bsnap else [],
-                                          work_dirs=work_dirs)
+                                          work_dirs=work_dirs, entries=entries)
         except BaseException:
             if bsnap:
                 bsnap.discard()
