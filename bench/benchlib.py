@@ -19,6 +19,15 @@ FILES_PER_DIR = 100         # 5,100 files, + 20 added by later commits
 N_C_FILES = 29              # unit*.c, + main.c: 30 .c files
 
 
+def fill_workspace(ws: str) -> None:
+    """The transaction bench's workspace: 10,000 files in 100 directories."""
+    for d in range(100):
+        os.makedirs(os.path.join(ws, f"d{d:03}"))
+        for f in range(100):
+            with open(os.path.join(ws, f"d{d:03}", f"f{f:03}"), "w") as fh:
+                fh.write(f"{d} {f}\n")
+
+
 def which(name: str) -> str:
     path = shutil.which(name)
     if path is None:

@@ -27,23 +27,16 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 import btrfsutil  # noqa: E402
+from benchlib import fill_workspace  # noqa: E402 - puts the checkout on sys.path
 
 import caper  # noqa: E402
 from caper.snapshot import OverlaySnapshot, settle  # noqa: E402
 from caper.trace import trace  # noqa: E402
 
 WORKLOADS = {"true": "true", "touch": "touch x"}
-
-
-def fill(ws: str) -> None:
-    for d in range(100):
-        os.makedirs(os.path.join(ws, f"d{d:03}"))
-        for f in range(100):
-            with open(os.path.join(ws, f"d{d:03}", f"f{f:03}"), "w") as fh:
-                fh.write(f"{d} {f}\n")
 
 
 def main() -> None:
@@ -60,7 +53,7 @@ def main() -> None:
     try:
         ws = os.path.join(mnt, "ws10k")
         subprocess.run(["btrfs", "-q", "subvolume", "create", ws], check=True)
-        fill(ws)
+        fill_workspace(ws)
         measure(ws, os.path.join(work, "state"), args.rounds)
     finally:
         settle()

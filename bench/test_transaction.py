@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from benchlib import ROOT
+from benchlib import ROOT, fill_workspace
 
 SCALE = float(os.environ.get("CAPER_BENCH_SCALE", "1"))
 ROUNDS = max(5, round(30 * SCALE))
@@ -32,20 +32,11 @@ WORKLOADS = {
 }
 
 
-def _fill(ws: str) -> None:
-    """10,000 files in 100 directories."""
-    for d in range(100):
-        os.makedirs(os.path.join(ws, f"d{d:03}"))
-        for f in range(100):
-            with open(os.path.join(ws, f"d{d:03}", f"f{f:03}"), "w") as fh:
-                fh.write(f"{d} {f}\n")
-
-
 @pytest.fixture(scope="session")
 def workspace(workdir):
     ws = os.path.join(workdir, "ws10k")
     if not os.path.exists(ws):
-        _fill(ws)
+        fill_workspace(ws)
     return ws
 
 
@@ -64,7 +55,7 @@ def btrfs_workspace(workdir):
     try:
         ws = os.path.join(mnt, "ws10k")
         subprocess.run(["btrfs", "-q", "subvolume", "create", ws], check=True)
-        _fill(ws)
+        fill_workspace(ws)
         assert is_subvolume(ws)
         yield ws
     finally:

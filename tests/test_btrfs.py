@@ -20,6 +20,7 @@ import caper.btrfs as B
 from caper.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
 from caper.errors import CaperError
 from caper.snapshot import settle
+from caper.syscalls import RENAME_EXCHANGE, renameat2
 from crash import kill_sweep, killed_at
 
 
@@ -276,6 +277,30 @@ def test_commit_shows_new_state_and_old_is_gone(env):
     again = BtrfsSnapshot.create(str(env.ws), str(env.state))
     assert again.changed_paths() == []
     again.discard()
+
+
+@pytest.mark.parametrize("exchanged", [False, True], ids=["before-the-exchange", "after-it"])
+def test_a_prepared_record_of_an_earlier_version_is_recovered_by_uuid(env, exchanged):
+    """Earlier versions wrote a 'prepared' record before the exchange; this
+    one writes none and tells by the UUID at the workspace path. A 'prepared'
+    record left by a dead earlier caper still ends in the pre-state where the
+    exchange had not happened and in the post-state where it had."""
+    pre = state(env.ws)
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    mutate(Path(snap.path))
+    post = state(Path(snap.path))
+    snap._journal.write(snap._record("prepared"))
+    if exchanged:
+        parent = os.open(env.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            renameat2(parent, os.path.basename(snap.path), "ws", RENAME_EXCHANGE)
+        finally:
+            os.close(parent)
+    snap._journal.unlock()              # its owner is gone
+    done = recover_btrfs(str(env.state))
+    assert len(done) == 1 and ("commit finished" if exchanged else "rolled back") in done[0]
+    assert state(env.ws) == (post if exchanged else pre)
+    assert env.siblings() == ["ws"] and os.listdir(env.state / "btrfs") == []
 
 
 def test_conflict_leaves_both_intact(env):
