@@ -74,9 +74,7 @@ def test_unprivileged_user_gets_a_user_namespace_sandbox():
     work = tempfile.mkdtemp(prefix="caper-rootless-")
     try:
         os.chown(work, NOBODY, NOBODY)
-        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            SYSTEM_PY, "-c", SCRIPT, str(source_root()), work],
-                           capture_output=True, text=True, timeout=120, cwd=work)
+        p = _as_nobody(SYSTEM_PY, "-c", SCRIPT, str(source_root()), work, timeout=120, cwd=work)
         assert p.returncode == 0, p.stderr
         out = json.loads(p.stdout)
         assert out["end"] == "EXITED" and out["exit"] == 0
@@ -110,11 +108,9 @@ def test_caper_run_tests_pass_as_an_unprivileged_user():
         env = {"PATH": "/usr/bin:/bin", "HOME": base, "CAPER_STATE_DIR": f"{base}/state",
                "PYTHONPATH": str(source_root()), "CAPER_HYPOTHESIS_EXAMPLES":
                os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", "15"), "PYTHONDONTWRITEBYTECODE": "1"}
-        p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                            ROOTLESS_VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            f"--basetemp={base}/t", "tests/test_run.py",
-                            "tests/test_run_property.py"],
-                           cwd=source_root(), env=env, capture_output=True, text=True, timeout=600)
+        p = _as_nobody(ROOTLESS_VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                       f"--basetemp={base}/t", "tests/test_run.py", "tests/test_run_property.py",
+                       cwd=source_root(), env=env, timeout=600)
         assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
         assert " passed" in p.stdout
     finally:
@@ -141,11 +137,9 @@ def need_rootless_venv() -> None:
 
 def run_as_nobody(ws, command: str, approver: str, state, home=None) -> dict:
     """caper.run(command) in workspace ws by uid 65534: its outcome's fields."""
-    p = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                        ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(source_root()), str(ws), command, approver,
-                        str(state)],
-                       capture_output=True, text=True, timeout=120, cwd="/",
-                       env={"PATH": "/usr/bin:/bin", "HOME": str(home or state)})
+    p = _as_nobody(ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(source_root()), str(ws), command, approver,
+                   str(state), timeout=120, cwd="/",
+                   env={"PATH": "/usr/bin:/bin", "HOME": str(home or state)})
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
