@@ -28,6 +28,19 @@ def fill_workspace(ws: str) -> None:
                 fh.write(f"{d} {f}\n")
 
 
+def sandbox_alone(ws: str, state: str) -> None:
+    """The btrfs floor's sandbox: the overlays a btrfs run of `true` gets
+    (the workspace bound at its own path), the native core and the tracer,
+    with no report, approver or commit."""
+    from caper.snapshot import OverlaySnapshot
+    from caper.trace import trace
+    layers = OverlaySnapshot.create(state, userxattr=False, binds=[(ws, ws)],
+                                    work_dirs=[os.environ.get("HOME", "/root"), "/var/tmp"])
+    trace("true", cwd=ws, mounts=layers.mounts, new_root=layers.stage,
+          not_before_ns=layers.not_before_ns).run()
+    layers.discard_later()
+
+
 def which(name: str) -> str:
     path = shutil.which(name)
     if path is None:

@@ -30,11 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import btrfsutil  # noqa: E402
-from benchlib import fill_workspace  # noqa: E402 - puts the checkout on sys.path
+from benchlib import fill_workspace, sandbox_alone  # noqa: E402 - puts the checkout on sys.path
 
 import caper  # noqa: E402
-from caper.snapshot import OverlaySnapshot, settle  # noqa: E402
-from caper.trace import trace  # noqa: E402
+from caper.snapshot import settle  # noqa: E402
 
 WORKLOADS = {"true": "true", "touch": "touch x"}
 
@@ -73,13 +72,6 @@ def measure(ws: str, state: str, rounds: int) -> None:
             os.unlink(os.path.join(ws, "x"))
         os.sync()
 
-    def sandbox() -> None:
-        layers = OverlaySnapshot.create(state, userxattr=False, binds=[(ws, ws)],
-                                        work_dirs=[os.environ.get("HOME", "/root"), "/var/tmp"])
-        trace("true", cwd=ws, mounts=layers.mounts, new_root=layers.stage,
-              not_before_ns=layers.not_before_ns).run()
-        layers.discard_later()
-
     def write_then_sync() -> float:      # only the sync is timed
         btrfsutil.create_snapshot(ws, snap)
         with open(os.path.join(snap, "x"), "w"):
@@ -93,7 +85,7 @@ def measure(ws: str, state: str, rounds: int) -> None:
                                               capture_output=True),
         "native touch": lambda: subprocess.run(["/bin/sh", "-c", "touch x"], cwd=ws, check=True,
                                                capture_output=True),
-        "floor: sandbox": sandbox,
+        "floor: sandbox": lambda: sandbox_alone(ws, state),
         "floor: snapshot ioctl": lambda: btrfsutil.create_snapshot(ws, snap),
         "floor: sync after a write": write_then_sync,
     }

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from benchlib import ROOT, fill_workspace
+from benchlib import ROOT, fill_workspace, sandbox_alone
 
 SCALE = float(os.environ.get("CAPER_BENCH_SCALE", "1"))
 ROUNDS = max(5, round(30 * SCALE))
@@ -107,8 +107,7 @@ def test_run_btrfs(benchmark, request, workdir, workload, variant):
 def test_btrfs_floor(benchmark, workdir, btrfs_workspace, part):
     import btrfsutil
 
-    from caper.snapshot import OverlaySnapshot, settle
-    from caper.trace import trace
+    from caper.snapshot import settle
 
     ws, state = btrfs_workspace, os.path.join(workdir, "caper-state")
     snap = os.path.join(os.path.dirname(ws), ".bench-floor")
@@ -123,11 +122,7 @@ def test_btrfs_floor(benchmark, workdir, btrfs_workspace, part):
 
     if part == "sandbox":
         def fn():
-            layers = OverlaySnapshot.create(state, userxattr=False, binds=[(ws, ws)],
-                                            work_dirs=[os.environ["HOME"], "/var/tmp"])
-            trace("true", cwd=ws, mounts=layers.mounts, new_root=layers.stage,
-                  not_before_ns=layers.not_before_ns).run()
-            layers.discard_later()
+            sandbox_alone(ws, state)
         setup = drop
     elif part == "snapshot-ioctl":
         def fn():
