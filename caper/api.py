@@ -32,12 +32,14 @@ class Gate:
     def __init__(self, workspace: str | None = None, *, approver="auto",
                  session: str | None = None, backend: str = "auto",
                  timeout: float = DEFAULT_TIMEOUT_S, config=None,
-                 env: Mapping[str, str] | None = None, state_dir: str | None = None):
+                 env: Mapping[str, str] | None = None, state_dir: str | None = None,
+                 max_memory: int | None = None):
         self.workspace = os.path.realpath(workspace) if workspace else None
         self.approver = approver
         self.session = session or f"api-{uuid.uuid4().hex[:12]}"
         self.backend, self.timeout = backend, timeout
         self.config, self.env, self.state_dir = config, env, state_dir
+        self.max_memory = max_memory   # None: config.toml's, else caper's default
 
     def run(self, command: str | Sequence[str], *, task: str | None = None,
             cwd: str | None = None, timeout: float | None = None) -> RunOutcome:
@@ -45,7 +47,7 @@ class Gate:
         return run(command, task=task, approver=self.approver, workspace=self.workspace,
                    backend=self.backend, timeout=timeout or self.timeout,
                    cwd=cwd or self.workspace, env=self.env, state_dir=self.state_dir,
-                   config=self.config, session=self.session)
+                   config=self.config, session=self.session, max_memory=self.max_memory)
 
     async def arun(self, command: str | Sequence[str], **kw) -> RunOutcome:
         return await asyncio.to_thread(self.run, command, **kw)

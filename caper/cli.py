@@ -61,6 +61,7 @@ def _line(ev) -> str:
 def cmd_trace(args, parser) -> int:
     from caper.errors import CaperError
     from caper.events import End
+    from caper.limits import DEFAULT_MAX_MEMORY
     from caper.trace import trace
 
     if args.debug_filter:
@@ -70,7 +71,7 @@ def cmd_trace(args, parser) -> int:
     try:
         t = trace(command, noise=None if args.raw else "baseline",
                   timeout=args.timeout, max_pids=args.max_pids, collapse=not args.raw,
-                  max_memory=args.max_memory, share_cpu=not args.all_cpus)
+                  max_memory=args.max_memory or DEFAULT_MAX_MEMORY, share_cpu=not args.all_cpus)
         out = sys.stdout
         for ev in t:
             if args.quiet:
@@ -102,7 +103,7 @@ def cmd_trace(args, parser) -> int:
         return 128 + (r.signal or 0)
     if r.end == End.TIMEOUT:
         return EXIT_TIMEOUT
-    if r.end in (End.PIDS_LIMIT, End.MEMORY_LIMIT, End.DISK_LIMIT):
+    if r.end in (End.PIDS_LIMIT, End.MEMORY_LIMIT, End.DISK_LIMIT, End.EVENT_LIMIT):
         return EXIT_LIMIT
     if r.end == End.EXEC_FAILED:
         print(f"caper: {r.error}", file=sys.stderr)
@@ -119,7 +120,7 @@ def cmd_run(args, parser) -> int:
                    "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
-                   "env": dict(os.environ)}
+                   "max_memory": args.max_memory, "env": dict(os.environ)}
         try:
             answer = gate.request(default_state_dir(), payload)
         except gate.GateUnavailable as e:
@@ -140,7 +141,7 @@ def cmd_run(args, parser) -> int:
     try:
         outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure)
+                      on_unsure=args.on_unsure, max_memory=args.max_memory)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -306,6 +307,9 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                    help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
                         "else overlay")
     r.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    r.add_argument("--max-memory", type=_size, metavar="SIZE",
+                   help="memory of the whole sandbox, e.g. 4G (default: config.toml's "
+                        "[limits] max_memory, else half of RAM, at most 8 GiB)")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
     r.add_argument("--json", action="store_true",
@@ -365,8 +369,9 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
                    help="keep baseline noise and repeated events (no pre-filter)")
     t.add_argument("--timeout", type=float, default=600.0, metavar="S")
     t.add_argument("--max-pids", type=int, default=1024, metavar="N")
-    t.add_argument("--max-memory", type=int, default=None, metavar="BYTES",
-                   help="address-space limit per process")
+    t.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
+                   help="memory of the whole sandbox, e.g. 4G (default: half of RAM, "
+                        "at most 8 GiB)")
     t.add_argument("--all-cpus", action="store_true",
                    help="let the sandbox use every CPU (parallel builds); by default it shares "
                         "one CPU with the tracer, which makes each ptrace stop ~3x cheaper")
@@ -374,6 +379,14 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
                    help="print the seccomp program as pseudocode first")
     t.add_argument("argv", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
+
+
+def _size(text: str) -> int:
+    from caper.limits import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _state_dir(p: argparse.ArgumentParser) -> None:

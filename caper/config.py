@@ -15,6 +15,12 @@
     # Added to the lists of caper/data/policy.toml (same keys).
     harmless_outside = ["~/.my-tool-cache/**"]
 
+    [limits]
+    max_memory = "8G"            # the whole sandbox's memory (default: half of RAM,
+                                 # at most 8 GiB); also `caper run --max-memory`
+    max_events = 1000000         # what one run may cost caper: events it reports
+    max_event_bytes = "256M"     # and their bytes; past either the run is blocked
+
     [llm]
     protocol = "openai"          # openai (chat completions: OpenAI, Ollama, vLLM,
                                  # llama.cpp) | anthropic (messages)
@@ -55,6 +61,23 @@ class ReportConfig(_Strict):
     protected: list[ProtectedEntry] = []
 
 
+class LimitsConfig(_Strict):
+    max_memory: int | None = None     # None: caper.limits.DEFAULT_MAX_MEMORY
+    max_events: int | None = Field(default=None, gt=0)   # None: DEFAULT_MAX_EVENTS
+    max_event_bytes: int | None = None                  # None: DEFAULT_MAX_EVENT_BYTES
+
+    @field_validator("max_memory", "max_event_bytes", mode="before")
+    @classmethod
+    def _size(cls, v):
+        from caper.limits import parse_size
+        return None if v is None else parse_size(v)
+
+    def trace_kwargs(self) -> dict:
+        """The event caps a run's trace() is given (memory goes by its own way)."""
+        return {k: v for k, v in (("max_events", self.max_events),
+                                  ("max_event_bytes", self.max_event_bytes)) if v}
+
+
 class LlmConfig(_Strict):
     protocol: Literal["openai", "anthropic"] = "openai"
     base_url: str | None = None
@@ -89,6 +112,7 @@ class Config(_Strict):
     report: ReportConfig = ReportConfig()
     policy: dict = {}
     llm: LlmConfig = LlmConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     @field_validator("policy")
     @classmethod

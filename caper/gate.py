@@ -219,7 +219,8 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                           workspace=req.get("workspace"), backend=req.get("backend", "auto"),
                           timeout=float(req.get("timeout", 600)), cwd=req["cwd"],
                           env=dict(req["env"]), state_dir=state_dir, session=req.get("session"),
-                          still_wanted=still_wanted, on_unsure=req.get("on_unsure"))
+                          still_wanted=still_wanted, on_unsure=req.get("on_unsure"),
+                          max_memory=req.get("max_memory"))
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
             return {"outcome": out.to_json(),

@@ -14,6 +14,34 @@ from dataclasses import dataclass
 
 from caper import mountinfo
 
+# What one run may use, unless the caller or config.toml ([limits]) says
+# otherwise. Memory: half of the machine, at most 8 GiB.
+_RAM = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+DEFAULT_MAX_MEMORY = min(8 << 30, _RAM // 2)
+DEFAULT_SHM_SIZE = 64 << 20          # the sandbox's /dev/shm (a tmpfs: memory)
+# What one run may cost caper: Python keeps every event it reports on
+# (~1 KiB each with its strings); a build of ~20,000 files makes ~100,000.
+DEFAULT_MAX_EVENTS = 1_000_000
+DEFAULT_MAX_EVENT_BYTES = 256 << 20
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: "str | int") -> int:
+    """Bytes from 4096, "512M", "4G" or "1.5GiB" (binary units); ValueError if not."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+        unit = t[-1:] if t[-1:] in _UNITS else ""
+        try:
+            n = int(float(t[: len(t) - len(unit)]) * _UNITS[unit])
+        except ValueError:
+            raise ValueError(f"not a size: {text!r} (bytes, or a number with K, M, G or T)") from None
+    if n <= 0:
+        raise ValueError(f"a size must be positive, not {text!r}")
+    return n
+
 
 def _own_cgroups() -> dict[str, str]:
     """controller (or "" for v2) -> our cgroup path."""

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
-from caper.limits import DiskGuard, MemoryCgroup, memory_cgroup
+from caper.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_MEMORY,
+                          DEFAULT_SHM_SIZE, DiskGuard, MemoryCgroup, memory_cgroup)
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
 if TYPE_CHECKING:
@@ -70,13 +71,15 @@ class Trace:
 
     def __init__(self, command: Sequence[str] | str, *, cwd: str | os.PathLike | None = None,
                  env: Mapping[str, str] | None = None, timeout: float | None = DEFAULT_TIMEOUT_S,
-                 max_pids: int = DEFAULT_MAX_PIDS, max_memory: int | None = None,
+                 max_pids: int = DEFAULT_MAX_PIDS, max_memory: int = DEFAULT_MAX_MEMORY,
                  noise: NoiseProfile | None = None, collapse: bool = True,
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
                  share_cpu: bool = True,
                  mounts: Sequence["Mount"] = (), new_root: str | None = None,
-                 not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None):
+                 not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None,
+                 shm_size: int = DEFAULT_SHM_SIZE, max_events: int = DEFAULT_MAX_EVENTS,
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -84,6 +87,10 @@ class Trace:
             raise ConfigError(f"working directory does not exist: {cwd}")
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"timeout must be positive, not {timeout}")
+        for name, value in (("max_memory", max_memory), ("shm_size", shm_size),
+                            ("max_events", max_events), ("max_event_bytes", max_event_bytes)):
+            if not isinstance(value, int) or value <= 0:   # no limit is not on offer
+                raise ConfigError(f"{name} must be a positive number, not {value!r}")
         cfg = ffi.new("struct caper_config *")
         cfg.argv = self._strings(self.argv)
         cfg.envp = self._strings(_env_list(env))
@@ -101,6 +108,9 @@ class Trace:
         cfg.max_pids = max_pids or 0
         self.max_memory = max_memory
         self._cgroup: MemoryCgroup | None = None
+        cfg.shm_size = shm_size
+        cfg.max_events = max_events
+        cfg.max_event_bytes = max_event_bytes
         cfg.timeout_ms = int(timeout * 1000) if timeout else 0
         cfg.cgroup_procs = ffi.NULL
         cfg.hostname = ffi.NULL
@@ -171,12 +181,13 @@ class Trace:
         if self._started:
             raise ConfigError("a Trace runs once")
         self._started = True
-        if self.max_memory:
-            self._cgroup = memory_cgroup(self.max_memory)
-            if self._cgroup:
-                self._cfg.cgroup_procs = self._cstr(os.fsencode(self._cgroup.procs))
-            else:
-                self._cfg.max_memory = self.max_memory
+        # The whole sandbox in a memory cgroup where one can be made, else
+        # RLIMIT_AS on every process (set before exec, inherited by each child).
+        self._cgroup = memory_cgroup(self.max_memory)
+        if self._cgroup:
+            self._cfg.cgroup_procs = self._cstr(os.fsencode(self._cgroup.procs))
+        else:
+            self._cfg.max_memory = self.max_memory
         r, w = os.pipe2(os.O_CLOEXEC)
         self._read_fd = r
         self._cfg.event_fd = w
@@ -238,6 +249,14 @@ class Trace:
             error = None
             if end not in (End.EXITED, End.SIGNALED) and step:
                 error = str(from_native(step, res.err, detail))
+            elif end == End.EVENT_LIMIT:
+                c = self._cfg
+                error = (f"the run made more than {c.max_events} events or "
+                         f"{c.max_event_bytes >> 20} MiB of event records, caper's limit of what "
+                         "one run may cost it; the sandbox was killed")
+            elif end == End.MEMORY_LIMIT:
+                error = (f"the sandbox used more than {self.max_memory >> 20} MiB of memory "
+                         "(its cgroup's limit); the process was killed")
             elif end == End.DISK_LIMIT:
                 g = self._disk_guard
                 error = (f"the filesystem of {g.path} fell below {g.min_free >> 20} MiB or "

@@ -96,7 +96,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
         session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
-        on_unsure: str | None = None) -> RunOutcome:
+        on_unsure: str | None = None, max_memory: int | None = None) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
@@ -104,7 +104,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     are tainted for every later run. still_wanted: asked just before a
     commit; False (the caller went away) rolls the run back. on_unsure:
     overrides the configuration's (ask: an unsure run is held for a human,
-    see caper.pending)."""
+    see caper.pending). max_memory: bytes for the whole sandbox (default:
+    config.toml's [limits], else caper.limits.DEFAULT_MAX_MEMORY)."""
     from caper.config import load_config
     from caper.secrets import ProtectedPattern
     from caper.session import TAINT_KIND, check_session_id, open_sessions
@@ -114,6 +115,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         if on_unsure not in ON_UNSURE:
             raise ConfigError(f"on_unsure must be one of {', '.join(ON_UNSURE)}, not {on_unsure!r}")
         config = config.model_copy(update={"on_unsure": on_unsure})
+    from caper.limits import DEFAULT_MAX_MEMORY
+    max_memory = max_memory or config.limits.max_memory or DEFAULT_MAX_MEMORY
     judge = get_approver(approver, config, env)
     if session is not None:
         check_session_id(session)
@@ -143,7 +146,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         # Files an earlier approved run wrote secrets into are credentials too.
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
         outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
-                       state_dir, tuple(history), config, tainted, home, timings, still_wanted)
+                       state_dir, tuple(history), config, tainted, home, timings, still_wanted,
+                       max_memory)
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
             sessions.record(session, text, verdict, outcome.approver, outcome.reason)
@@ -155,7 +159,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
 def _run(command, text: str, task, judge, workspace: str, backend: str, timeout: float,
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
-         still_wanted: "Callable[[], bool] | None") -> RunOutcome:
+         still_wanted: "Callable[[], bool] | None", max_memory: int) -> RunOutcome:
     from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
     from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
@@ -203,7 +207,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             t = time.perf_counter()
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage, not_before_ns=snap.not_before_ns,
-                       disk_guard=DiskGuard.for_state_dir(state_dir))
+                       disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
+                       **config.limits.trace_kwargs())
             events, result = tr.run()
             changes = plan_changes(snap.layers, exclude=hidden)
             workspace_changes = bsnap.changes() if bsnap else []

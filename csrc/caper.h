@@ -42,8 +42,10 @@ enum caper_refusal {
     CAPER_REFUSE_DENYLIST    = 1, /* mount, pivot_root, bpf, io_uring_setup ... */
     CAPER_REFUSE_ABI         = 2, /* 32-bit (int 0x80) or x32 syscall */
     CAPER_REFUSE_HOST_SOCKET = 3, /* connect() to a unix socket no sandbox process bound */
-    CAPER_REFUSE_NAMESPACE   = 4  /* clone/unshare asking for new namespaces, or
+    CAPER_REFUSE_NAMESPACE   = 4, /* clone/unshare asking for new namespaces, or
                                      clone(CLONE_UNTRACED), which would leave the tracer */
+    CAPER_REFUSE_DISK_BUDGET = 5  /* fallocate() past what the upper layers may still take
+                                     (failed with ENOSPC, as a full filesystem would) */
 };
 
 /* Address families in network events (CAPER_EV_CONNECT/SENDTO/BIND.flags). */
@@ -66,7 +68,9 @@ enum caper_end {
     CAPER_END_EXEC_FAILED  = 6, /* the command could not be executed: err */
     CAPER_END_TRACE_FAILED = 7, /* the tracer lost control; the sandbox was killed */
     CAPER_END_MEMORY_LIMIT = 8, /* set by Python: the memory cgroup killed a process */
-    CAPER_END_DISK_LIMIT   = 9  /* the upper layers' filesystem ran low; the sandbox was killed */
+    CAPER_END_DISK_LIMIT   = 9, /* the upper layers' filesystem ran low; the sandbox was killed */
+    CAPER_END_EVENT_LIMIT  = 10 /* the run cost caper more events or bytes than max_events or
+                                   max_event_bytes; the sandbox was killed */
 };
 
 /* Where a failure happened (caper_result.step). Python maps each to an exception. */
@@ -164,6 +168,10 @@ struct caper_config {
     uint64_t disk_min_free;      /* bytes that must stay free there, else the sandbox is
                                     killed (CAPER_END_DISK_LIMIT) */
     uint64_t disk_min_inodes;    /* the same for inodes */
+    uint64_t shm_size;           /* bytes of the sandbox's /dev/shm (a tmpfs); 0: 64 KiB */
+    uint64_t max_events;         /* events sent to Python, else the sandbox is killed
+                                    (CAPER_END_EVENT_LIMIT); 0: no limit */
+    uint64_t max_event_bytes;    /* the same for the bytes of their records */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes

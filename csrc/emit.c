@@ -92,6 +92,7 @@ uint64_t emit(struct emitter *e, struct ev *ev)
     memcpy(rec, h, sizeof *h);
     e->len += len;
     e->events++;
+    e->bytes += len;
     return h->seq;
 }
 

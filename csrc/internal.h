@@ -39,7 +39,9 @@ enum decode {
     DEC_SIGNAL,       /* kill family: target and signal */
     DEC_CWD,          /* chdir/fchdir: forget the cached cwd, report nothing */
     DEC_REFUSE,       /* refuse with EPERM and report */
-    DEC_REFUSE_NS     /* clone/unshare with namespace flags: refuse and report */
+    DEC_REFUSE_NS,    /* clone/unshare with namespace flags: refuse and report */
+    DEC_FALLOCATE,    /* fallocate: refused (ENOSPC) past the run's disk budget */
+    DEC_AFFINITY      /* sched_setaffinity: held inside caper's CPU pin, as a cpuset would */
 };
 
 /* What the seccomp filter does before the tracer sees anything. */
@@ -87,6 +89,7 @@ struct emitter {
     uint64_t seq;
     uint64_t t0_ns;
     uint64_t events;
+    uint64_t bytes;    /* of the records sent */
     int failed_errno;  /* write to the pipe failed: the reader is gone */
 };
 

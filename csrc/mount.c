@@ -124,10 +124,11 @@ static int hold_dev_nodes(int fds[NNODES], struct caper_failure *f)
     return 0;
 }
 
-static int setup_dev(const char *root, const int fds[NNODES], struct caper_failure *f)
+static int setup_dev(const char *root, const int fds[NNODES], uint64_t shm_size,
+                     struct caper_failure *f)
 {
     const char *const *nodes = dev_nodes;
-    char src[64], dst[CAPER_PATH_MAX], p[CAPER_PATH_MAX];
+    char src[64], dst[CAPER_PATH_MAX], p[CAPER_PATH_MAX], shm[96];
     if (do_mount(f, CAPER_STEP_MOUNT_DEV, "tmpfs", at(p, root, "/dev"), "tmpfs",
                  MS_NOSUID | MS_NOEXEC, "mode=755,size=64k") < 0)
         return -1;
@@ -151,8 +152,13 @@ static int setup_dev(const char *root, const int fds[NNODES], struct caper_failu
     if (do_mount(f, CAPER_STEP_MOUNT_DEV, "devpts", at(p, root, "/dev/pts"), "devpts",
                  MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
         return -1;
+    /* A tmpfs is memory, half of RAM by default: bounded in bytes and inodes
+     * (its pages also count against the run's memory cgroup). */
+    snprintf(shm, sizeof shm, "mode=1777,size=%llu,nr_inodes=%llu",
+             (unsigned long long)(shm_size ? shm_size : 65536),
+             (unsigned long long)(shm_size ? shm_size / 4096 + 16 : 16));
     if (do_mount(f, CAPER_STEP_MOUNT_DEV, "tmpfs", at(p, root, "/dev/shm"), "tmpfs", MNT_SAFE,
-                 "mode=1777") < 0)
+                 shm) < 0)
         return -1;
     static const char *const links[][2] = {
         { "pts/ptmx", "/dev/ptmx" }, { "/proc/self/fd", "/dev/fd" },
@@ -217,7 +223,7 @@ int mount_setup(const struct caper_config *c, struct caper_failure *f)
             return -1;
     }
     const char *root = c->new_root ? c->new_root : "";
-    if (setup_proc(root, f) < 0 || setup_dev(root, dev_fds, f) < 0 || setup_sys(root, f) < 0)
+    if (setup_proc(root, f) < 0 || setup_dev(root, dev_fds, c->shm_size, f) < 0 || setup_sys(root, f) < 0)
         return -1;
     if (c->new_root && enter_root(c->new_root, f) < 0)
         return -1;

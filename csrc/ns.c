@@ -43,17 +43,26 @@ extern char **environ;
                        PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC | PTRACE_O_TRACESECCOMP | \
                        PTRACE_O_EXITKILL)
 
-/* Capabilities that reach past the namespaces to the host. */
-static const int dropped_caps[] = {
-    CAP_SYS_ADMIN, CAP_SYS_MODULE, CAP_SYS_PTRACE, CAP_SYS_RAWIO, CAP_MKNOD,
-    CAP_DAC_READ_SEARCH, CAP_SYS_BOOT, CAP_SYS_TIME, CAP_BPF, CAP_PERFMON, CAP_SYSLOG,
-    CAP_SYS_RESOURCE, CAP_MAC_ADMIN, CAP_MAC_OVERRIDE, CAP_SYS_PACCT, CAP_SYS_TTY_CONFIG,
-    CAP_WAKE_ALARM, CAP_BLOCK_SUSPEND, CAP_AUDIT_CONTROL, CAP_AUDIT_WRITE, CAP_AUDIT_READ,
-    CAP_LINUX_IMMUTABLE, CAP_IPC_LOCK, CAP_NET_ADMIN, CAP_CHECKPOINT_RESTORE,
-    /* chroot would let a path mean one thing to the tracer, another to the kernel */
-    CAP_SYS_CHROOT,
-    CAP_SETPCAP, /* last: dropping the others needs it */
+/* The capabilities a command keeps: what builds, tests and package installs
+ * use (ownership and modes of their own files, setuid tools like su inside
+ * the sandbox, ping's raw socket, low ports in the sandbox's own network,
+ * setcap of an installed binary). Everything else is dropped, including
+ * capabilities this file has never heard of: CAP_SYS_NICE (SCHED_FIFO,
+ * priorities of the tracer's CPU), CAP_LEASE (leases on files shared with
+ * the host), CAP_IPC_OWNER, CAP_NET_BROADCAST, and every one that reaches the
+ * host outright (SYS_ADMIN, SYS_MODULE, SYS_PTRACE, MKNOD, ...). */
+static const int kept_caps[] = {
+    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID, CAP_SETUID,
+    CAP_NET_BIND_SERVICE, CAP_NET_RAW, CAP_SETFCAP,
 };
+
+static int cap_kept(int c)
+{
+    for (size_t i = 0; i < sizeof kept_caps / sizeof kept_caps[0]; i++)
+        if (kept_caps[i] == c)
+            return 1;
+    return 0;
+}
 
 /* Send a failure from inside the sandbox to the tracer, then die. */
 static _Noreturn void die_inside(int status_fd, const struct caper_failure *f, int code)
@@ -66,11 +75,22 @@ static _Noreturn void die_inside(int status_fd, const struct caper_failure *f, i
 
 static int drop_caps(struct caper_failure *f)
 {
-    for (size_t i = 0; i < sizeof dropped_caps / sizeof dropped_caps[0]; i++)
-        if (prctl(PR_CAPBSET_DROP, dropped_caps[i], 0, 0, 0) < 0 && errno != EINVAL) {
-            fail_set(f, CAPER_STEP_CAPS, errno, "prctl(PR_CAPBSET_DROP, %d)", dropped_caps[i]);
+    /* PR_CAPBSET_DROP answers EINVAL past the kernel's last capability.
+     * CAP_SETPCAP goes last: dropping the others needs it. */
+    for (int c = 0; c < 64; c++) {
+        if (c == CAP_SETPCAP || cap_kept(c))
+            continue;
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0) {
+            if (errno == EINVAL)
+                break;
+            fail_set(f, CAPER_STEP_CAPS, errno, "prctl(PR_CAPBSET_DROP, %d)", c);
             return -1;
         }
+    }
+    if (prctl(PR_CAPBSET_DROP, CAP_SETPCAP, 0, 0, 0) < 0 && errno != EINVAL) {
+        fail_set(f, CAPER_STEP_CAPS, errno, "prctl(PR_CAPBSET_DROP, CAP_SETPCAP)");
+        return -1;
+    }
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     struct __user_cap_header_struct hdr = { _LINUX_CAPABILITY_VERSION_3, 0 };
     struct __user_cap_data_struct data[2];
@@ -78,12 +98,13 @@ static int drop_caps(struct caper_failure *f)
         fail_set(f, CAPER_STEP_CAPS, errno, "capget(self)");
         return -1;
     }
-    for (size_t i = 0; i < sizeof dropped_caps / sizeof dropped_caps[0]; i++) {
-        int c = dropped_caps[i];
-        uint32_t bit = 1u << (c % 32);
-        data[c / 32].effective &= ~bit;
-        data[c / 32].permitted &= ~bit;
-        data[c / 32].inheritable &= ~bit;
+    uint32_t keep[2] = { 0, 0 };
+    for (size_t i = 0; i < sizeof kept_caps / sizeof kept_caps[0]; i++)
+        keep[kept_caps[i] / 32] |= 1u << (kept_caps[i] % 32);
+    for (int w = 0; w < 2; w++) {
+        data[w].effective &= keep[w];
+        data[w].permitted &= keep[w];
+        data[w].inheritable &= keep[w];
     }
     if (syscall(SYS_capset, &hdr, data) < 0) {
         fail_set(f, CAPER_STEP_CAPS, errno, "capset(self)");
@@ -140,6 +161,13 @@ static _Noreturn void run_command(const struct caper_config *c, int status_fd, i
                      (unsigned long long)c->max_memory);
             die_inside(status_fd, &f, 127);
         }
+    }
+    /* Without CAP_SYS_NICE these still allow real-time scheduling and a
+     * raised priority up to their value: none. */
+    struct rlimit zero = { 0, 0 };
+    if (setrlimit(RLIMIT_RTPRIO, &zero) < 0 || setrlimit(RLIMIT_NICE, &zero) < 0) {
+        fail_set(&f, CAPER_STEP_RLIMIT, errno, "setrlimit(RLIMIT_RTPRIO/RLIMIT_NICE, 0)");
+        die_inside(status_fd, &f, 127);
     }
     if (drop_caps(&f) < 0)
         die_inside(status_fd, &f, 127);

@@ -8,12 +8,14 @@
 #include <linux/audit.h>
 #include <linux/openat2.h>
 #include <linux/ptrace.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -79,6 +81,10 @@ struct tracer {
     struct sock_id *bound;  /* unix sockets bound inside the sandbox */
     struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
     size_t n_bound, cap_bound;
+    uint64_t disk_budget;    /* bytes fallocate() may still take in this run (see falloc_ok) */
+    int budget_known;
+    int pinned;              /* the sandbox runs on the CPUs of pin (CAPER_F_SHARE_CPU) */
+    cpu_set_t pin;
 };
 
 /* ---- process table -------------------------------------------------------- */
@@ -742,6 +748,49 @@ static void refuse(struct tracer *t, struct proc *p, const struct ptrace_syscall
     deny(p->tid, err);
 }
 
+/* The bytes the upper layers may take: what is free above the disk guard's
+ * floor, fixed at the first fallocate. Every granted fallocate is taken off
+ * it, so calls racing from several threads cannot add up past it (each is
+ * checked before any of them runs). Writes are not counted here: they are
+ * as slow as the disk, and the guard's poll stops them. */
+static int falloc_ok(struct tracer *t, int mode, uint64_t len)
+{
+    const int frees = 0x02 | 0x08;  /* FALLOC_FL_PUNCH_HOLE, FALLOC_FL_COLLAPSE_RANGE */
+    const struct caper_config *c = t->c;
+    if (!c->disk_path || (mode & frees) || (int64_t)len <= 0)  /* the kernel's EINVAL */
+        return 1;
+    struct statvfs v;
+    if (statvfs(c->disk_path, &v) < 0)
+        return 0;  /* cannot tell what is left: refuse */
+    uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize;
+    uint64_t left = avail > c->disk_min_free ? avail - c->disk_min_free : 0;
+    if (!t->budget_known) {
+        t->disk_budget = left;
+        t->budget_known = 1;
+    }
+    if (len > left || len > t->disk_budget)
+        return 0;
+    t->disk_budget -= len;
+    return 1;
+}
+
+/* sched_setaffinity under the pin, answered as the kernel answers inside a
+ * cpuset of the pinned CPUs: the mask in effect is the request's overlap
+ * with the pin (which is the pin itself: it is the mask every sandbox process
+ * already has), and no overlap is EINVAL. The call itself never runs. */
+static void hold_affinity(struct tracer *t, struct proc *p, const __u64 *a)
+{
+    cpu_set_t want;
+    CPU_ZERO(&want);
+    size_t n = a[1] < sizeof want ? (size_t)a[1] : sizeof want;
+    if (tracee_read(p->tid, a[2], &want, n) < 0) {
+        deny(p->tid, EFAULT);
+        return;
+    }
+    CPU_AND(&want, &want, &t->pin);
+    deny(p->tid, CPU_COUNT(&want) ? 0 : EINVAL);
+}
+
 static void on_seccomp(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -768,6 +817,14 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         return;
     case DEC_REFUSE_NS:
         refuse(t, p, &si, CAPER_REFUSE_NAMESPACE, EPERM);
+        return;
+    case DEC_AFFINITY:
+        if (t->pinned)
+            hold_affinity(t, p, a);
+        return;
+    case DEC_FALLOCATE:
+        if (!falloc_ok(t, (int)a[1], a[3]))
+            refuse(t, p, &si, CAPER_REFUSE_DISK_BUDGET, ENOSPC);
         return;
     case DEC_CWD:
         forget_cwds(t);
@@ -1018,6 +1075,9 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
     t.e = e;
     t.r = r;
     t.init_pid = s->init_pid;
+    /* run.c pinned this thread before the sandbox was made: its mask is the pin. */
+    t.pinned = (c->flags & CAPER_F_SHARE_CPU) &&
+               sched_getaffinity(0, sizeof t.pin, &t.pin) == 0 && CPU_COUNT(&t.pin) == 1;
     struct proc *init = create(&t, s->init_pid);
     if (!init) {
         fail_set(f, CAPER_STEP_WAIT, ENOMEM, "calloc(process table)");
@@ -1046,6 +1106,10 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
             fail_set(f, CAPER_STEP_EMIT, e->failed_errno, "write(event pipe)");
             kill_sandbox(&t, CAPER_END_TRACE_FAILED);
         }
+        /* What the run costs caper (Python keeps every event) is bounded. */
+        if (!t.killed && ((c->max_events && e->events > c->max_events) ||
+                          (c->max_event_bytes && e->bytes > c->max_event_bytes)))
+            kill_sandbox(&t, CAPER_END_EVENT_LIMIT);
         r->stops++;
         struct proc *p = find(&t, pid);
         if (!p && !(p = create(&t, pid))) {

@@ -1,0 +1,261 @@
+"""Resource limits: what one run may take from the machine (memory, /dev/shm,
+CPU scheduling, disk) and from caper itself (events kept), each tried for
+real with a small configured limit, never by exhausting this machine.
+
+Filesystems the tests need small are tmpfs mounts made here (root only);
+the rootless variants run as uid 65534 through tests/test_rootless.py's
+helpers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from caper.events import End, Kind
+from caper.limits import DEFAULT_MAX_MEMORY, DEFAULT_SHM_SIZE, DiskGuard, parse_size
+from caper.trace import trace
+from caper.transaction import run
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts a small filesystem")
+
+# Allocates 256 MiB and touches every page: past every limit used below.
+HOG = ("b = bytearray(256 << 20)\n"
+       "for i in range(0, len(b), 4096): b[i] = 1\n"
+       "print('survived')")
+SMALL = 64 << 20
+
+
+def out(result) -> str:
+    return result.stdout.text().decode(errors="replace")
+
+
+@pytest.fixture
+def ws(tmp_path):
+    w = tmp_path / "ws"
+    w.mkdir()
+    return w
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 MiB tmpfs of our own, unmounted afterwards."""
+    point = tmp_path / "small"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(point)],
+                   check=True)
+    yield point
+    subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+# ---- memory ------------------------------------------------------------------
+
+def test_parse_size_reads_binary_units_and_refuses_nonsense():
+    assert parse_size("64M") == 64 << 20 and parse_size("1.5GiB") == 3 << 29
+    assert parse_size(4096) == 4096 and parse_size("2g") == 2 << 30
+    for bad in ("lots", "", "-1G", 0, "0"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_every_trace_has_the_default_memory_limit():
+    with trace(["sleep", "0.3"], timeout=30) as t:
+        if t._cgroup:
+            name = "memory.max" if t._cgroup.version == 2 else "memory.limit_in_bytes"
+            assert int(Path(t._cgroup.path, name).read_text()) == DEFAULT_MAX_MEMORY
+        else:
+            assert t._cfg.max_memory == DEFAULT_MAX_MEMORY
+    assert t.result.end == End.EXITED
+
+
+def _hog_outcome(how: str, ws: Path, state: str, env: dict):
+    if how == "api":
+        return run([PY, "-c", HOG], cwd=str(ws), approver="allow", state_dir=state,
+                   max_memory=SMALL).to_json()
+    if how == "config":
+        from caper.config import Config
+        config = Config.model_validate({"limits": {"max_memory": "64M"}})
+        return run([PY, "-c", HOG], cwd=str(ws), approver="allow", state_dir=state,
+                   config=config).to_json()
+    argv = [PY, "-m", "caper", "run", "--json", "--approver", "allow", "--max-memory", "64M",
+            *(["--no-gate"] if how == "cli" else []), "--", PY, "-c", HOG]
+    p = subprocess.run(argv, cwd=ws, env=env, capture_output=True, text=True, timeout=120)
+    return json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("how", ["api", "config", "cli", "gate"])
+def test_a_run_past_its_memory_limit_ends_clearly_and_is_blocked(how, ws, tmp_path,
+                                                                 monkeypatch):
+    state = str(tmp_path / "state")
+    env = {**os.environ, "CAPER_STATE_DIR": state, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+    if how == "gate":
+        env.pop("CAPER_NO_GATE", None)
+    try:
+        doc = _hog_outcome(how, ws, state, env)
+    finally:
+        log = Path(state, "gate.log")
+        for line in log.read_text().splitlines() if log.exists() else []:
+            if line.startswith("caper serve: pid"):
+                try:
+                    os.kill(int(line.split()[3]), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    if how == "gate":
+        assert "gate" in doc, doc      # it went through the resident gate
+    assert not doc["committed"] and "survived" not in doc["stdout"]
+    if "memory_limit" in doc["report"]["end"]["how"]:   # the whole sandbox, by its cgroup
+        assert "memory_limit" in doc["reason"] and "64 MiB" in doc["reason"]
+    else:                                       # no cgroup: RLIMIT_AS per process
+        assert "MemoryError" in doc["stderr"]
+
+
+def test_a_bad_memory_limit_is_a_clear_error(ws, tmp_path):
+    from caper.config import Config
+    from caper.errors import ConfigError
+    with pytest.raises(ConfigError, match="max_memory"):
+        run("true", cwd=str(ws), state_dir=str(tmp_path / "s"), max_memory=-5)
+    with pytest.raises(ValueError, match="not a size"):
+        Config.model_validate({"limits": {"max_memory": "plenty"}})
+    p = subprocess.run([PY, "-m", "caper", "run", "--max-memory", "plenty", "-c", "true"],
+                       cwd=ws, capture_output=True, text=True, env={**os.environ,
+                                                                  "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2 and "not a size" in p.stderr
+
+
+# ---- /dev/shm ------------------------------------------------------------------
+
+def test_dev_shm_is_bounded():
+    _, r = trace("dd if=/dev/zero of=/dev/shm/fill bs=1M count=200 2>&1; "
+                 "df -k /dev/shm | tail -1", timeout=30).run()
+    text = out(r)
+    assert "No space left on device" in text
+    size_kib = int(text.splitlines()[-1].split()[1])
+    assert size_kib == DEFAULT_SHM_SIZE >> 10
+    _, r = trace("dd if=/dev/zero of=/dev/shm/fill bs=1M count=20 2>&1", timeout=30,
+                 shm_size=8 << 20).run()
+    assert "No space left on device" in out(r)
+
+
+# ---- CPU scheduling and capabilities --------------------------------------------
+
+KEPT_CAPS = {0, 1, 3, 4, 5, 6, 7, 10, 13, 31}   # CHOWN DAC_OVERRIDE FOWNER FSETID KILL
+#                                    SETGID SETUID NET_BIND_SERVICE NET_RAW SETFCAP
+
+
+def test_only_the_kept_capabilities_remain():
+    _, r = trace(["cat", "/proc/self/status"], timeout=30, userns=False).run()
+    status = dict(l.split(":\t", 1) for l in out(r).splitlines() if ":\t" in l)
+    for field in ("CapBnd", "CapEff", "CapPrm"):
+        mask = int(status[field], 16)
+        assert {b for b in range(64) if mask >> b & 1} == KEPT_CAPS, field
+    assert int(status["CapInh"], 16) & ~sum(1 << b for b in KEPT_CAPS) == 0
+
+
+SCHED = r"""
+import os
+def attempt(name, f):
+    try:
+        f(); print(name, "ok")
+    except OSError as e:
+        print(name, e.errno)
+pin = os.sched_getaffinity(0)
+attempt("fifo", lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(99)))
+attempt("rr", lambda: os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1)))
+attempt("nice", lambda: os.nice(-5))
+attempt("widen", lambda: os.sched_setaffinity(0, range(os.cpu_count())))
+print("after", sorted(os.sched_getaffinity(0)) == sorted(pin), len(pin))
+attempt("elsewhere", lambda: os.sched_setaffinity(0, set(range(os.cpu_count())) - pin))
+attempt("child", lambda: os.sched_setaffinity(os.getppid(), range(os.cpu_count())))
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["root", "userns"])
+def test_no_real_time_scheduling_and_the_cpu_pin_holds(userns):
+    if os.cpu_count() < 2:
+        pytest.skip("one CPU: there is nothing to widen the pin to")
+    _, r = trace([PY, "-c", SCHED], timeout=30, userns=userns).run()
+    got = dict(l.split(" ", 1) for l in out(r).splitlines())
+    assert got["fifo"] == "1" and got["rr"] == "1" and got["nice"] == "1", got   # EPERM
+    assert got["widen"] == "ok" and got["after"] == "True 1", got   # as inside a cpuset
+    assert got["elsewhere"] == "22", got                             # EINVAL
+    # --all-cpus: no pin, a mask is the command's own business.
+    _, r = trace([PY, "-c", SCHED], timeout=30, userns=userns, share_cpu=False).run()
+    got = dict(l.split(" ", 1) for l in out(r).splitlines())
+    assert got["fifo"] == "1" and got["widen"] == "ok", got
+
+
+# ---- disk: fallocate past the budget -------------------------------------------
+
+FALLOCATE = r"""
+import os, sys, threading
+path, n = sys.argv[1], int(sys.argv[2])
+free = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+errs = []
+def grab(i):
+    fd = os.open(os.path.join(path, f"big{i}"), os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, free if n == 1 else free // 2)
+        errs.append("ok")
+    except OSError as e:
+        errs.append(e.errno)
+ts = [threading.Thread(target=grab, args=(i,)) for i in range(n)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(sorted(map(str, errs)))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("threads", [1, 4])
+def test_fallocate_cannot_take_the_state_filesystem_past_its_floor(small_fs, ws, threads):
+    state = str(small_fs / "state")
+    os.makedirs(state)
+    guard = DiskGuard.for_state_dir(state)
+    outcome = run([PY, "-c", FALLOCATE, str(ws), str(threads)], cwd=str(ws),
+                  approver="allow", state_dir=state)
+    errs = outcome.stdout.text().decode()
+    assert "28" in errs, errs                     # ENOSPC, as a full filesystem says
+    refused = outcome.report.processes.refused
+    assert refused and all(x.syscall == "fallocate" and x.reason == "disk_budget"
+                           for x in refused)
+    v = os.statvfs(state)
+    assert v.f_bavail * v.f_frsize >= guard.min_free
+
+
+def test_fallocate_within_the_budget_works(ws):
+    _, r = trace([PY, "-c", "import os; fd = os.open('f', os.O_CREAT | os.O_WRONLY); "
+                  "os.posix_fallocate(fd, 0, 1 << 20); print(os.fstat(fd).st_size)"],
+                 cwd=str(ws), timeout=30, disk_guard=DiskGuard.for_state_dir(str(ws))).run()
+    assert out(r).strip() == str(1 << 20)
+
+
+# ---- what a run may cost caper -------------------------------------------------
+
+MISSING = "import os\nfor i in range(20000):\n    try: os.open(f'/nonexistent/{i}', 0)\n" \
+          "    except OSError: pass\nprint('done')"
+
+
+def test_the_events_one_run_may_cost_caper_are_capped():
+    events, r = trace([PY, "-c", MISSING], timeout=60, max_events=2000).run()
+    assert r.end == End.EVENT_LIMIT and "done" not in out(r)
+    assert "more than 2000 events" in r.error
+    assert len(events) <= 2000 + 64     # what was in flight when it was killed
+    events, r = trace([PY, "-c", MISSING], timeout=60, max_event_bytes=1 << 20).run()
+    assert r.end == End.EVENT_LIMIT
+    assert sum(1 for e in events if e.kind == Kind.OPEN) < 20000
+
+
+def test_a_run_past_the_event_cap_is_blocked_and_says_why(ws, tmp_path):
+    from caper.config import Config
+    config = Config.model_validate({"limits": {"max_events": 2000}})
+    outcome = run([PY, "-c", MISSING], cwd=str(ws), approver="allow", config=config,
+                  state_dir=str(tmp_path / "state"))
+    assert not outcome.committed and outcome.decision == "block"
+    assert "event_limit" in outcome.reason and "2000 events" in outcome.reason
+    assert "event_limit" in outcome.report.end.how
