@@ -86,6 +86,9 @@ JOURNAL_VERSION = 1
 MAX_OPEN_DIRS = 256                # directory fds kept open per tree
 COPY_CHUNK = 1 << 20
 COMPARE_MAX = 1 << 20             # bytes compared to tell a meta-only change from a write
+# Directory levels the planner follows (its walks recurse, and every level
+# costs an fd and a path component): a deeper tree is refused, not committed.
+MAX_TREE_DEPTH = 256
 
 # unit operations
 CREATE, REPLACE, DELETE = "create", "replace", "delete"
@@ -436,9 +439,23 @@ def _entered(dfd: int):
             os.fchmod(dfd, mode)
 
 
-def _rmtree_at(dfd: int, name: str, dev: int, where: str) -> int:
+def _depth_ok(tree: "_Dirs", rel: tuple) -> None:
+    if len(rel) > MAX_TREE_DEPTH:
+        raise CommitError(f"{tree.path(rel[:8])}/...: more than {MAX_TREE_DEPTH} directory "
+                          "levels; caper does not commit trees this deep", step="plan")
+
+
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def rmtree_at(dfd: int, name: str, dev: int, where: str, force: bool = False) -> int:
     """Delete `name` in `dfd` and all below it, never following a symlink and
-    never crossing into another filesystem.  Returns the entries removed."""
+    never crossing into another filesystem.  Returns the entries removed.
+    force: open up directories shut by chmod first (caper's own scratch).
+
+    Iterative, with one directory open at a time: a tree may be deeper than
+    Python's stack and than PATH_MAX (a run can make 3,000 levels).  The way
+    back up is "..", checked against the (dev, inode) it came down from."""
     try:
         st = _lstat(name, dir_fd=dfd)
     except FileNotFoundError:
@@ -447,20 +464,55 @@ def _rmtree_at(dfd: int, name: str, dev: int, where: str) -> int:
         step("unlink")
         os.unlink(name, dir_fd=dfd)
         return 1
-    if st.st_dev != dev:
-        raise CommitError(f"{where}/{name}: a mount point; refusing to delete below it", step="rmtree")
-    n = 0
-    cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    down: list[tuple[str, int]] = []     # (name, inode) of each directory entered
+    fd, n = os.dup(dfd), 0
     try:
-        with _scandir(cfd) as it:
-            names = [e.name for e in it]
-        for child in names:
-            n += _rmtree_at(cfd, child, dev, f"{where}/{name}")
+        while True:
+            child = name if not down else None
+            if child is None:
+                with _scandir(fd) as it:
+                    names = [e.name for e in it]
+                for c in names:
+                    cst = _lstat(c, dir_fd=fd)
+                    if stat.S_ISDIR(cst.st_mode):
+                        child, st = c, cst
+                        break
+                    step("unlink")
+                    os.unlink(c, dir_fd=fd)
+                    n += 1
+            if child is not None:            # go down into it
+                here = f"{where}/{name}" if len(down) < 2 else f"{where}/{name}/..."
+                if st.st_dev != dev:
+                    raise CommitError(f"{here}/{child}: a mount point; refusing to delete "
+                                      "below it", step="rmtree")
+                if force and st.st_mode & 0o700 != 0o700:
+                    os.chmod(child, 0o700, dir_fd=fd)
+                cfd = os.open(child, _DIR_OPEN, dir_fd=fd)
+                os.close(fd)
+                fd = cfd
+                if os.fstat(fd).st_ino != st.st_ino:
+                    raise CommitError(f"{here}/{child}: replaced while it was deleted; refusing",
+                                      step="rmtree")
+                down.append((child, st.st_ino))
+                continue
+            # fd is empty now: up one level, and remove it there.
+            done, _ = down.pop()
+            pfd = os.open("..", _DIR_OPEN, dir_fd=fd)
+            os.close(fd)
+            fd = pfd
+            top = os.fstat(dfd)
+            above = (dev, down[-1][1]) if down else (top.st_dev, top.st_ino)
+            here = os.fstat(fd)
+            if (here.st_dev, here.st_ino) != above:
+                raise CommitError(f"{where}/{name}: moved while it was deleted; refusing",
+                                  step="rmtree")
+            step("rmdir")
+            os.rmdir(done, dir_fd=fd)
+            n += 1
+            if not down:
+                return n
     finally:
-        os.close(cfd)
-    step("rmdir")
-    os.rmdir(name, dir_fd=dfd)
-    return n + 1
+        os.close(fd)
 
 
 def _exists(dfd: int, name: str) -> os.stat_result | None:
@@ -628,6 +680,7 @@ class _Planner:
     def _walk(self, lp: _LayerPlan, urel: tuple, hrel: tuple, opaque: bool) -> None:
         """Upper dir `urel` over the host dir `hrel` (which exists).  `opaque`:
         the host's entries are hidden (this dir or one above is opaque)."""
+        _depth_ok(lp.host, hrel)
         with _scandir(lp.up.fd(urel)) as it:
             names = sorted(e.name for e in it)
         kept: set[str] = set()
@@ -809,6 +862,7 @@ class _Planner:
                           None if hst is None else file_type(hst.st_mode))]
 
         def scan(trel: tuple) -> None:
+            _depth_ok(lp.host, hrel + (name,) + trel)
             ufd = lp.up.fd(u + trel)
             with _scandir(ufd) as it:
                 names = sorted(e.name for e in it)
@@ -842,6 +896,7 @@ class _Planner:
         self.plan.changes.extend(changes)
 
     def _delete(self, lp, hrel, name, hst) -> None:
+        _depth_ok(lp.host, hrel)
         hp = lp.host.path(hrel + (name,))
         if stat.S_ISDIR(hst.st_mode) and lp.excluded_below(hp):
             # CASE(whiteout, dir-with-excluded): keep the directory and what is
@@ -873,7 +928,10 @@ class _Planner:
             raise CommitError(f"{hp}: {lp.boundary(hp)}; refusing to delete it", step="plan")
         lp.check_mount(hp, below=True)
 
-        def walk(fd: int, where: str) -> int:
+        def walk(fd: int, where: str, depth: int) -> int:
+            if depth > MAX_TREE_DEPTH:
+                raise CommitError(f"{hp}: more than {MAX_TREE_DEPTH} directory levels below "
+                                  "a directory the run deletes; refusing", step="plan")
             count = 0
             with _scandir(fd) as it:
                 names = [e.name for e in it]
@@ -888,7 +946,7 @@ class _Planner:
                                           "refusing", step="plan")
                     cfd = os.open(n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                     try:
-                        count += walk(cfd, p)
+                        count += walk(cfd, p, depth + 1)
                     finally:
                         os.close(cfd)
             return count
@@ -896,7 +954,7 @@ class _Planner:
         dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                       dir_fd=lp.host.fd(hrel))
         try:
-            return walk(dfd, hp)
+            return walk(dfd, hp, len(hrel) + 1)
         finally:
             os.close(dfd)
 
@@ -1181,7 +1239,7 @@ class _Recovery:
                 else:
                     step("exchange")
                     renameat2(pfd, stage, name, RENAME_EXCHANGE)
-            _rmtree_at(pfd, stage, host.dev, host.path(parent))
+            rmtree_at(pfd, stage, host.dev, host.path(parent))
         if phase != "prepared":
             for m in reversed(self.data["metas"]):
                 host = self.hosts[m["layer"]]
@@ -1211,7 +1269,7 @@ class _Recovery:
                                               f"{stage} kept")
                             continue
                     if not trash[u["layer"]].take(pfd, stage):
-                        _rmtree_at(pfd, stage, host.dev, host.path(parent))
+                        rmtree_at(pfd, stage, host.dev, host.path(parent))
             self._times("new")
             for l in self.data["layers"]:
                 _empty_upper(l["upper"])
@@ -1281,8 +1339,10 @@ class _Trash:
             self.fd = None
 
 
-def _no_other_links(dfd: int, name: str) -> bool:
+def _no_other_links(dfd: int, name: str, depth: int = 0) -> bool:
     """Is every non-directory at or below name linked only once?"""
+    if depth > MAX_TREE_DEPTH:
+        return False   # unknown, so not proven: the caller takes the safe way
     st = _lstat(name, dir_fd=dfd)
     if not stat.S_ISDIR(st.st_mode):
         return st.st_nlink == 1
@@ -1290,7 +1350,7 @@ def _no_other_links(dfd: int, name: str) -> bool:
     try:
         with _scandir(cfd) as it:
             names = [e.name for e in it]
-        return all(_no_other_links(cfd, n) for n in names)
+        return all(_no_other_links(cfd, n, depth + 1) for n in names)
     finally:
         os.close(cfd)
 
@@ -1307,7 +1367,7 @@ def _empty_upper(upper: str) -> None:
         with _scandir(fd) as it:
             names = [e.name for e in it]
         for n in names:
-            _rmtree_at(fd, n, dev, upper)
+            rmtree_at(fd, n, dev, upper)
     finally:
         os.close(fd)
 

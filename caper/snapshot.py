@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from caper import ctimes, mountinfo
-from caper.commit import Layer
-from caper.errors import ConfigError, SetupError
+from caper.commit import Layer, rmtree_at
+from caper.errors import CaperError, ConfigError, SetupError
 
 # Filesystems whose contents are kernel state, not files: /proc, /sys and
 # /dev are rebuilt by the native core, the rest are never overlaid.
@@ -466,26 +466,18 @@ def _unlink(path: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """rmtree that also takes directories without search permission, which an
-    unprivileged user meets in overlay work dirs (work/work is mode 000) and
-    wherever the command chmodded a directory shut."""
+    """Delete caper's own scratch at path, best effort: also directories
+    without search permission, which an unprivileged user meets in overlay
+    work dirs (work/work is mode 000) and wherever the command chmodded a
+    directory shut, and trees of any depth (commit.rmtree_at)."""
+    parent, name = os.path.split(os.path.normpath(path))
     try:
-        shutil.rmtree(path)
-        return
+        pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    except OSError:
-        pass
     try:
-        os.chmod(path, 0o700)
-    except OSError:
-        pass
-    for dirpath, dirnames, _ in os.walk(path):
-        for d in dirnames:  # opened before os.walk descends (top-down)
-            sub = os.path.join(dirpath, d)
-            try:
-                if not os.path.islink(sub):
-                    os.chmod(sub, 0o700)
-            except OSError:
-                pass
-    shutil.rmtree(path, ignore_errors=True)
+        rmtree_at(pfd, name, os.fstat(pfd).st_dev, parent, force=True)
+    except (OSError, CaperError):
+        pass   # what is left only takes space; the next collection tries again
+    finally:
+        os.close(pfd)

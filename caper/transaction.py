@@ -210,7 +210,10 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                        disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
                        **config.limits.trace_kwargs())
             events, result = tr.run()
-            changes = plan_changes(snap.layers, exclude=hidden)
+            try:
+                changes, unplanned = plan_changes(snap.layers, exclude=hidden), None
+            except CommitError as e:   # reported and blocked: never committed unjudged
+                changes, unplanned = [], e
             workspace_changes = bsnap.changes() if bsnap else []
             timings["run_ms"] = (time.perf_counter() - t) * 1000
 
@@ -234,7 +237,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             t = time.perf_counter()
             request = ApprovalRequest(text, task, report, history, cwd=cwd, workspace=workspace,
                                       home=home, protected=protected)
-            decision = _decide(judge, request, result, config.on_unsure)
+            decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
+                                 approver="caper") if unplanned else
+                        _decide(judge, request, result, config.on_unsure))
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
             if decision.allowed and still_wanted is not None and not still_wanted():
                 decision = Decision("block", "the caller went away before the commit; "

@@ -259,3 +259,74 @@ def test_a_run_past_the_event_cap_is_blocked_and_says_why(ws, tmp_path):
     assert not outcome.committed and outcome.decision == "block"
     assert "event_limit" in outcome.reason and "2000 events" in outcome.reason
     assert "event_limit" in outcome.report.end.how
+
+
+# ---- trees deeper than Python's stack and PATH_MAX -----------------------------
+
+DEEP = "import os\nfor i in range(3000):\n    os.mkdir('d'); os.chdir('d')\nopen('leaf', 'w').write('x')\n"
+
+
+def _make_deep(root: Path, levels: int = 3000) -> None:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(levels):
+        os.mkdir("d", dir_fd=fd)
+        nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+
+
+@pytest.mark.parametrize("approver", ["block", "allow"])
+def test_a_3000_level_tree_is_blocked_cleanly_and_later_runs_work(approver, ws, tmp_path):
+    from caper.commit import MAX_TREE_DEPTH
+    from caper.snapshot import settle
+    state = str(tmp_path / "state")
+    outcome = run([PY, "-c", DEEP], cwd=str(ws), approver=approver, state_dir=state)
+    assert not outcome.committed and outcome.report is not None
+    if approver == "allow":
+        assert f"more than {MAX_TREE_DEPTH} directory levels" in outcome.reason
+    settle()
+    assert os.listdir(ws) == [] and os.listdir(Path(state, "runs")) == []
+    later = run("echo later > later", cwd=str(ws), approver="allow", state_dir=state)
+    assert later.committed and (ws / "later").read_text() == "later\n"
+
+
+def test_a_deep_tree_within_the_bound_commits_past_path_max(ws, tmp_path):
+    from caper.snapshot import settle
+    state = str(tmp_path / "state")
+    name = "d" * 40        # 150 levels of 41 bytes: 6,150 bytes of path, past PATH_MAX
+    code = f"import os\nfor i in range(150):\n    os.mkdir({name!r}); os.chdir({name!r})\n" \
+           "open('leaf', 'w').write('x')\n"
+    assert run([PY, "-c", code], cwd=str(ws), approver="allow", state_dir=state).committed
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(150):
+        nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    assert os.listdir(fd) == ["leaf"]
+    os.close(fd)
+    assert run(f"rm -rf {name}", cwd=str(ws), approver="allow", state_dir=state).committed
+    settle()
+    assert os.listdir(ws) == []
+
+
+def test_deleting_a_host_tree_past_the_bound_is_refused_not_a_crash(ws, tmp_path):
+    from caper.snapshot import remove_tree
+    _make_deep(ws)
+    try:
+        outcome = run("rm -rf d", cwd=str(ws), approver="allow", state_dir=str(tmp_path / "s"))
+        assert not outcome.committed and "directory levels" in outcome.reason
+        assert (ws / "d" / "d").is_dir()
+    finally:
+        remove_tree(str(ws / "d"))     # pytest's own clean-up recurses
+
+
+def test_dead_runs_of_any_depth_are_collected(tmp_path):
+    from caper.snapshot import collect_dead_runs
+    state = tmp_path / "state"
+    dead = state / "runs" / "0123456789abcdef"
+    dead.mkdir(parents=True)
+    _make_deep(dead)
+    (dead / "d").chmod(0)                  # shut, as a command may leave it
+    assert collect_dead_runs(str(state)) == [str(dead)]
+    assert os.listdir(state / "runs") == []
