@@ -67,7 +67,7 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from caper import mountinfo
-from caper.commit import Change, file_type
+from caper.commit import Change, file_type, privileges
 from caper.errors import CaperError
 from caper.journal import Journal, fsync_dir, step
 from caper.state import KEPT_S
@@ -531,16 +531,20 @@ class BtrfsSnapshot:
             new = _lstat_or_none(os.path.join(self.path, rel))
             if old is None and new is None:
                 continue
+            if new is not None:
+                runs = os.path.join(self.path, rel)
+                granted = privileges(runs, new) if stat.S_ISREG(new.st_mode) else ()
             if old is None:
-                out.append(Change(p, "created", file_type(new.st_mode)))
+                out.append(Change(p, "created", file_type(new.st_mode), privileges=granted))
             elif new is None:
                 out.append(Change(p, "deleted", file_type(old.st_mode)))
                 if stat.S_ISDIR(old.st_mode):
                     held[p] = 0
             elif stat.S_IFMT(old.st_mode) != stat.S_IFMT(new.st_mode):
-                out.append(Change(p, "replaced", file_type(new.st_mode), file_type(old.st_mode)))
+                out.append(Change(p, "replaced", file_type(new.st_mode), file_type(old.st_mode),
+                                  privileges=granted))
             else:
-                out.append(Change(p, "modified", file_type(new.st_mode)))
+                out.append(Change(p, "modified", file_type(new.st_mode), privileges=granted))
         return [replace(c, entries=held[c.path]) if c.path in held else c for c in out]
 
     def _deleted_above(self, path: str, held: dict[str, int]) -> str | None:

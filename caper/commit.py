@@ -157,6 +157,7 @@ class Change:
     old_ftype: str | None = None
     detail: str = ""
     entries: int = 0
+    privileges: tuple[str, ...] = ()  # of the new version: setuid, setgid, capabilities
 
 
 @dataclass
@@ -332,6 +333,27 @@ def _overlay_xattrs(path_or_fd, userxattr: bool) -> dict[str, bytes]:
     except OSError:
         return {}
     return {n[len(prefix):]: os.getxattr(path_or_fd, n) for n in names if n.startswith(prefix)}
+
+
+def privileges(path_or_fd, st: os.stat_result) -> tuple[str, ...]:
+    """What a file would grant whoever runs it: setuid, setgid (with group
+    execute; without it the bit means mandatory locking) and file
+    capabilities (the security.capability xattr). Directories: none (setgid
+    there only picks the group of new entries)."""
+    if not stat.S_ISREG(st.st_mode):
+        return ()
+    out = []
+    if st.st_mode & stat.S_ISUID:
+        out.append("setuid")
+    if st.st_mode & stat.S_ISGID and st.st_mode & stat.S_IXGRP:
+        out.append("setgid")
+    try:
+        if "security.capability" in os.listxattr(path_or_fd):
+            out.append("capabilities")
+    except OSError as e:
+        if e.errno not in (errno.ENOTSUP, errno.EPERM, errno.EACCES):
+            raise
+    return tuple(out)
 
 
 def _obj_fd(dfd: int, name: str) -> int:
@@ -735,13 +757,15 @@ class _Planner:
                     # CASE(file, none)  CASE(symlink, none)  CASE(fifo, none)
                     self._unit(lp, CREATE, u, hrel, name, None, ust)
                     self.plan.changes.append(Change(hp, CREATED, file_type(ust.st_mode), None,
-                                                    self._link_detail(lp, u, ust)))
+                                                    self._link_detail(lp, u, ust),
+                                                    privileges=self._privileges(lp, u, ust)))
                 elif stat.S_ISDIR(hst.st_mode):
                     # CASE(file, dir)  CASE(symlink, dir): the host tree goes
                     n = self._doomed(lp, hrel, name, hst, replacing=True)
                     self._unit(lp, REPLACE, u, hrel, name, hst, ust)
                     self.plan.changes.append(Change(hp, REPLACED, file_type(ust.st_mode), "dir",
-                                                    self._link_detail(lp, u, ust), n))
+                                                    self._link_detail(lp, u, ust), n,
+                                                    self._privileges(lp, u, ust)))
                 else:
                     # CASE(file, file)  CASE(file, symlink)  CASE(symlink, file)  CASE(symlink, symlink)
                     self._replace_leaf(lp, u, hrel, name, ust, hst)
@@ -759,6 +783,15 @@ class _Planner:
                 if hst is not None:
                     self._delete(lp, hrel, name, hst)
 
+    def _privileges(self, lp: _LayerPlan, u: tuple, ust: os.stat_result) -> tuple[str, ...]:
+        if not stat.S_ISREG(ust.st_mode):
+            return ()
+        ofd = _obj_fd(lp.up.fd(u[:-1]), u[-1])
+        try:
+            return privileges(_proc(ofd), ust)
+        finally:
+            os.close(ofd)
+
     def _link_detail(self, lp: _LayerPlan, u: tuple, ust: os.stat_result) -> str:
         if stat.S_ISLNK(ust.st_mode):
             return "-> " + os.readlink(u[-1], dir_fd=lp.up.fd(u[:-1]))
@@ -775,7 +808,8 @@ class _Planner:
         if new_t != old_t:
             self._conflict(hp, hst)
             self._unit(lp, REPLACE, u, hrel, name, hst, ust)
-            self.plan.changes.append(Change(hp, REPLACED, new_t, old_t, self._link_detail(lp, u, ust)))
+            self.plan.changes.append(Change(hp, REPLACED, new_t, old_t, self._link_detail(lp, u, ust),
+                                            privileges=self._privileges(lp, u, ust)))
             return
         diff = self._leaf_diff(lp, u, hrel, name, ust, hst)
         if diff is None:
@@ -783,7 +817,8 @@ class _Planner:
         self._conflict(hp, hst)
         self._unit(lp, REPLACE, u, hrel, name, hst, ust)
         kind, detail = diff
-        self.plan.changes.append(Change(hp, kind, new_t, None, detail))
+        self.plan.changes.append(Change(hp, kind, new_t, None, detail,
+                                        privileges=self._privileges(lp, u, ust)))
 
     def _leaf_diff(self, lp, u, hrel, name, ust, hst) -> tuple[str, str] | None:
         """(kind, detail) of an upper entry over a host entry of the same type, or None if equal."""
@@ -887,7 +922,8 @@ class _Planner:
                                       f"in the upper dir; refusing", step="plan")
                 tree.append((trel + (n,), st))
                 changes.append(Change(cp, CREATED, file_type(st.st_mode), None,
-                                      self._link_detail(lp, u + trel + (n,), st)))
+                                      self._link_detail(lp, u + trel + (n,), st),
+                                      privileges=self._privileges(lp, u + trel + (n,), st)))
                 if fmt == stat.S_IFDIR:
                     scan(trel + (n,))
 
@@ -1118,26 +1154,71 @@ class _Stager:
         _apply_attrs(lp.host.fd(hparent), name, ust.st_mode, ust.st_uid, ust.st_gid, xattrs, times)
 
 
+def _check_room(plan: _Plan) -> None:
+    """A layer whose upper dir is on another filesystem than its host tree is
+    committed by copying: refuse before staging anything what will not fit
+    (the blocks the run's files hold, which a sparse copy also needs)."""
+    need: dict[int, list] = {}          # host dev -> [bytes, entries, a layer on it]
+    for unit in plan.units:
+        lp = plan.layers[unit.layer]
+        if unit.upper is None or lp.up.dev == lp.dev:
+            continue
+        if unit.tree is None:
+            sts = [_lstat(unit.upper[-1], dir_fd=lp.up.fd(unit.upper[:-1]))]
+        else:
+            sts = [st for _, st in unit.tree]
+        n = need.setdefault(lp.dev, [0, 0, lp])
+        n[0] += sum(st.st_blocks * 512 for st in sts if stat.S_ISREG(st.st_mode))
+        n[1] += len(sts)
+    for size, entries, lp in need.values():
+        v = os.fstatvfs(lp.host.fd(()))
+        free, inodes = v.f_bavail * v.f_frsize, v.f_favail if v.f_files else entries
+        if size > free or entries > inodes:
+            raise CommitError(f"{lp.layer.mount_point}: the run's new files need {size:,} bytes "
+                              f"and {entries:,} inodes there, {free:,} bytes and {inodes:,} "
+                              "inodes are free; nothing was committed", step="space")
+
+
 def _copy_data(src: int, dst: int, size: int) -> int:
-    total = 0
-    try:
-        while True:
-            n = os.copy_file_range(src, dst, COPY_CHUNK * 64)
-            if n == 0:
+    """Copy the data of src into dst; a hole stays a hole (SEEK_DATA/SEEK_HOLE),
+    so `truncate -s 8G` costs the host nothing.  Returns the bytes copied."""
+    total = off = 0
+    while off < size:
+        try:
+            start = os.lseek(src, off, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:      # nothing but a hole up to the end
                 break
-            total += n
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP) or total:
             raise
-        while True:
-            buf = os.read(src, COPY_CHUNK)
-            if not buf:
-                break
-            view = memoryview(buf)
-            while view:
-                view = view[os.write(dst, view):]
-            total += len(buf)
+        end = os.lseek(src, start, os.SEEK_HOLE)
+        total += _copy_range(src, dst, start, end - start)
+        off = end
+    os.ftruncate(dst, size)
     return total
+
+
+def _copy_range(src: int, dst: int, off: int, count: int) -> int:
+    done = 0
+    try:
+        while done < count:
+            n = os.copy_file_range(src, dst, min(count - done, COPY_CHUNK * 64), off + done,
+                                   off + done)
+            if n == 0:
+                return done
+            done += n
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    while done < count:
+        buf = os.pread(src, min(count - done, COPY_CHUNK), off + done)
+        if not buf:
+            break
+        view = memoryview(buf)
+        while view:
+            n = os.pwrite(dst, view, off + done)
+            view = view[n:]
+            done += n
+    return done
 
 
 def _unit_path(lp_host: _Dirs, u: dict) -> str:
@@ -1421,6 +1502,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
             for lp in plan.layers:
                 _empty_upper(lp.layer.upper)
             return CommitResult(jid, plan.changes, counts, seconds=time.perf_counter() - t0)
+        _check_room(plan)
         for n, unit in enumerate(plan.units):
             unit.stage = f"{STAGE_PREFIX}{jid}-{n}"
         journal = _journal(state_dir, jid)

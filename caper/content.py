@@ -53,6 +53,7 @@ class Blob:
     size: int
     data: bytes          # at most the limit asked for
     complete: bool
+    allocated: int = 0   # bytes on disk (st_blocks): less than size for a sparse file
 
 
 def _open_beneath(root: str, rel: str) -> int:
@@ -93,7 +94,7 @@ def read_blob(root: str, rel: str, limit: int) -> Blob | None:
             chunks.append(b)
             got += len(b)
         data = b"".join(chunks)
-        return Blob(st.st_size, data, len(data) >= st.st_size)
+        return Blob(st.st_size, data, len(data) >= st.st_size, st.st_blocks * 512)
     except OSError:
         return None
     finally:
@@ -111,6 +112,7 @@ class TableRows:
 class FileDetail:
     size_before: int | None = None
     size_after: int | None = None
+    allocated_after: int | None = None   # bytes on disk of the run's version
     added: int | None = None       # lines, for text files
     removed: int | None = None
     diff: list[str] = field(default_factory=list)
@@ -175,6 +177,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
              if where and op != "deleted" else None)
     d.size_before = before.size if before else None
     d.size_after = after.size if after else None
+    d.allocated_after = after.allocated if after else None
     if after is not None:
         redactor.text(after.data[:MAX_SCAN_BYTES].decode("utf-8", "replace"), d.secrets)
         if after.size > MAX_SCAN_BYTES:

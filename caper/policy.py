@@ -276,6 +276,11 @@ class _Judge:
     def run(self, report) -> list[Finding]:
         self.credential_reads = {p.path for p in report.protected_reads}
         for c in report.changes:
+            if c.privileges:   # whatever the task says: a human grants these
+                self.add(95, "block", f"{_q(c.path)} would be {c.op} with "
+                         f"{', '.join(c.privileges)}", "a privilege change: whoever runs the "
+                         "file gains its owner's rights or its capabilities",
+                         "commit the file without them and grant them by hand")
             self.change(c.path, c.op, c.where, c.type, c, files=1)
         for a in report.aggregates:
             self.change(a.under, a.op, a.where, "dir", None, files=a.files)

@@ -113,6 +113,8 @@ class FileChange(_Model):
     entries: int | None = None       # a deleted directory held this many entries
     tracked_files: int | None = None # tracked files at or below path
     size: tuple[int | None, int | None] | None = None  # bytes before, after
+    allocated: int | None = None     # bytes on disk after, when fewer than its size (sparse)
+    privileges: list[str] | None = None  # the new version grants: setuid, setgid, capabilities
     lines: tuple[int, int] | None = None               # +added, -removed
     overwritten: bool = False        # emptied, or most of its lines replaced
     diff: list[str] | None = None
@@ -291,6 +293,8 @@ def _change_severity(c: FileChange, rel: str = "") -> int:
         sev = max(sev, 95)
     if c.op == "meta" and c.where not in ("system", "home", "outside"):
         sev = min(sev, 25)
+    if c.privileges:
+        sev = max(sev, 95)
     return sev
 
 
@@ -529,6 +533,8 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.detail = c.detail
         if c.entries:
             fc.entries = c.entries
+        if c.privileges:
+            fc.privileges = list(c.privileges)
         if view.inside(c.path) and view.is_git:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
@@ -779,6 +785,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
     if det:
         if det.size_before is not None or det.size_after is not None:
             out.size = (det.size_before, det.size_after)
+        if det.allocated_after is not None and det.allocated_after < (det.size_after or 0):
+            out.allocated = det.allocated_after
         if det.added or det.removed:
             out.lines = (det.added or 0, det.removed or 0)
         out.overwritten = det.overwritten
@@ -893,6 +901,10 @@ def render_card(r: Report) -> str:
             old, new = c.size
             bits.append(f"size {old}" if new is None else f"size {new}" if old is None
                         else f"size {old} -> {new}")
+        if c.allocated is not None:
+            bits.append(f"(sparse: {c.allocated} bytes on disk)")
+        if c.privileges:
+            bits.append("GRANTS PRIVILEGES: " + ", ".join(c.privileges))
         if c.lines:
             bits.append(f"+{c.lines[0]} -{c.lines[1]} lines")
         if c.secrets:

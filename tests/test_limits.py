@@ -330,3 +330,91 @@ def test_dead_runs_of_any_depth_are_collected(tmp_path):
     (dead / "d").chmod(0)                  # shut, as a command may leave it
     assert collect_dead_runs(str(state)) == [str(dead)]
     assert os.listdir(state / "runs") == []
+
+
+# ---- commit: sparse files, room, privileges --------------------------------------
+
+@needs_root
+def test_a_sparse_file_is_committed_sparse_across_filesystems(small_fs, ws):
+    state = str(small_fs / "state")       # the upper on a tmpfs, the workspace on /tmp's fs
+    cmd = ("truncate -s 8G f && printf data | dd of=f bs=1 seek=4096000 conv=notrunc "
+           "status=none")
+    outcome = run(cmd, cwd=str(ws), approver="allow", state_dir=state)
+    assert outcome.committed, outcome.reason
+    st = os.stat(ws / "f")
+    assert st.st_size == 8 << 30 and st.st_blocks * 512 <= 1 << 20
+    with open(ws / "f", "rb") as f:
+        f.seek(4096000)
+        assert f.read(4) == b"data"
+    (change,) = [c for c in outcome.report.changes if c.path == "f"]
+    assert change.size == (None, 8 << 30) and change.allocated is not None
+    assert change.allocated < 1 << 20 and "sparse" in outcome.report.card()
+
+
+@needs_root
+def test_a_commit_that_will_not_fit_is_refused_before_staging(small_fs, tmp_path):
+    ws = small_fs / "ws"                  # the host tree small, the upper on /tmp's fs
+    ws.mkdir()
+    outcome = run("head -c 96M /dev/zero > big", cwd=str(ws), approver="allow",
+                  state_dir=str(tmp_path / "state"))
+    assert not outcome.committed
+    assert "need" in outcome.reason and "nothing was committed" in outcome.reason
+    assert os.listdir(ws) == []
+
+
+PRIVILEGED = ("cp /bin/true u && chmod u+s u && cp /bin/true g && chmod g+s,g+x g && "
+              "mkdir -p sub && chmod g+s sub && cp /bin/true sub/plain")
+
+
+def _privileged(outcome) -> dict:
+    return {c.path: c.privileges for c in outcome.report.changes if c.privileges}
+
+
+def test_setuid_and_setgid_files_are_shown_and_blocked(ws, tmp_path):
+    state = str(tmp_path / "state")
+    outcome = run(PRIVILEGED, cwd=str(ws), approver="policy", state_dir=state)
+    assert _privileged(outcome) == {"u": ["setuid"], "g": ["setgid"]}
+    assert not outcome.committed and "privilege change" in outcome.reason
+    assert "GRANTS PRIVILEGES: setuid" in outcome.report.card()
+    assert os.listdir(ws) == []
+    # a file that was there: chmod u+s is a meta change, and one too
+    (ws / "tool").write_bytes(Path("/bin/true").read_bytes())
+    (ws / "tool").chmod(0o755)
+    outcome = run("chmod u+s tool", cwd=str(ws), approver="policy", state_dir=state)
+    assert _privileged(outcome) == {"tool": ["setuid"]} and not outcome.committed
+    assert not (ws / "tool").stat().st_mode & 0o4000
+
+
+@needs_root
+def test_file_capabilities_are_shown_and_blocked(ws, tmp_path):
+    import shutil
+    if not shutil.which("setcap"):
+        pytest.skip("setcap (libcap2-bin) is not installed")
+    outcome = run("cp /bin/true c && setcap cap_net_raw+ep c", cwd=str(ws), approver="policy",
+                  state_dir=str(tmp_path / "state"))
+    assert outcome.exit_code == 0, outcome.stderr.text()
+    assert _privileged(outcome) == {"c": ["capabilities"]}
+    assert not outcome.committed and "privilege change" in outcome.reason
+
+
+def test_setuid_is_shown_and_blocked_rootless():
+    import shutil
+    import tempfile
+    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+    need_rootless_venv()
+    base = tempfile.mkdtemp(prefix="caper-limits-")    # pytest's tmp_path is root's only
+    try:
+        os.chmod(base, 0o755)
+        ws, state = Path(base, "ws"), Path(base, "state")
+        for p in (ws, state):
+            p.mkdir()
+            os.chown(p, NOBODY, NOBODY)
+        out = run_as_nobody(ws, "cp /bin/true u && chmod u+s u", "policy", state)
+        assert not out["committed"] and "setuid" in out["reason"], out
+        assert os.listdir(ws) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    # Rootless caper cannot grant file capabilities at all: setting
+    # security.capability needs CAP_SETFCAP over the file's user namespace,
+    # and the command's uid is not root there (setcap says "unable to set
+    # CAP_SETFCAP effective capability: Operation not permitted").
