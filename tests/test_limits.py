@@ -116,6 +116,30 @@ def test_a_run_past_its_memory_limit_ends_clearly_and_is_blocked(how, ws, tmp_pa
         assert "MemoryError" in doc["stderr"]
 
 
+ROOTLESS_HOG = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from caper.trace import trace
+t = trace([sys.executable, "-c", sys.argv[2]], cwd="/", timeout=60, max_memory=64 << 20)
+events, r = t.run()
+print(json.dumps({"end": r.end.name, "stdout": r.stdout.text().decode(),
+                  "stderr": r.stderr.text().decode()[-300:], "cgroup": t._cgroup is not None}))
+"""
+
+
+def test_the_memory_limit_holds_rootless():
+    """uid 65534 cannot make a cgroup here: RLIMIT_AS bounds each process."""
+    from test_rootless import SYSTEM_PY, _as_nobody, _usable, source_root
+    reason = _usable()
+    if reason:
+        pytest.skip(reason)
+    p = _as_nobody(SYSTEM_PY, "-c", ROOTLESS_HOG, str(source_root()), HOG, timeout=120, cwd="/")
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout)
+    assert "survived" not in got["stdout"]
+    assert got["end"] == "MEMORY_LIMIT" if got["cgroup"] else "MemoryError" in got["stderr"], got
+
+
 def test_a_bad_memory_limit_is_a_clear_error(ws, tmp_path):
     from caper.config import Config
     from caper.errors import ConfigError
