@@ -269,6 +269,7 @@ class Stats:
     collapsed: int = 0
     peak_pids: int = 0
     wall_ms: float = 0.0
+    shm_bytes: int = 0         # left in /dev/shm at the end (discarded, never committed)
 
 
 @dataclass(slots=True)

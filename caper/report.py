@@ -54,6 +54,8 @@ LINKS_SPLIT = "hard-linked-files-written-through-one-name"
 # belongs to an owner or group without an id in the user namespace, and
 # overlayfs cannot copy it up.
 WRITES_REFUSED = "writes-refused-by-the-user-namespace"
+# Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
+SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 NOTES = {
     RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's overlay "
                      "(EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and `git mv` do "
@@ -65,6 +67,8 @@ NOTES = {
                     "it was below a directory whose owner or group has no id in the user "
                     "namespace of unprivileged caper (a setgid team directory, say), which the "
                     "overlay cannot copy into the sandbox. caper run as root has no such limit.",
+    SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
+                   "(64 MiB), discarded with it and never committed.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
@@ -500,6 +504,8 @@ def _draft(facts: RunFacts) -> _Draft:
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     uncertain: dict[str, int] = dict(an.uncertain)
+    if facts.result.stats.shm_bytes:
+        uncertain[SHM_DISCARDED] = facts.result.stats.shm_bytes
     if view.git_failed:
         uncertain["git-status-unknown"] = 1
     split = sum(1 for c in facts.changes if c.kind == "modified" and c.ftype == "file"

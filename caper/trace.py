@@ -245,7 +245,7 @@ class Trace:
             err = _output(res.err_out)
             stats = Stats(stops=res.stops, events=res.events, noise=res.noise,
                           collapsed=res.collapsed, peak_pids=res.peak_pids,
-                          wall_ms=res.wall_ns / 1e6)
+                          wall_ms=res.wall_ns / 1e6, shm_bytes=res.shm_used)
             error = None
             if end not in (End.EXITED, End.SIGNALED) and step:
                 error = str(from_native(step, res.err, detail))

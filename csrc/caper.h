@@ -203,6 +203,8 @@ struct caper_result {
                               other process of the sandbox is gone, the kernel is tearing
                               down its namespaces (~1.5 ms); caper_reap() waits for it.
                               0: already reaped */
+    uint64_t shm_used;     /* bytes left in the sandbox's /dev/shm when the command ended:
+                              memory, discarded with the sandbox, never committed */
 };
 
 /* One record on the event pipe. Strings follow the header inside the record

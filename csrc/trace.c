@@ -1066,6 +1066,17 @@ static void on_death(struct tracer *t, struct proc *p, int status)
     destroy(t, p);
 }
 
+/* What the command left in its /dev/shm (caper's tmpfs, below caper's
+ * read-only /dev: the command cannot put a link there), for the report. */
+static void shm_count(struct tracer *t)
+{
+    char path[64];
+    struct statvfs v;
+    snprintf(path, sizeof path, "/proc/%d/root/dev/shm", t->init_pid);
+    if (statvfs(path, &v) == 0 && v.f_blocks >= v.f_bfree)
+        t->r->shm_used = (uint64_t)(v.f_blocks - v.f_bfree) * v.f_frsize;
+}
+
 int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
                struct watcher *w, struct caper_result *r, struct caper_failure *f)
 {
@@ -1125,6 +1136,7 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
              * would resume, holding the output and status pipes) and let the
              * caller go on; caper_reap() reaps it. */
             if (r->end && t.live == 1 && find(&t, t.init_pid)) {
+                shm_count(&t);
                 kill(t.init_pid, SIGKILL);
                 r->reap_pid = t.init_pid;
                 break;

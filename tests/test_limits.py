@@ -162,9 +162,18 @@ def test_dev_shm_is_bounded():
     assert "No space left on device" in text
     size_kib = int(text.splitlines()[-1].split()[1])
     assert size_kib == DEFAULT_SHM_SIZE >> 10
+    assert r.stats.shm_bytes == DEFAULT_SHM_SIZE      # counted: full
     _, r = trace("dd if=/dev/zero of=/dev/shm/fill bs=1M count=20 2>&1", timeout=30,
                  shm_size=8 << 20).run()
     assert "No space left on device" in out(r)
+
+
+def test_what_is_left_in_dev_shm_is_said_in_the_report(ws, tmp_path):
+    from caper.report import SHM_DISCARDED
+    outcome = run("head -c 3M /dev/zero > /dev/shm/cache", cwd=str(ws), approver="allow",
+                  state_dir=str(tmp_path / "state"))
+    assert f"{SHM_DISCARDED}: {3 << 20}" in outcome.report.uncertain
+    assert any("/dev/shm" in n for n in outcome.notes)
 
 
 # ---- CPU scheduling and capabilities --------------------------------------------
