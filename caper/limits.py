@@ -19,8 +19,9 @@ from caper import mountinfo
 _RAM = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 DEFAULT_MAX_MEMORY = min(8 << 30, _RAM // 2)
 DEFAULT_SHM_SIZE = 64 << 20          # the sandbox's /dev/shm (a tmpfs: memory)
-# What one run may cost caper: Python keeps every event it reports on
-# (~1 KiB each with its strings); a build of ~20,000 files makes ~100,000.
+# What one run may cost caper: Python keeps every event it reports on, a few
+# hundred bytes each beyond its record (~450 MiB at the count's cap); the
+# bytes' cap binds first when paths are long.
 DEFAULT_MAX_EVENTS = 1_000_000
 DEFAULT_MAX_EVENT_BYTES = 256 << 20
 
