@@ -160,7 +160,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
          still_wanted: "Callable[[], bool] | None", max_memory: int) -> RunOutcome:
-    from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
+    from caper.btrfs import (BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume,
+                             recover_btrfs)
     from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
     from caper.content import RunTree
@@ -212,9 +213,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             events, result = tr.run()
             try:
                 changes, unplanned = plan_changes(snap.layers, exclude=hidden), None
-            except CommitError as e:   # reported and blocked: never committed unjudged
-                changes, unplanned = [], e
-            workspace_changes = bsnap.changes() if bsnap else []
+                workspace_changes = bsnap.changes() if bsnap else []
+            except (CommitError, BtrfsError) as e:   # reported and blocked, never committed
+                changes, workspace_changes, unplanned = [], [], e
             timings["run_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()

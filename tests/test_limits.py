@@ -451,3 +451,47 @@ def test_setuid_is_shown_and_blocked_rootless():
     # security.capability needs CAP_SETFCAP over the file's user namespace,
     # and the command's uid is not root there (setcap says "unable to set
     # CAP_SETFCAP effective capability: Operation not permitted").
+
+
+@pytest.fixture(scope="module")
+def btrfs_ws(tmp_path_factory):
+    """A subvolume workspace on a small loop-mounted btrfs (root only)."""
+    import shutil
+    from caper import btrfs
+    from caper.snapshot import settle
+    if os.geteuid() != 0 or not shutil.which("mkfs.btrfs") or btrfs.btrfsutil is None:
+        pytest.skip("needs root, mkfs.btrfs and btrfsutil")
+    base = tmp_path_factory.mktemp("btrfs")
+    img, mnt = base / "img", base / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(300 << 20)
+    subprocess.run(["mkfs.btrfs", "-q", str(img)], check=True, capture_output=True)
+    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot loop-mount a btrfs image: {r.stderr.strip()}")
+    btrfs.btrfsutil.create_subvolume(str(mnt / "ws"))
+    try:
+        yield mnt / "ws"
+    finally:
+        settle()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("approver", ["block", "allow"])
+def test_a_3000_level_tree_in_a_btrfs_workspace_crashes_nothing(approver, btrfs_ws):
+    state = str(btrfs_ws.parent / "state")
+    outcome = run([PY, "-c", DEEP], cwd=str(btrfs_ws), approver=approver, state_dir=state)
+    assert outcome.report is not None and outcome.report.backend == "btrfs"
+    assert not outcome.committed or approver == "allow"
+    later = run("echo later > later", cwd=str(btrfs_ws), approver="allow", state_dir=state)
+    assert later.committed and (btrfs_ws / "later").read_text() == "later\n"
+    assert run("rm -rf d later", cwd=str(btrfs_ws), approver="allow", state_dir=state).committed
+    assert os.listdir(btrfs_ws) == []
+
+
+def test_setuid_in_a_btrfs_workspace_is_shown_and_blocked(btrfs_ws):
+    state = str(btrfs_ws.parent / "state")
+    outcome = run(PRIVILEGED, cwd=str(btrfs_ws), approver="policy", state_dir=state)
+    assert _privileged(outcome) == {"u": ["setuid"], "g": ["setgid"]}
+    assert not outcome.committed and os.listdir(btrfs_ws) == []
