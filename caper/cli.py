@@ -1,6 +1,6 @@
 """caper's command line.
 
-    caper run [--task TEXT] [--approver auto|policy|llm|allow|block] [--session ID]
+    caper run [--task TEXT | --call ID] [--approver auto|policy|llm|allow|block] [--session ID]
               [--backend B] [--timeout S] [--workspace DIR] [--json] [-q]
               -c 'SHELL STRING'   (or -- ARGV...)
     caper session list|reset [ID]
@@ -110,18 +110,38 @@ def cmd_trace(args, parser) -> int:
     return EXIT_CAPER_FAILED
 
 
+def _call_task(args, parser, command, state: str) -> str | None:
+    """The task of a hook's call (--call): from its record, which must name
+    this session and exactly this command; it serves one run."""
+    from caper.tasks import TaskRecordError, take_call
+    if args.task is not None:
+        parser.error("--call takes the task from the hook's record: no --task with it")
+    if not isinstance(command, str) or not args.session:
+        parser.error("--call needs --session and -c STRING, as the hook writes them")
+    try:
+        return take_call(state, args.call, args.session, command)
+    except TaskRecordError as e:
+        raise SystemExit(_failed(args, f"{e}; not run")) from None
+
+
 def cmd_run(args, parser) -> int:
+    from caper.errors import ConfigError
+    from caper.state import state_dir
     command = _command(args, parser)
+    try:
+        state = state_dir()
+    except ConfigError as e:
+        return _failed(args, str(e))
+    task = _call_task(args, parser, command, state) if args.call else args.task
     if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
         from caper import gate
-        from caper.state import default_state_dir
-        payload = {"command": command, "task": args.task, "approver": args.approver,
+        payload = {"command": command, "task": task, "approver": args.approver,
                    "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
                    "env": dict(os.environ)}
         try:
-            answer = gate.request(default_state_dir(), payload)
+            answer = gate.request(state, payload)
         except gate.GateUnavailable as e:
             print(f"caper: running in this process ({e})", file=sys.stderr)
         else:
@@ -138,9 +158,9 @@ def cmd_run(args, parser) -> int:
     from caper.errors import CaperError
     from caper.transaction import run
     try:
-        outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
+        outcome = run(command, task=task, approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure)
+                      on_unsure=args.on_unsure, state_dir=state)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -181,9 +201,9 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
 def cmd_commit(args, parser) -> int:
     from caper import pending
     from caper.errors import CaperError
-    from caper.state import default_state_dir
-    state = args.state_dir or default_state_dir()
+    from caper.state import state_dir
     try:
+        state = state_dir(args.state_dir)
         if args.discard:
             pending.discard(state, args.id)
             print(f"caper: held run {args.id} discarded", file=sys.stderr)
@@ -220,18 +240,24 @@ def cmd_mcp(args, parser) -> int:
 
 
 def cmd_serve(args, parser) -> int:
+    from caper.errors import ConfigError
     from caper.gate import IDLE_S, serve
-    from caper.state import default_state_dir
-    return serve(args.state_dir or default_state_dir(), args.idle or IDLE_S)
+    from caper.state import state_dir
+    try:
+        state = state_dir(args.state_dir)
+    except ConfigError as e:
+        print(f"caper serve: {e}", file=sys.stderr)
+        return 1
+    return serve(state, args.idle or IDLE_S)
 
 
 def cmd_session(args, parser) -> int:
     from caper.errors import CaperError
     from caper.session import check_session_id, open_sessions
-    from caper.state import default_state_dir
+    from caper.state import state_dir
 
     try:
-        with open_sessions(args.state_dir or default_state_dir()) as sessions:
+        with open_sessions(state_dir(args.state_dir)) as sessions:
             if args.action == "reset":
                 if not args.id:
                     parser.error("caper session reset ID")
@@ -256,10 +282,10 @@ def cmd_recover(args, parser) -> int:
     from caper.commit import recover
     from caper.errors import CaperError
     from caper.snapshot import collect_dead_runs
-    from caper.state import default_state_dir
+    from caper.state import state_dir
 
-    state = args.state_dir or default_state_dir()
     try:
+        state = state_dir(args.state_dir)
         done = recover(state) + recover_btrfs(state)
         done += [f"removed the scratch of a run that died: {p}" for p in collect_dead_runs(state)]
     except CaperError as e:
@@ -293,7 +319,11 @@ def _columns() -> int:
 
 def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
-    r.add_argument("--task", help="what the user asked for (evidence for the approver)")
+    r.add_argument("--task", help="what the user asked for (evidence for the approver): "
+                                  "your own words, when you call caper yourself")
+    r.add_argument("--call", metavar="ID",
+                   help="a hook's call record: the task is the one the hook recorded for this "
+                        "session and exactly this command (caper.tasks)")
     r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
                    help="auto (default): policy, then the LLM if configured for what policy is "
                         "unsure of; allow: commit everything; block: preview only")

@@ -63,13 +63,26 @@ class GateUnavailable(Exception):
     """The gate could not be reached or started: run in this process instead."""
 
 
+class ForeignGate(GateUnavailable):
+    """What listens on the gate's socket is not the caller's own process."""
+
+
 def _connect(path: str) -> _socket.socket:
+    """A connection to the gate, once the peer is known to run as this
+    uid (SO_PEERCRED, the server's credentials at listen()): nothing is
+    sent to a socket someone else bound."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         s.connect(path)
+        cred = s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
     except OSError:
         s.close()
         raise
+    pid, uid = int.from_bytes(cred[0:4], sys.byteorder), int.from_bytes(cred[4:8], sys.byteorder)
+    if uid != os.geteuid():
+        s.close()
+        raise ForeignGate(f"the gate socket {path} is served by uid {uid} (pid {pid}), not by "
+                          f"you ({os.geteuid()}); nothing was sent to it")
     return s
 
 

@@ -19,7 +19,7 @@ from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_a
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
-from caper.state import KEPT_S, default_state_dir
+from caper.state import KEPT_S, state_dir as checked_state_dir
 from caper.workspace import find_workspace
 
 if TYPE_CHECKING:
@@ -125,8 +125,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     workspace = os.path.realpath(workspace) if workspace else find_workspace(cwd)
     if not os.path.isdir(workspace):
         raise ConfigError(f"workspace does not exist: {workspace}")
-    state_dir = state_dir or default_state_dir()
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    state_dir = checked_state_dir(state_dir)
     text = command if isinstance(command, str) else " ".join(command)
     timings: dict[str, float] = {}
     run_env = os.environ if env is None else env
