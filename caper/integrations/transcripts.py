@@ -99,7 +99,9 @@ class _Reader:
             return
         if e.get("type") == "user":                        # Gemini
             shown = e.get("displayContent")
-            self._add(e.get("id", n), _parts(shown if shown else e.get("content")))
+            text = _parts(shown if shown else e.get("content"))
+            # Gemini's own rule (isIgnoredUserContent): / and ? lines are its commands
+            self._add(e.get("id", n), None if text and text.startswith(("/", "?")) else text)
 
     def _add(self, key: object, text: str | None) -> None:
         if text:
