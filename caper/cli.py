@@ -105,7 +105,8 @@ def cmd_trace(args, parser) -> int:
     if r.end in (End.PIDS_LIMIT, End.MEMORY_LIMIT, End.DISK_LIMIT):
         return EXIT_LIMIT
     if r.end == End.EXEC_FAILED:
-        print(f"caper: {r.error}", file=sys.stderr)
+        from caper.display import escape
+        print(f"caper: {escape(r.error or '')}", file=sys.stderr)
         return 127
     return EXIT_CAPER_FAILED
 
@@ -169,11 +170,12 @@ def cmd_run(args, parser) -> int:
 
 
 def _failed(args, reason: str) -> int:
+    from caper.display import escape
     if args.json:
         print(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
                           "committed": False}))
     else:
-        print(f"caper: blocked: {reason}", file=sys.stderr)
+        print(f"caper: blocked: {escape(reason)}", file=sys.stderr)
     return EXIT_CAPER_FAILED
 
 
@@ -184,17 +186,20 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
     if args.json:
         print(json.dumps(doc, ensure_ascii=True))
         return status
-    if doc["committed"]:
+    from caper.display import escape
+    if doc["committed"]:         # the command's own output, as it wrote it
         os.write(1, stdout)
         os.write(2, stderr)
+    # What caper says, run-derived strings in it included, reaches the
+    # terminal escaped: a file name cannot clear the screen or fake a line.
     if not args.quiet and card:
-        sys.stderr.write(card)
+        sys.stderr.write(escape(card, keep_lines=True))
     for note in doc.get("notes", ()):
-        print(f"caper: note: {note}", file=sys.stderr)
+        print(f"caper: note: {escape(note)}", file=sys.stderr)
     if doc.get("held"):
-        print(f"caper: {doc['reason']}", file=sys.stderr)
+        print(f"caper: {escape(doc['reason'])}", file=sys.stderr)
     elif not doc["committed"]:
-        print(f"caper: blocked: {doc['reason']}", file=sys.stderr)
+        print(f"caper: blocked: {escape(doc['reason'])}", file=sys.stderr)
     return status
 
 
@@ -210,7 +215,8 @@ def cmd_commit(args, parser) -> int:
             return 0
         code, out, err = pending.apply(state, args.id)
     except CaperError as e:
-        print(f"caper: not committed: {e}", file=sys.stderr)
+        from caper.display import escape
+        print(f"caper: not committed: {escape(str(e))}", file=sys.stderr)
         return EXIT_CAPER_FAILED
     os.write(1, out)
     os.write(2, err)
@@ -291,8 +297,9 @@ def cmd_recover(args, parser) -> int:
     except CaperError as e:
         print(f"caper: recover failed: {e}", file=sys.stderr)
         return 1
+    from caper.display import escape
     for line in done:
-        print(line)
+        print(escape(line))
     if not done:
         print("caper: nothing to recover", file=sys.stderr)
     return 0

@@ -29,12 +29,13 @@ def _code(m: re.Match) -> str:
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 
 
-def escape(s: str, keep_newlines: bool = False) -> str:
+def escape(s: str, keep_lines: bool = False) -> str:
     """s with every control and invisible format character made visible.
-    keep_newlines: caper's own multi-line text (a card, a reason list)
-    keeps its line breaks; every other control is still escaped."""
-    if keep_newlines:
-        return "\n".join(_UNSAFE.sub(_code, line) for line in s.split("\n"))
+    keep_lines: multi-line text (a card, a command's output) keeps its line
+    breaks and tabs; every other control is still escaped."""
+    if keep_lines:
+        return "\n".join("\t".join(_UNSAFE.sub(_code, part) for part in line.split("\t"))
+                         for line in s.split("\n"))
     return _UNSAFE.sub(_code, s)
 
 

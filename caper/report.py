@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
 from caper.content import FileDetail, RunTree, inspect
+from caper.display import quote
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.mountinfo import below
 from caper.secrets import Protected, Redactor, read_values
@@ -858,7 +859,7 @@ def _squeeze(r: Report) -> Report:
 # --- the card ---------------------------------------------------------------------------
 
 def _q(s: str) -> str:
-    return json.dumps(s, ensure_ascii=True)
+    return quote(s)
 
 
 def render_card(r: Report) -> str:

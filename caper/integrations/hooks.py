@@ -237,7 +237,7 @@ def ask_human(agent: Agent, run_id: str, state: str) -> str:
     except ConfigError as e:
         return _out(agent, "deny", f"no held run {run_id} to apply ({escape(str(e))})")
     text = (f"caper ran this command in a sandbox and held the result for you: "
-            f"{escape(held.reason)}\n\n{escape(held.card[:6000], keep_newlines=True)}\n"
+            f"{escape(held.reason)}\n\n{escape(held.card[:6000], keep_lines=True)}\n"
             "Apply these effects to your files?")
     return _out(agent, "ask", text)
 
