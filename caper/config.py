@@ -3,6 +3,7 @@
 
     on_unsure = "block"          # what auto does when policy is unsure and no LLM
                                  # is configured: block | allow | ask
+    keep_quota_mb = 1024         # held and kept runs, all together, at most this
 
     [report]
     # More credential locations, on top of caper/data/protected.toml.
@@ -86,6 +87,9 @@ _POLICY_LISTS = ("harmless_outside", "persistence", "redirecting_lines", "format
 
 class Config(_Strict):
     on_unsure: Literal["block", "allow", "ask"] = "block"
+    # Held runs and conflicting runs' kept versions, all together, at most
+    # this size: beyond it a run is not held (or not kept), and says so.
+    keep_quota_mb: float = Field(default=1024, ge=0)
     report: ReportConfig = ReportConfig()
     policy: dict = {}
     llm: LlmConfig = LlmConfig()

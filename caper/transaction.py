@@ -163,7 +163,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.report import RunFacts, build, notes
     from caper.secrets import default_patterns, protected_for
     from caper.limits import DiskGuard
-    from caper.snapshot import OverlaySnapshot, collect_dead_runs, expire_kept, later
+    from caper.snapshot import (OverlaySnapshot, collect_dead_runs, expire_kept, later,
+                                over_keep_quota)
     from caper.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
@@ -250,9 +251,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
                                               f"as the snapshot {kept} for {KEPT_S // 86400} days")
                 except CommitConflict as e:
-                    kept = snap.scratch
-                    decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
-                                              f"in {kept} (layer*/upper) for {KEPT_S // 86400} days")
+                    full = over_keep_quota(state_dir, snap.scratch, config.keep_quota_mb)
+                    kept = None if full else snap.scratch
+                    decision = _not_committed(e, workspace_swapped, f"the run's version is not "
+                                              f"kept: {full}" if full else f"the run's version "
+                                              f"is kept in {kept} (layer*/upper) for "
+                                              f"{KEPT_S // 86400} days")
                 except CommitIncomplete as e:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
@@ -262,7 +266,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 except CommitError as e:  # undone: nothing changed
                     decision = _not_committed(e, workspace_swapped)
             held = None
-            if decision.ask and not bsnap:   # a human decides later: keep the run
+            full = decision.ask and not bsnap and over_keep_quota(state_dir, snap.scratch,
+                                                                  config.keep_quota_mb)
+            if full:   # held runs must not starve other sessions of space
+                decision = replace(decision, decision="block", ask=False,
+                                   reason=f"{decision.reason} Not held for a human: {full}.")
+            elif decision.ask and not bsnap:   # a human decides later: keep the run
                 held = hold(state_dir, snap, hidden, workspace, text, result, report,
                             decision.reason)
                 kept = snap.scratch
