@@ -316,6 +316,8 @@ class _Judge:
             self.workspace_change(path, full, op, where, ftype, c, files)
         if c is not None and c.op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
+        if c is not None and c.detail and "grants " in c.detail:
+            self.grant(path, full, c.detail)
         if c is not None and c.tables:
             self.tables(path, c)
         if c is not None and where in ("tracked", "untracked", "workspace") and c.diff and \
@@ -420,6 +422,16 @@ class _Judge:
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed")
+
+    def grant(self, path: str, full: str, detail: str) -> None:
+        """An ACL entry for another user or group, or a security.* attribute
+        (file capabilities): a privilege change, as a widened mode is."""
+        given = detail.split("grants ", 1)[1]
+        declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+        self.add(87, "unsure" if declared else "block",
+                 f"it would give {_q(path)} {_q(given)}",
+                 "permissions for other users, or privileges for what runs",
+                 "grant only what is needed")
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]

@@ -226,3 +226,39 @@ def test_a_planted_held_run_record_deletes_nothing(tmp_path):
             with pytest.raises(ConfigError, match="not caper's|not inside the state directory"):
                 act(str(state), run_id)
         assert (victim / "work.txt").read_text() == "mine"
+
+
+# --- 3. grants to other users are shown as what they are --------------------------------------
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A POSIX ACL xattr value: version 2, then (tag, perm, id) entries."""
+    return (2).to_bytes(4, "little") + b"".join(
+        t.to_bytes(2, "little") + p.to_bytes(2, "little") + i.to_bytes(4, "little", signed=False)
+        for t, p, i in entries)
+
+
+U_OBJ, USER, G_OBJ, MASK, OTHER_ = 1, 2, 4, 0x10, 0x20
+NONE_ID = 0xFFFFFFFF
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setting another uid's ACL entry via setxattr "
+                                               "in the sandbox needs the mapping root has")
+def test_an_acl_grant_to_another_user_is_shown_and_blocked(tmp_path):
+    """`setfacl -m u:4242:rwx .git/hooks` (as the raw xattr: no setfacl here):
+    the card says which user gets what, and the policy blocks it."""
+    from caper.transaction import run
+    ws = git_project(tmp_path / "ws", {"README": "hi\n"})
+    acl = _acl((U_OBJ, 7, NONE_ID), (USER, 7, OTHER), (G_OBJ, 5, NONE_ID), (MASK, 7, NONE_ID),
+               (OTHER_, 5, NONE_ID))
+    script = tmp_path / "acl.py"
+    script.write_text(f"import os\nos.setxattr('.git/hooks', 'system.posix_acl_access', {acl!r})\n"
+                      f"os.mkdir('shared')\n"
+                      f"os.setxattr('shared', 'system.posix_acl_default', {acl!r})\n")
+    out = run(f"{sys.executable} {script}", approver="policy", workspace=str(ws), cwd=str(ws),
+              state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
+    assert out.report.end.exit_code == 0, out.stderr.text()
+    card = out.report.card()
+    assert f"acl user:{OTHER}:rwx" in card and f"default acl user:{OTHER}:rwx" in card
+    assert out.decision == "block" and f"user:{OTHER}:rwx" in out.reason
+    assert not os.listxattr(ws / ".git" / "hooks") or \
+        "system.posix_acl_access" not in os.listxattr(ws / ".git" / "hooks")
