@@ -262,3 +262,16 @@ def test_an_acl_grant_to_another_user_is_shown_and_blocked(tmp_path):
     assert out.decision == "block" and f"user:{OTHER}:rwx" in out.reason
     assert not os.listxattr(ws / ".git" / "hooks") or \
         "system.posix_acl_access" not in os.listxattr(ws / ".git" / "hooks")
+
+
+def test_a_config_file_others_can_write_is_refused(tmp_path):
+    """config.toml widens what the policy allows: one that another user can
+    write (or owns) is refused, not read."""
+    from caper.config import load_config
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('on_unsure = "allow"\n')
+    cfg.chmod(0o600)
+    assert load_config(str(cfg)).on_unsure == "allow"
+    cfg.chmod(0o666)
+    with pytest.raises(ConfigError, match="nobody else can write"):
+        load_config(str(cfg))
