@@ -114,26 +114,26 @@ def cmd_trace(args, parser) -> int:
 def _call_task(args, parser, command, state: str) -> str | None:
     """The task of a hook's call (--call): from its record, which must name
     this session and exactly this command; it serves one run."""
-    from caper.tasks import TaskRecordError, take_call
+    from caper.tasks import take_call
     if args.task is not None:
         parser.error("--call takes the task from the hook's record: no --task with it")
     if not isinstance(command, str) or not args.session:
         parser.error("--call needs --session and -c STRING, as the hook writes them")
-    try:
-        return take_call(state, args.call, args.session, command)
-    except TaskRecordError as e:
-        raise SystemExit(_failed(args, f"{e}; not run")) from None
+    return take_call(state, args.call, args.session, command)
 
 
 def cmd_run(args, parser) -> int:
     from caper.errors import ConfigError
     from caper.state import state_dir
+    from caper.tasks import TaskRecordError
     command = _command(args, parser)
     try:
         state = state_dir()
+        task = _call_task(args, parser, command, state) if args.call else args.task
     except ConfigError as e:
         return _failed(args, str(e))
-    task = _call_task(args, parser, command, state) if args.call else args.task
+    except TaskRecordError as e:
+        return _failed(args, f"{e}; not run")
     if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
         from caper import gate
         payload = {"command": command, "task": task, "approver": args.approver,

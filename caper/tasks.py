@@ -23,7 +23,6 @@ Standard library only: the hooks import it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -48,6 +47,7 @@ def _dir(state: str) -> str:
 
 
 def _prompt_path(state: str, session: str) -> str:
+    import hashlib   # here: `caper run --call`, on every hooked command, never needs it
     return os.path.join(_dir(state), "prompt-" + hashlib.sha256(session.encode()).hexdigest()[:32]
                         + ".json")
 
