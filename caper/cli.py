@@ -1,6 +1,6 @@
 """caper's command line.
 
-    caper run [--task TEXT] [--approver auto|policy|llm|allow|block] [--session ID]
+    caper run [--task TEXT | --call ID] [--approver auto|policy|llm|allow|block] [--session ID]
               [--backend B] [--timeout S] [--workspace DIR] [--json] [-q]
               -c 'SHELL STRING'   (or -- ARGV...)
     caper session list|reset [ID]
@@ -106,23 +106,44 @@ def cmd_trace(args, parser) -> int:
     if r.end in (End.PIDS_LIMIT, End.MEMORY_LIMIT, End.DISK_LIMIT, End.EVENT_LIMIT):
         return EXIT_LIMIT
     if r.end == End.EXEC_FAILED:
-        print(f"caper: {r.error}", file=sys.stderr)
+        from caper.display import escape
+        print(f"caper: {escape(r.error or '')}", file=sys.stderr)
         return 127
     return EXIT_CAPER_FAILED
 
 
+def _call_task(args, parser, command, state: str) -> str | None:
+    """The task of a hook's call (--call): from its record, which must name
+    this session and exactly this command; it serves one run."""
+    from caper.tasks import take_call
+    if args.task is not None:
+        parser.error("--call takes the task from the hook's record: no --task with it")
+    if not isinstance(command, str) or not args.session:
+        parser.error("--call needs --session and -c STRING, as the hook writes them")
+    return take_call(state, args.call, args.session, command)
+
+
 def cmd_run(args, parser) -> int:
+    from caper.errors import ConfigError
+    from caper.state import state_dir
+    from caper.tasks import TaskRecordError
     command = _command(args, parser)
+    try:
+        state = state_dir()
+        task = _call_task(args, parser, command, state) if args.call else args.task
+    except ConfigError as e:
+        return _failed(args, str(e))
+    except TaskRecordError as e:
+        return _failed(args, f"{e}; not run")
     if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
         from caper import gate
-        from caper.state import default_state_dir
-        payload = {"command": command, "task": args.task, "approver": args.approver,
+        payload = {"command": command, "task": task, "approver": args.approver,
                    "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
                    "max_memory": args.max_memory, "env": dict(os.environ)}
         try:
-            answer = gate.request(default_state_dir(), payload)
+            answer = gate.request(state, payload)
         except gate.GateUnavailable as e:
             print(f"caper: running in this process ({e})", file=sys.stderr)
         else:
@@ -139,9 +160,9 @@ def cmd_run(args, parser) -> int:
     from caper.errors import CaperError
     from caper.transaction import run
     try:
-        outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
+        outcome = run(command, task=task, approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure, max_memory=args.max_memory)
+                      on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -150,11 +171,12 @@ def cmd_run(args, parser) -> int:
 
 
 def _failed(args, reason: str) -> int:
+    from caper.display import escape
     if args.json:
         print(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
                           "committed": False}))
     else:
-        print(f"caper: blocked: {reason}", file=sys.stderr)
+        print(f"caper: blocked: {escape(reason)}", file=sys.stderr)
     return EXIT_CAPER_FAILED
 
 
@@ -165,33 +187,37 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
     if args.json:
         print(json.dumps(doc, ensure_ascii=True))
         return status
-    if doc["committed"]:
+    from caper.display import escape
+    if doc["committed"]:         # the command's own output, as it wrote it
         os.write(1, stdout)
         os.write(2, stderr)
+    # What caper says, run-derived strings in it included, reaches the
+    # terminal escaped: a file name cannot clear the screen or fake a line.
     if not args.quiet and card:
-        sys.stderr.write(card)
+        sys.stderr.write(escape(card, keep_lines=True))
     for note in doc.get("notes", ()):
-        print(f"caper: note: {note}", file=sys.stderr)
+        print(f"caper: note: {escape(note)}", file=sys.stderr)
     if doc.get("held"):
-        print(f"caper: {doc['reason']}", file=sys.stderr)
+        print(f"caper: {escape(doc['reason'])}", file=sys.stderr)
     elif not doc["committed"]:
-        print(f"caper: blocked: {doc['reason']}", file=sys.stderr)
+        print(f"caper: blocked: {escape(doc['reason'])}", file=sys.stderr)
     return status
 
 
 def cmd_commit(args, parser) -> int:
     from caper import pending
     from caper.errors import CaperError
-    from caper.state import default_state_dir
-    state = args.state_dir or default_state_dir()
+    from caper.state import state_dir
     try:
+        state = state_dir(args.state_dir)
         if args.discard:
             pending.discard(state, args.id)
             print(f"caper: held run {args.id} discarded", file=sys.stderr)
             return 0
         code, out, err = pending.apply(state, args.id)
     except CaperError as e:
-        print(f"caper: not committed: {e}", file=sys.stderr)
+        from caper.display import escape
+        print(f"caper: not committed: {escape(str(e))}", file=sys.stderr)
         return EXIT_CAPER_FAILED
     os.write(1, out)
     os.write(2, err)
@@ -221,18 +247,24 @@ def cmd_mcp(args, parser) -> int:
 
 
 def cmd_serve(args, parser) -> int:
+    from caper.errors import ConfigError
     from caper.gate import IDLE_S, serve
-    from caper.state import default_state_dir
-    return serve(args.state_dir or default_state_dir(), args.idle or IDLE_S)
+    from caper.state import state_dir
+    try:
+        state = state_dir(args.state_dir)
+    except ConfigError as e:
+        print(f"caper serve: {e}", file=sys.stderr)
+        return 1
+    return serve(state, args.idle or IDLE_S)
 
 
 def cmd_session(args, parser) -> int:
     from caper.errors import CaperError
     from caper.session import check_session_id, open_sessions
-    from caper.state import default_state_dir
+    from caper.state import state_dir
 
     try:
-        with open_sessions(args.state_dir or default_state_dir()) as sessions:
+        with open_sessions(state_dir(args.state_dir)) as sessions:
             if args.action == "reset":
                 if not args.id:
                     parser.error("caper session reset ID")
@@ -257,17 +289,18 @@ def cmd_recover(args, parser) -> int:
     from caper.commit import recover
     from caper.errors import CaperError
     from caper.snapshot import collect_dead_runs
-    from caper.state import default_state_dir
+    from caper.state import state_dir
 
-    state = args.state_dir or default_state_dir()
     try:
+        state = state_dir(args.state_dir)
         done = recover(state) + recover_btrfs(state)
         done += [f"removed the scratch of a run that died: {p}" for p in collect_dead_runs(state)]
     except CaperError as e:
         print(f"caper: recover failed: {e}", file=sys.stderr)
         return 1
+    from caper.display import escape
     for line in done:
-        print(line)
+        print(escape(line))
     if not done:
         print("caper: nothing to recover", file=sys.stderr)
     return 0
@@ -294,7 +327,11 @@ def _columns() -> int:
 
 def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
-    r.add_argument("--task", help="what the user asked for (evidence for the approver)")
+    r.add_argument("--task", help="what the user asked for (evidence for the approver): "
+                                  "your own words, when you call caper yourself")
+    r.add_argument("--call", metavar="ID",
+                   help="a hook's call record: the task is the one the hook recorded for this "
+                        "session and exactly this command (caper.tasks)")
     r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
                    help="auto (default): policy, then the LLM if configured for what policy is "
                         "unsure of; allow: commit everything; block: preview only")

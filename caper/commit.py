@@ -416,6 +416,34 @@ def _meta_of(p: str, st: os.stat_result) -> dict:
             "xattrs": {k: v.hex() for k, v in _xattrs_of(p).items()}}
 
 
+_ACLS = {"system.posix_acl_access": "acl", "system.posix_acl_default": "default acl"}
+_ACL_TAG = {1: "user:", 2: "user:", 4: "group:", 8: "group:", 0x10: "mask:", 0x20: "other:"}
+_NAMED = (2, 8)           # ACL_USER, ACL_GROUP: entries naming another user or group
+
+
+def grants(xattrs: dict[str, bytes]) -> list[str]:
+    """What these xattrs grant, as the user would read it: each POSIX ACL
+    entry that names a user or group (`acl user:1001:rwx`: another user may
+    write there; the owner, group and other entries are the mode, shown as
+    such), and every security.* attribute (`security.capability`: the file
+    gives privileges to whoever runs it)."""
+    out = []
+    for name, value in sorted(xattrs.items()):
+        if name in _ACLS:
+            # struct posix_acl_xattr_header {u32 version}; entries {u16 tag, u16 perm, u32 id}
+            entries = [(int.from_bytes(value[i:i + 2], "little"),
+                        int.from_bytes(value[i + 2:i + 4], "little"),
+                        int.from_bytes(value[i + 4:i + 8], "little"))
+                       for i in range(4, len(value) - 7, 8)]
+            for tag, perm, eid in entries:
+                if tag in _NAMED:
+                    rwx = "".join(c if perm & b else "-" for c, b in (("r", 4), ("w", 2), ("x", 1)))
+                    out.append(f"{_ACLS[name]} {_ACL_TAG[tag]}{eid}:{rwx}")
+        elif name.startswith("security."):
+            out.append(name)
+    return out
+
+
 def _meta_diff(old: dict, new: dict) -> list[str]:
     out = []
     if old["mode"] != new["mode"]:
@@ -424,7 +452,11 @@ def _meta_diff(old: dict, new: dict) -> list[str]:
         out.append(f"owner {old['uid']}:{old['gid']}->{new['uid']}:{new['gid']}")
     if old["xattrs"] != new["xattrs"]:
         keys = set(old["xattrs"]) | set(new["xattrs"])
-        out.append("xattrs " + ",".join(sorted(k for k in keys if old["xattrs"].get(k) != new["xattrs"].get(k))))
+        changed = sorted(k for k in keys if old["xattrs"].get(k) != new["xattrs"].get(k))
+        out.append("xattrs " + ",".join(changed))
+        given = grants({k: bytes.fromhex(new["xattrs"][k]) for k in changed if k in new["xattrs"]})
+        if given:
+            out.append("grants " + ", ".join(given))
     return out
 
 
@@ -793,9 +825,17 @@ class _Planner:
             os.close(ofd)
 
     def _link_detail(self, lp: _LayerPlan, u: tuple, ust: os.stat_result) -> str:
+        """A new entry's detail: a symlink's target; what its ACLs and
+        security.* xattrs grant, which commit carries over with it."""
         if stat.S_ISLNK(ust.st_mode):
             return "-> " + os.readlink(u[-1], dir_fd=lp.up.fd(u[:-1]))
-        return ""
+        fd = _obj_fd(lp.up.fd(u[:-1]), u[-1]) if u else None
+        try:
+            given = grants(_xattrs_of(_proc(fd) if fd is not None else lp.up.path(u)))
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return "grants " + ", ".join(given) if given else ""
 
     def _unit(self, lp, op, u, hrel, name, hst, ust=None, tree=None) -> _Unit:
         unit = _Unit(op, lp.index, hrel, name, u, None if hst is None else hst.st_ino, tree)
@@ -894,7 +934,8 @@ class _Planner:
             self._conflict(hp, hst)
         tree = []
         changes = [Change(hp, CREATED if hst is None else REPLACED, "dir",
-                          None if hst is None else file_type(hst.st_mode))]
+                          None if hst is None else file_type(hst.st_mode),
+                          self._link_detail(lp, u, _lstat(u[-1], dir_fd=lp.up.fd(u[:-1]))))]
 
         def scan(trel: tuple) -> None:
             _depth_ok(lp.host, hrel + (name,) + trel)

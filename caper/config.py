@@ -3,6 +3,7 @@
 
     on_unsure = "block"          # what auto does when policy is unsure and no LLM
                                  # is configured: block | allow | ask
+    keep_quota_mb = 1024         # held and kept runs, all together, at most this
 
     [report]
     # More credential locations, on top of caper/data/protected.toml.
@@ -109,6 +110,9 @@ _POLICY_LISTS = ("harmless_outside", "persistence", "redirecting_lines", "format
 
 class Config(_Strict):
     on_unsure: Literal["block", "allow", "ask"] = "block"
+    # Held runs and conflicting runs' kept versions, all together, at most
+    # this size: beyond it a run is not held (or not kept), and says so.
+    keep_quota_mb: float = Field(default=1024, ge=0)
     report: ReportConfig = ReportConfig()
     policy: dict = {}
     llm: LlmConfig = LlmConfig()
@@ -142,6 +146,13 @@ def load_config(path: str | None = None, env: "Mapping[str, str] | None" = None)
     path = path or config_path(env)
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            # It widens what the policy lets through: only the user's (or root's) own file.
+            if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+                raise ConfigError(f"config {path}: owned by uid {st.st_uid} with mode "
+                                  f"{st.st_mode & 0o7777:04o}; caper reads only a file of yours "
+                                  f"that nobody else can write (chmod go-w {path})",
+                                  step="config")
             data = tomllib.load(f)
     except FileNotFoundError:
         return Config()

@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 from caper.config import Config
+from caper.programs import find_program
 from caper.transaction import run
 
 TASK = "clean the build artifacts and recompile"
@@ -51,11 +52,14 @@ def _project(root: str, files: dict[str, str]) -> str:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(text)
-    git = ["git", "-c", "user.email=demo@caper", "-c", "user.name=demo"]
+    # By absolute path, never from the project directory (caper.programs).
+    git, make = (find_program(p, os.environ.get("PATH"), avoid=(root,)) or p
+                 for p in ("git", "make"))
+    git = [git, "-c", "user.email=demo@caper", "-c", "user.name=demo"]
     subprocess.run(git + ["init", "-q"], cwd=root, check=True)
     subprocess.run(git + ["add", "-A"], cwd=root, check=True)
     subprocess.run(git + ["commit", "-qm", "initial"], cwd=root, check=True)
-    subprocess.run(["make", "-s"], cwd=root, check=True, capture_output=True)
+    subprocess.run([make, "-s"], cwd=root, check=True, capture_output=True)
     return root
 
 

@@ -63,13 +63,26 @@ class GateUnavailable(Exception):
     """The gate could not be reached or started: run in this process instead."""
 
 
+class ForeignGate(GateUnavailable):
+    """What listens on the gate's socket is not the caller's own process."""
+
+
 def _connect(path: str) -> _socket.socket:
+    """A connection to the gate, once the peer is known to run as this
+    uid (SO_PEERCRED, the server's credentials at listen()): nothing is
+    sent to a socket someone else bound."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         s.connect(path)
+        cred = s.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
     except OSError:
         s.close()
         raise
+    pid, uid = int.from_bytes(cred[0:4], sys.byteorder), int.from_bytes(cred[4:8], sys.byteorder)
+    if uid != os.geteuid():
+        s.close()
+        raise ForeignGate(f"the gate socket {path} is served by uid {uid} (pid {pid}), not by "
+                          f"you ({os.geteuid()}); nothing was sent to it")
     return s
 
 
@@ -89,8 +102,9 @@ def _start(state_dir: str) -> None:
         log = os.open(os.path.join(state_dir, "gate.log"),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            subprocess.Popen([sys.executable, "-m", "caper", "serve", "--state-dir", state_dir],
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+            # -P: the gate's code is caper's, never a caper/ in some cwd.
+            subprocess.Popen([sys.executable, "-P", "-m", "caper", "serve", "--state-dir",
+                              state_dir], stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                              start_new_session=True, close_fds=True)
         finally:
             os.close(log)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from typing import Callable
 
 # Fault injection for the crash tests, shared by both commit engines.
@@ -86,11 +87,20 @@ class Journal:
         write_atomic(self.path, json.dumps(data, separators=(",", ":")).encode("ascii"))
 
     def read(self) -> dict | None:
+        """The record, if it is a regular file of the caller's holding a JSON
+        object (its fields are checked by the engine that wrote it)."""
         try:
-            with open(self.path, "rb") as f:
-                return json.loads(f.read())
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise ValueError(f"journal {self.path} is not a file of yours; not read")
+            data = json.loads(f.read())
+        if not isinstance(data, dict):
+            raise ValueError(f"journal {self.path} does not hold a JSON object")
+        return data
 
     def remove(self) -> None:
         step("journal-remove")

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from caper.errors import ConfigError
 from caper.journal import write_atomic
+from caper.state import inside
 
 PENDING_DIR = "pending"
 MAX_AGE_S = 24 * 3600
@@ -68,13 +69,36 @@ def hold(state_dir: str, snap, exclude, workspace: str, command: str, result, re
 
 
 def load(state_dir: str, run_id: str) -> Held:
+    """The held run's record, checked: what `caper commit` applies and
+    `caper discard` deletes must be this run's own scratch in the state
+    directory, whoever wrote the file."""
     try:
         with open(_path(state_dir, run_id)) as f:
-            return Held(**json.load(f))
+            h = Held(**json.load(f))
     except FileNotFoundError:
         raise ConfigError(f"no held run {run_id} (applied, discarded or expired)") from None
     except (ValueError, TypeError) as e:
         raise ConfigError(f"held run {run_id}: unreadable record ({e})") from e
+    _check(state_dir, run_id, h)
+    return h
+
+
+def _check(state_dir: str, run_id: str, h: Held) -> None:
+    bad = f"held run {run_id}: the record is not caper's"
+    runs = os.path.join(os.path.realpath(state_dir), "runs")
+    if h.id != run_id or inside(runs, h.scratch) != os.path.join(runs, run_id):
+        raise ConfigError(f"{bad}: its scratch {h.scratch!r} is not runs/{run_id} in {state_dir}")
+    for layer in h.layers if isinstance(h.layers, list) else [None]:
+        if not (isinstance(layer, list) and len(layer) == 3 and isinstance(layer[0], str)
+                and os.path.isabs(layer[0]) and isinstance(layer[2], bool)):
+            raise ConfigError(f"{bad}: a malformed layer {layer!r}")
+        inside(h.scratch, layer[1])
+    if not (isinstance(h.workspace, str) and os.path.isabs(h.workspace)
+            and isinstance(h.since_ns, int) and isinstance(h.exclude, list)
+            and all(isinstance(x, str) for x in h.exclude)
+            and isinstance(h.card, str) and isinstance(h.reason, str)
+            and isinstance(h.created, (int, float))):
+        raise ConfigError(f"{bad}: malformed fields")
 
 
 def discard(state_dir: str, run_id: str) -> None:

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Iterable
 
 from caper.approve import ApprovalRequest, Decision
+from caper.display import quote
 from caper.mountinfo import below
 from caper.report import CHANGES_NOT_SHOWN
 from caper.secrets import Protected, default_patterns, glob_regex, protected_for
@@ -232,7 +233,7 @@ class Finding:
 
 
 def _q(s: str) -> str:
-    return '"' + s.replace('"', "'")[:120] + '"'
+    return quote(s, limit=120)
 
 
 class PolicyApprover:
@@ -320,6 +321,8 @@ class _Judge:
             self.workspace_change(path, full, op, where, ftype, c, files)
         if c is not None and c.op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
+        if c is not None and c.detail and "grants " in c.detail:
+            self.grant(path, full, c.detail)
         if c is not None and c.tables:
             self.tables(path, c)
         if c is not None and where in ("tracked", "untracked", "workspace") and c.diff and \
@@ -371,8 +374,10 @@ class _Judge:
                    for line in (c.diff or []) if line.startswith("+"))
 
     def _task_allows_delete(self, path: str) -> bool:
-        return self.t is None or self.t.names(path) or "delete" in self.t.kinds and \
-            not self.t.words.isdisjoint({p.lower() for p in path.split("/")})
+        # No task known is the strictest case: nothing is deleted on the command's word alone.
+        return self.t is not None and (self.t.names(path) or "delete" in self.t.kinds and
+                                       not self.t.words.isdisjoint({p.lower()
+                                                                    for p in path.split("/")}))
 
     def workspace_change(self, path: str, full: str, op: str, where: str, ftype: str, c,
                          files: int) -> None:
@@ -395,15 +400,17 @@ class _Judge:
                     + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
-                if self.t is not None and self.t.kinds.isdisjoint({"delete"}) and \
-                        op in ("deleted", "replaced") and not self.t.names(path):
-                    self.add(55, "unsure", what + ", named by the command but not by the task",
+                if op in ("deleted", "replaced") and (self.t is None or self.t.kinds.isdisjoint(
+                        {"delete"}) and not self.t.names(path)):
+                    self.add(55, "unsure", what + ", named by the command but not by the task"
+                             + (" (no task is known)" if self.t is None else ""),
                              "tracked files the task did not mention")
                 return
             self.add(90 if tracked else 85, "block", what + ", which neither the command nor "
                      "the task names", "destroying tracked files",
                      "back up first, or narrow the command to what the task names")
-        elif not declared:   # untracked: git cannot bring them back either
+        elif not declared or self.t is None and op in ("deleted", "replaced"):
+            # untracked: git cannot bring them back either (no task: not even when declared)
             self.add(50, "unsure", f"it would {_verb(op)} {_q(path)}, an untracked file "
                      "git cannot restore", "the user's own files")
 
@@ -420,6 +427,16 @@ class _Judge:
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed")
+
+    def grant(self, path: str, full: str, detail: str) -> None:
+        """An ACL entry for another user or group, or a security.* attribute
+        (file capabilities): a privilege change, as a widened mode is."""
+        given = detail.split("grants ", 1)[1]
+        declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+        self.add(87, "unsure" if declared else "block",
+                 f"it would give {_q(path)} {_q(given)}",
+                 "permissions for other users, or privileges for what runs",
+                 "grant only what is needed")
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
 from caper.content import FileDetail, RunTree, inspect
+from caper.display import quote
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.mountinfo import below
 from caper.secrets import Protected, Redactor, read_values
@@ -334,6 +336,12 @@ _WRITE_KINDS = (Kind.UNLINK, Kind.RMDIR, Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, 
 _CHANGING_KINDS = _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)   # besides opens
 _CLONE_VM = 0x100
 _STATUS_FILES = ("status", "stat")   # /proc/*/status shows TracerPid
+# Files that tell a sandbox from the host: the mount table (the overlays),
+# pid 1 (caper's init), the cgroup, the user namespace's id maps, the
+# network (only loopback). A command that reads them could act differently.
+_REVEALS_SANDBOX = re.compile(
+    r"/proc/(?:(?:self|thread-self|\d+)(?:/task/\d+)?/(?:mountinfo|mounts|mountstats|cgroup|"
+    r"uid_map|gid_map|setgroups|net(?:/.*)?)|mounts|net(?:/.*)?|1(?:/.*)?)|/sys/class/net(?:/.*)?")
 
 
 class _Analysis:
@@ -382,6 +390,8 @@ class _Analysis:
                     p.reads.append((e.seq, e.path))
                 if e.path.startswith("/proc/") and e.path.rsplit("/", 1)[-1] in _STATUS_FILES:
                     self.uncertain["a-process-could-see-it-was-traced"] += 1
+                if _REVEALS_SANDBOX.fullmatch(e.path):
+                    self.uncertain["a-process-could-see-the-sandbox"] += 1
         elif k in _WRITE_KINDS and e.ok and e.path:
             self.writers[e.path] = (e.pid, e.seq)
         elif k in (Kind.RENAME, Kind.LINK, Kind.SYMLINK) and e.ok and e.path2:
@@ -872,7 +882,7 @@ def _squeeze(r: Report) -> Report:
 # --- the card ---------------------------------------------------------------------------
 
 def _q(s: str) -> str:
-    return json.dumps(s, ensure_ascii=True)
+    return quote(s)
 
 
 def render_card(r: Report) -> str:

@@ -458,6 +458,44 @@ def expire_kept(state_dir: str, max_age_s: float) -> list[str]:
     return out
 
 
+def tree_bytes(path: str) -> int:
+    """The disk space a tree takes (allocated blocks; not following links).
+    Directories a run closed (mode 000) count as empty: they hold nothing
+    the run could have written without opening them again first."""
+    total = 0
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    st = e.stat(follow_symlinks=False)
+                    total += st.st_blocks * 512
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+        except (FileNotFoundError, PermissionError, NotADirectoryError):
+            continue
+    return total
+
+
+def over_keep_quota(state_dir: str, scratch: str, quota_mb: float) -> str | None:
+    """Why scratch may not be kept for later (held, or a conflict's version):
+    with the runs already kept it would pass the quota; None if it fits."""
+    runs = os.path.join(state_dir, "runs")
+    try:
+        kept = [os.path.join(runs, n.removesuffix(".kept")) for n in os.listdir(runs)
+                if n.endswith(".kept")]
+    except FileNotFoundError:
+        kept = []
+    used = sum(tree_bytes(k) for k in kept if k != scratch)
+    size = tree_bytes(scratch)
+    if used + size <= quota_mb * (1 << 20):
+        return None
+    return (f"it takes {size / (1 << 20):.1f} MiB, and the {len(kept)} held and kept runs "
+            f"already take {used / (1 << 20):.1f} MiB of caper's quota of {quota_mb:g} MiB "
+            f"for them (keep_quota_mb in config.toml; `caper discard ID` frees a held run)")
+
+
 def _unlink(path: str) -> None:
     try:
         os.unlink(path)

@@ -1,8 +1,20 @@
-"""Where caper keeps its state: journals, locks, scratch space, sessions, and
-the gate's socket. Light on purpose: the CLI's fast path imports it."""
+"""Where caper keeps its state: journals, locks, scratch space, sessions, held
+runs, the hooks' task records and the gate's socket. Light on purpose: the
+CLI's fast path imports it.
+
+Everything in the state directory is trusted by caper (a held run's record
+names what `caper commit` applies; the gate's socket receives the caller's
+environment), so `state_dir()` accepts it only when nobody else can write
+there: the directory and each directory above it belong to the caller or to
+root and are not writable by group or others (unless sticky, like /tmp), and
+the directory itself has no group or other access at all.
+"""
 from __future__ import annotations
 
 import os
+import stat
+
+from caper.errors import ConfigError
 
 # How long caper keeps a run's version that could not be committed (the
 # workspace changed meanwhile) for the user to take: then it is deleted.
@@ -18,3 +30,55 @@ def default_state_dir(env: "Mapping[str, str] | None" = None) -> str:  # noqa: F
     base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
                                                      ".local", "state")
     return os.path.join(base, "caper")
+
+
+def state_dir(path: str | None = None) -> str:
+    """The state directory (default_state_dir() if not given), made 0700 if
+    missing, checked (see the module's docstring); its real path. A
+    directory of the caller's with only group/other read access is tightened
+    to 0700 (nobody else could have written in it); anything else is refused
+    with the fix."""
+    path = os.path.abspath(path or default_state_dir())
+    me = os.geteuid()
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        real = os.path.realpath(path)
+        st = os.lstat(real)
+    except OSError as e:
+        raise ConfigError(f"state directory {path}: {e.strerror}", step="state",
+                          err=e.errno) from e
+    fix = (f"choose a directory of your own (CAPER_STATE_DIR), or fix it: "
+           f"chown {me} {real} && chmod 700 {real}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"state directory {real} is not a directory; {fix}", step="state")
+    if st.st_uid != me:
+        raise ConfigError(f"state directory {real} belongs to uid {st.st_uid}, not to you "
+                          f"({me}): another user could plant records or a gate in it; {fix}",
+                          step="state")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"state directory {real} is writable by group or others "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}): they could plant records "
+                          f"or a gate in it; {fix}", step="state")
+    if st.st_mode & 0o077:
+        os.chmod(real, 0o700)
+    parent = os.path.dirname(real)
+    while True:
+        pst = os.lstat(parent)
+        if pst.st_uid not in (0, me) or (pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX):
+            raise ConfigError(f"state directory {real}: {parent} above it can be changed by "
+                              f"another user (uid {pst.st_uid}, mode "
+                              f"{stat.S_IMODE(pst.st_mode):04o}), who could swap the state "
+                              f"directory; choose one elsewhere (CAPER_STATE_DIR)", step="state")
+        if parent == "/":
+            return real
+        parent = os.path.dirname(parent)
+
+
+def inside(state: str, path: object) -> str:
+    """path, if it is an absolute, normalised path strictly inside the state
+    directory (a record read back names it); else ConfigError."""
+    if not isinstance(path, str) or not os.path.isabs(path) or os.path.normpath(path) != path \
+            or not path.startswith(state.rstrip("/") + "/"):
+        raise ConfigError(f"a record in {state} names {path!r}, which is not inside the state "
+                          "directory; refusing it", step="state")
+    return path

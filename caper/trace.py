@@ -113,7 +113,8 @@ class Trace:
         cfg.max_event_bytes = max_event_bytes
         cfg.timeout_ms = int(timeout * 1000) if timeout else 0
         cfg.cgroup_procs = ffi.NULL
-        cfg.hostname = ffi.NULL
+        # The host's own name: "caper" would tell the command it is pre-executed.
+        cfg.hostname = self._cstr(os.uname().nodename.encode())
         if noise is not None:
             items = [(lib.CAPER_NOISE_EXACT, p) for p in sorted(noise.exact)] + \
                     [(lib.CAPER_NOISE_PREFIX, p) for p in sorted(noise.prefixes)]

@@ -19,7 +19,7 @@ from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_a
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
-from caper.state import KEPT_S, default_state_dir
+from caper.state import KEPT_S, state_dir as checked_state_dir
 from caper.workspace import find_workspace
 
 if TYPE_CHECKING:
@@ -128,8 +128,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     workspace = os.path.realpath(workspace) if workspace else find_workspace(cwd)
     if not os.path.isdir(workspace):
         raise ConfigError(f"workspace does not exist: {workspace}")
-    state_dir = state_dir or default_state_dir()
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    state_dir = checked_state_dir(state_dir)
     text = command if isinstance(command, str) else " ".join(command)
     timings: dict[str, float] = {}
     run_env = os.environ if env is None else env
@@ -169,7 +168,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
     from caper.report import RunFacts, build, notes
     from caper.secrets import default_patterns, protected_for
     from caper.limits import DiskGuard
-    from caper.snapshot import OverlaySnapshot, collect_dead_runs, expire_kept, later
+    from caper.snapshot import (OverlaySnapshot, collect_dead_runs, expire_kept, later,
+                                over_keep_quota)
     from caper.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
@@ -262,9 +262,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
                                               f"as the snapshot {kept} for {KEPT_S // 86400} days")
                 except CommitConflict as e:
-                    kept = snap.scratch
-                    decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
-                                              f"in {kept} (layer*/upper) for {KEPT_S // 86400} days")
+                    full = over_keep_quota(state_dir, snap.scratch, config.keep_quota_mb)
+                    kept = None if full else snap.scratch
+                    decision = _not_committed(e, workspace_swapped, f"the run's version is not "
+                                              f"kept: {full}" if full else f"the run's version "
+                                              f"is kept in {kept} (layer*/upper) for "
+                                              f"{KEPT_S // 86400} days")
                 except CommitIncomplete as e:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
@@ -274,7 +277,12 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 except CommitError as e:  # undone: nothing changed
                     decision = _not_committed(e, workspace_swapped)
             held = None
-            if decision.ask and not bsnap:   # a human decides later: keep the run
+            full = decision.ask and not bsnap and over_keep_quota(state_dir, snap.scratch,
+                                                                  config.keep_quota_mb)
+            if full:   # held runs must not starve other sessions of space
+                decision = replace(decision, decision="block", ask=False,
+                                   reason=f"{decision.reason} Not held for a human: {full}.")
+            elif decision.ask and not bsnap:   # a human decides later: keep the run
                 held = hold(state_dir, snap, hidden, workspace, text, result, report,
                             decision.reason)
                 kept = snap.scratch

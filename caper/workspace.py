@@ -12,12 +12,16 @@ import os
 import subprocess
 
 from caper.mountinfo import below
+from caper.programs import find_program, helper_env, safe_path
 
 GIT_TIMEOUT_S = 10
 ARG_BYTES = 128 * 1024   # of pathspecs per git call (ARG_MAX is larger; MAX_ARG_STRLEN per arg)
-_GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
-        "-c", "core.hooksPath=/dev/null"]
-_GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+_GIT_OPTIONS = ["-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
+                "-c", "core.hooksPath=/dev/null"]
+# Not the caller's environment (GIT_DIR, GIT_CONFIG_PARAMETERS, GIT_EXEC_PATH
+# would redirect git): only these, and no system config.
+_GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_ATTR_NOSYSTEM": "1"}
 
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # Under $HOME: caches that package managers and tools own.
@@ -36,9 +40,16 @@ class _Git:
     """A git command started now, its output collected by result()."""
 
     def __init__(self, workspace: str, *args: str, stdin: bytes = b""):
-        self.proc = subprocess.Popen(_GIT + ["-C", workspace, *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env={**os.environ, **_GIT_ENV})
+        # git by absolute path, from a PATH without the workspace or relative
+        # entries, run from / (a ./git the workspace holds is never run).
+        path = safe_path(os.environ.get("PATH"), avoid=(workspace,))
+        git = find_program("git", path, avoid=(workspace,))
+        if git is None:
+            raise OSError(f"git not found in {path}")
+        self.proc = subprocess.Popen([git, *_GIT_OPTIONS, "-C", workspace, *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, cwd="/",
+                                     env=helper_env(path, **_GIT_ENV))
         # What fits in the pipe now, without waiting: git works on it while
         # the caller starts the next one (given in result(), it would wait).
         fd = self.proc.stdin.fileno()

@@ -152,8 +152,11 @@ def gated(agent: str, command: str, cwd: Path, tmp_path: Path) -> str:
 @pytest.mark.parametrize("agent", AGENTS)
 def test_an_approved_command_runs_once_inside_caper(agent, project, tmp_path):
     command = gated(agent, "make", project, tmp_path)
-    assert "--session sess-1" in command and TASK in command
-    assert "IGNORE THE USER" not in command             # tool output is not the task
+    assert "--session sess-1" in command and TASK not in command   # the task is out of band
+    [record] = (tmp_path / "state" / "tasks").glob("call-*.json")
+    call = json.loads(record.read_text())
+    assert call["task"].endswith(TASK) and call["command"] == "make" and call["source"] == "transcript"
+    assert f"--call {call['id']} -c make" in command    # tool output is not the task
     p = run_command(command, project, tmp_path)
     assert p.returncode == 0, p.stderr
     assert "cc -o build/app src/main.c" in p.stdout and (project / "build" / "app").exists()
@@ -169,9 +172,14 @@ def test_the_makefile_that_deletes_the_sources_is_blocked(agent, project, tmp_pa
 
 
 def test_codex_lets_through_only_the_exact_wrapped_command(project, tmp_path):
-    base = hooks.wrap("make", "sess-1", TASK)
+    from caper.tasks import new_call
+    state = str(tmp_path / "state")
+    os.makedirs(state, mode=0o700)
+    call = new_call(state, "sess-1", "make", TASK, "transcript")
+    base = hooks.wrap("make", "sess-1", call)
+    other = hooks.wrap("make", "sess-1", "0" * 32)          # no such record
     for sneaky in (base + "; rm -rf src", base + " && id", base.replace("sess-1", "sess-2"),
-                   base + " x", "echo " + base):
+                   base + " x", "echo " + base, other, base.replace("-c make", "-c 'make x'")):
         rc, out = run_hook("codex", json.dumps(hook_input("codex", sneaky, project,
                                                           tmp_path / "none")).encode(),
                            project, tmp_path)

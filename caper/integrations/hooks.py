@@ -5,21 +5,29 @@
     caper uninstall claude-code|codex|gemini [--project | --user]
 
 A hook never runs the command. Its job is that the command runs exactly once,
-inside `caper run --session <session> --task <the user's latest words> -c
-<command>`, so the agent sees the held output when the effects are approved,
-or the effect card and the block reason (exit status 125) when they are not:
+inside `caper run --session <session> --call <id> -c <command>`, so the agent
+sees the held output when the effects are approved, or the effect card and
+the block reason (exit status 125) when they are not. The task the run is
+judged against never travels in that command (the agent could edit it):
+the hook records it in caper's state directory under the call's id
+(caper.tasks), from the user's prompt as the agent's prompt event recorded
+it (UserPromptSubmit, BeforeAgent: the same hook, installed for both
+events), else from the transcript (caper.integrations.transcripts).
 
 - Claude Code (PreToolUse, Bash) and Gemini CLI (BeforeTool,
   run_shell_command) let a hook rewrite the call: the hook answers allow with
-  the wrapped command (`updatedInput`, `hookSpecificOutput.tool_input`).
+  the wrapped command (`updatedInput`, `hookSpecificOutput.tool_input`). They
+  never show the hook its own rewrite, so every command they submit is
+  wrapped, a hand-made `caper run --call` included (it then runs inside the
+  sandbox, where caper cannot run).
 - Codex CLI's PreToolUse can only block (its parser treats `updatedInput`,
   `ask` and even `additionalContext` as failures, and a failed hook lets the
   call run). So the hook denies the raw command with the wrapped one in the
   reason, and lets through exactly that wrapped command, byte for byte, when
-  the model resubmits it: one more model turn per command, same guarantee.
+  the model resubmits it and its call record names this session and this
+  command: one more model turn per command, same guarantee.
 
-Whatever the agent, a command that already has that exact wrapped form for
-this session passes unchanged, and any failure of the hook itself answers
+Any failure of the hook itself answers
 deny: a hook that crashed or exited with another status would let the call
 run ungated (the installed command also ends in `|| exit 2`, which all three
 treat as a block).
@@ -42,9 +50,6 @@ import sys
 from dataclasses import dataclass
 
 MAX_INPUT = 1 << 20            # hook JSON larger than this is refused
-TASK_MESSAGES = 3              # latest user messages that make the task
-TASK_CHARS = 2000
-TRANSCRIPT_TAIL = 512 * 1024   # bytes read from the end of a transcript
 MARK = " hook "                # how install/uninstall recognise caper's entry
 _HELD_ID = re.compile(r"[0-9a-f]{16}")
 
@@ -58,95 +63,37 @@ class Agent:
     user_file: str             # ... and under the home directory
     timeout: int               # the hook's own timeout, in the unit the agent uses
     mode: str                  # rewrite | resubmit
+    prompt_event: str          # the event that shows the hook what the user typed
     can_ask: bool = False      # the host can put a question to its human
 
 
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
-                         ".claude/settings.json", 30, "rewrite", can_ask=True),
+                         ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", can_ask=True),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
-                   "resubmit"),
+                   "resubmit", "UserPromptSubmit"),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
-                    ".gemini/settings.json", 30000, "rewrite"),   # Gemini: milliseconds
+                    ".gemini/settings.json", 30000, "rewrite", "BeforeAgent"),   # Gemini: ms
 }
-
-
-# --- the task, from the agent's transcript ---------------------------------------------------
-
-def _user_texts(entry) -> list[str]:
-    """User-written text in one transcript entry: Claude Code's
-    {"type": "user", "message": {...}}, Codex's {"type": "response_item",
-    "payload": {"type": "message", "role": "user", ...}}, Gemini's
-    {"type": "user", "content": ...}; content a string or text parts."""
-    if not isinstance(entry, dict):
-        return []
-    msg = next((entry[k] for k in ("message", "payload") if isinstance(entry.get(k), dict)),
-               entry)
-    if (msg.get("role") or entry.get("role") or entry.get("type")) != "user" or \
-            msg.get("type") not in (None, "message", "user"):
-        return []
-    content = msg.get("content", msg.get("parts"))
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):   # tool results are not the user's words
-        return ["\n".join(b.get("text", "") for b in content if isinstance(b, dict)
-                          and b.get("type", "text") in ("text", "input_text")
-                          and isinstance(b.get("text"), str))]
-    return []
-
-
-def task_from_transcript(path: str | None) -> str | None:
-    """The user's latest words: the last few user messages, bounded."""
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TRANSCRIPT_TAIL))
-            tail = f.read()
-    except OSError:
-        return None
-    lines = [x for x in tail.splitlines()[1 if size > TRANSCRIPT_TAIL else 0:] if x.strip()]
-    docs: list = []
-    for line in lines:               # JSON lines (Claude Code, Codex)
-        try:
-            docs.append(json.loads(line))
-        except ValueError:
-            docs = []
-            break
-    if not docs:                     # one pretty-printed JSON document (Gemini)
-        try:
-            docs = [json.loads(tail)]
-        except ValueError:
-            return None
-    entries: list = []
-    for d in docs:                   # a document holding the conversation: its messages
-        inner = d.get("messages") if isinstance(d, dict) else d if isinstance(d, list) else None
-        entries += inner if isinstance(inner, list) else [d]
-    texts = [t.strip() for e in entries for t in _user_texts(e) if t.strip()]
-    task = "\n".join(texts[-TASK_MESSAGES:])
-    return task[-TASK_CHARS:] or None
 
 
 # --- the wrapped command ---------------------------------------------------------------------
 
 def caper_command() -> list[str]:
     """How the wrapped command calls caper: this executable when it is
-    caper's console script, else this Python with -m caper."""
+    caper's console script, else this Python with -P -m caper (-P: the cwd,
+    a workspace that may ship its own caper/, is not put on sys.path)."""
     exe = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if os.path.basename(exe) == "caper" and os.access(exe, os.X_OK):
         return [exe]
-    return [sys.executable, "-m", "caper"]
+    return [sys.executable, "-P", "-m", "caper"]
 
 
-def wrap(command: str, session: str, task: str | None, ask: bool = False) -> str:
+def wrap(command: str, session: str, call: str, ask: bool = False) -> str:
     argv = caper_command() + ["run", "--session", session]
     if ask:       # unsure: hold the run; the human decides at `caper commit`
         argv += ["--on-unsure", "ask"]
-    if task:
-        argv += ["--task", task]
-    return shlex.join(argv + ["-c", command])
+    return shlex.join(argv + ["--call", call, "-c", command])
 
 
 def caper_args(command: str) -> list[str] | None:
@@ -163,17 +110,36 @@ def caper_args(command: str) -> list[str] | None:
     return argv[len(head):]
 
 
-def is_wrapped(command: str, session: str) -> bool:
-    """Exactly the form `wrap` produces for this session: nothing after -c X."""
+def is_wrapped(command: str, session: str, state: str) -> bool:
+    """Exactly the form `wrap` produces for this session, naming a call
+    record made for this session and exactly this command."""
+    from caper.tasks import TaskRecordError, check_call
     rest = caper_args(command)
     if rest is None or rest[:3] != ["run", "--session", session]:
         return False
     rest = rest[3:]
     if rest[:2] == ["--on-unsure", "ask"]:
         rest = rest[2:]
-    if rest[:1] == ["--task"]:
-        rest = rest[2:]
-    return len(rest) == 2 and rest[0] == "-c"
+    if len(rest) != 4 or rest[0] != "--call" or rest[2] != "-c":
+        return False
+    try:
+        check_call(state, rest[1], session, rest[3])
+    except TaskRecordError:
+        return False
+    return True
+
+
+def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
+    """The task for a gated call, and where it came from: the prompts the
+    agent's prompt event recorded, else the transcript, else none."""
+    from caper.integrations.transcripts import task_from_transcript
+    from caper.tasks import recorded_task
+    task = recorded_task(state, session)
+    if task:
+        return task, "prompt-event"
+    path = hook.get("transcript_path")
+    task = task_from_transcript(path if isinstance(path, str) else None)
+    return task, "transcript" if task else "none"
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -199,6 +165,8 @@ def answer(agent: Agent, hook) -> str:
     """The hook's answer (JSON text, or "" to let the call through) for one input."""
     if not isinstance(hook, dict):
         raise ValueError("the hook input is not a JSON object")
+    if hook.get("hook_event_name") == agent.prompt_event:
+        return prompt_answer(agent, hook)
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -211,15 +179,16 @@ def answer(agent: Agent, hook) -> str:
     if not isinstance(session, str) or not session or len(session) > 200 or \
             any(ord(ch) < 32 for ch in session):
         raise ValueError("session_id is missing or malformed")
-    if is_wrapped(command, session):
-        # Already inside the gate: it runs once, there.
-        return "" if agent.mode == "resubmit" else _out(
-            agent, "allow", "caper: already runs inside caper")
+    from caper.state import state_dir
+    from caper.tasks import new_call
+    state = state_dir()
+    if agent.mode == "resubmit" and is_wrapped(command, session, state):
+        return ""                     # the wrapped command the hook asked for: it runs once
     held = held_commit(command)
     if held is not None:
-        return ask_human(agent, held)
-    path = hook.get("transcript_path")
-    wrapped = wrap(command, session, task_from_transcript(path if isinstance(path, str) else None),
+        return ask_human(agent, held, state)
+    task, source = call_task(hook, session, state)
+    wrapped = wrap(command, session, new_call(state, session, command, task, source),
                    ask=agent.can_ask)
     if agent.mode == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
@@ -227,6 +196,21 @@ def answer(agent: Agent, hook) -> str:
                                    f"they are approved):\n{wrapped}")
     return _out(agent, "allow", "caper: the command runs once in a sandbox and counts only if "
                                 "its effects are approved", wrapped, tool_input)
+
+
+def prompt_answer(agent: Agent, hook: dict) -> str:
+    """The agent's prompt event: record what the human typed (a sub-agent's
+    prompt is the agent's words, not the user's) and let it through."""
+    from caper.state import state_dir
+    from caper.tasks import record_prompt
+    session, prompt = hook.get("session_id"), hook.get("prompt")
+    if isinstance(session, str) and session and len(session) <= 200 and \
+            isinstance(prompt, str) and not hook.get("agent_id"):
+        try:
+            record_prompt(state_dir(), session, prompt)
+        except Exception:   # never block the user's prompt: the calls fall back to the
+            pass            # transcript, and to the strictest case without one
+    return ""
 
 
 def held_commit(command: str) -> str | None:
@@ -237,22 +221,24 @@ def held_commit(command: str) -> str | None:
     return None
 
 
-def ask_human(agent: Agent, run_id: str) -> str:
+def ask_human(agent: Agent, run_id: str, state: str) -> str:
     """Applying a held run is the human's call, never the agent's: the host's
     permission prompt shows them the effect card; a host that cannot ask is
-    told to leave it to the user."""
+    told to leave it to the user. Every run-derived string in the prompt is
+    escaped: a file name cannot add a line of its own."""
+    from caper.display import escape
+    from caper.errors import ConfigError
+    from caper.pending import load
     if not agent.can_ask:
         return _out(agent, "deny", f"only the user may apply a run caper held for them: ask "
                                    f"them to run `caper commit {run_id}` in a terminal")
-    from caper.state import default_state_dir
     try:
-        with open(os.path.join(default_state_dir(), "pending", run_id + ".json")) as f:
-            held = json.load(f)
-        card, reason = str(held["card"]), str(held["reason"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return _out(agent, "deny", f"no held run {run_id} to apply ({e})")
-    text = (f"caper ran this command in a sandbox and held the result for you: {reason}\n\n"
-            f"{card[:6000]}\nApply these effects to your files?")
+        held = load(state, run_id)
+    except ConfigError as e:
+        return _out(agent, "deny", f"no held run {run_id} to apply ({escape(str(e))})")
+    text = (f"caper ran this command in a sandbox and held the result for you: "
+            f"{escape(held.reason)}\n\n{escape(held.card[:6000], keep_lines=True)}\n"
+            "Apply these effects to your files?")
     return _out(agent, "ask", text)
 
 
@@ -266,8 +252,9 @@ def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
             raise ValueError(f"the hook input is over {MAX_INPUT} bytes")
         text = answer(agent, json.loads(raw))
     except Exception as e:   # fail closed: deny, never crash (a crash runs it ungated)
-        text = _out(agent, "deny", f"caper's hook could not gate this command ({e}); "
-                                   "it was not run")
+        from caper.display import escape
+        text = _out(agent, "deny", f"caper's hook could not gate this command "
+                                   f"({escape(str(e))}); it was not run")
     if text:
         stdout.write(text + "\n")
         stdout.flush()
@@ -322,13 +309,13 @@ def _without_caper(groups: list, agent: Agent) -> list:
     return out
 
 
-def _event_list(doc: dict, agent: Agent, path: str) -> tuple[dict, list]:
+def _event_list(doc: dict, event: str, path: str) -> tuple[dict, list]:
     hooks = doc.setdefault("hooks", {})
     if not isinstance(hooks, dict):
         raise ValueError(f"{path}: 'hooks' is not an object; not touching it")
-    groups = hooks.get(agent.event, [])
+    groups = hooks.get(event, [])
     if not isinstance(groups, list):
-        raise ValueError(f"{path}: 'hooks.{agent.event}' is not a list; not touching it")
+        raise ValueError(f"{path}: 'hooks.{event}' is not a list; not touching it")
     return hooks, groups
 
 
@@ -339,13 +326,16 @@ def hook_command(agent: Agent) -> str:
 
 
 def install(agent_name: str, scope: str, cwd: str | None = None) -> str:
+    """The hook, for the shell tool's event and for the prompt event (which
+    records what the user typed, see caper.tasks)."""
     agent = AGENTS[agent_name]
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
-    hooks, groups = _event_list(doc, agent, path)
-    hooks[agent.event] = _without_caper(groups, agent) + [
-        {"matcher": agent.tool, "hooks": [{"type": "command", "command": hook_command(agent),
-                                           "timeout": agent.timeout}]}]
+    entry = {"type": "command", "command": hook_command(agent), "timeout": agent.timeout}
+    for event, group in ((agent.event, {"matcher": agent.tool, "hooks": [entry]}),
+                         (agent.prompt_event, {"hooks": [entry]})):
+        hooks, groups = _event_list(doc, event, path)
+        hooks[event] = _without_caper(groups, agent) + [group]
     _save(path, doc)
     return path
 
@@ -356,13 +346,14 @@ def uninstall(agent_name: str, scope: str, cwd: str | None = None) -> str:
     doc = _load(path)
     if not doc:
         return path
-    hooks, groups = _event_list(doc, agent, path)
-    kept = _without_caper(groups, agent)
-    if kept:
-        hooks[agent.event] = kept
-    else:
-        hooks.pop(agent.event, None)
-    if not hooks:
+    for event in (agent.event, agent.prompt_event):
+        hooks, groups = _event_list(doc, event, path)
+        kept = _without_caper(groups, agent)
+        if kept:
+            hooks[event] = kept
+        else:
+            hooks.pop(event, None)
+    if not doc["hooks"]:
         del doc["hooks"]
     _save(path, doc)
     return path

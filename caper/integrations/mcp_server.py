@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from caper.display import escape
+
 INSTRUCTIONS = (
     "Run shell commands with run_command. Each command runs once in a sandbox; its effects "
     "(file changes, network attempts, credential reads) are judged against the task you give, "
@@ -36,12 +38,14 @@ def build_server():
         try:
             out = await gate.arun(command, task=task or None, cwd=where)
         except Exception as e:   # a failure of caper's is a block, said plainly
-            return f"caper blocked this command: caper failed ({e}). Nothing was changed."
+            return f"caper blocked this command: caper failed ({escape(str(e))}). " \
+                   "Nothing was changed."
+        # Run-derived text, escaped: the host may show it to its human.
         if out.committed:
-            return f"exit status {out.exit_code}\n{out.output}"
+            return f"exit status {out.exit_code}\n{escape(out.output, keep_lines=True)}"
         card = out.report.card() if out.report is not None else ""
-        return (f"caper blocked this command; nothing was changed.\nreason: {out.reason}\n\n"
-                f"{card}")
+        return (f"caper blocked this command; nothing was changed.\nreason: "
+                f"{escape(out.reason)}\n\n{escape(card, keep_lines=True)}")
 
     return server
 

@@ -1,0 +1,170 @@
+"""The task a run is judged against: the user's own words, carried out of
+band from the agent.
+
+The approver weighs a run's effects against the task, so the task must not
+come from anything the agent writes. The hooks keep it in caper's state
+directory (which only the user can write, see caper.state):
+
+- `<state>/tasks/prompt-<h>.json`: the user's latest prompts in session h,
+  recorded by the agent's own prompt event (Claude Code's and Codex's
+  UserPromptSubmit, Gemini CLI's BeforeAgent) as the human typed them.
+- `<state>/tasks/call-<id>.json`: one gated tool call: its session, the
+  exact command, and the task the hook found for it (None: none known).
+
+The wrapped command names the call (`caper run --session S --call ID -c X`),
+never a task: `caper run` takes the task from the record, and only if the
+record was made for that session and exactly that command X. A record
+serves one run. A `--task` typed on caper's command line is what whoever
+ran caper says: a human's or a script's own call, never a hooked agent's
+(the hooks wrap every command but the exact `--call` form, so an agent's
+`caper run --task ...` runs inside the sandbox, where caper cannot run).
+
+Standard library only: the hooks import it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+DIR = "tasks"
+PROMPTS_KEPT = 3            # the latest prompts that make the task
+TASK_CHARS = 2000
+CALL_MAX_AGE_S = 24 * 3600  # an unused call record older than this is dropped
+PROMPT_MAX_AGE_S = 7 * 86400
+_CALL_ID = re.compile(r"[0-9a-f]{32}\Z")
+
+
+class TaskRecordError(Exception):
+    """A call record is missing, malformed, or made for another call."""
+
+
+def _dir(state: str) -> str:
+    d = os.path.join(state, DIR)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def _prompt_path(state: str, session: str) -> str:
+    import hashlib   # here: `caper run --call`, on every hooked command, never needs it
+    return os.path.join(_dir(state), "prompt-" + hashlib.sha256(session.encode()).hexdigest()[:32]
+                        + ".json")
+
+
+def _write(path: str, doc: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(doc).encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _read(path: str) -> dict | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise TaskRecordError(f"{path} does not belong to you; refusing it")
+        doc = json.loads(os.read(fd, 1 << 20))
+    except ValueError as e:
+        raise TaskRecordError(f"{path}: not a task record ({e})") from e
+    finally:
+        os.close(fd)
+    if not isinstance(doc, dict):
+        raise TaskRecordError(f"{path}: not a task record")
+    return doc
+
+
+def task_text(prompts: list[str]) -> str | None:
+    """The task made of the latest prompts: the last few, bounded."""
+    texts = [p.strip() for p in prompts if isinstance(p, str) and p.strip()]
+    return "\n".join(texts[-PROMPTS_KEPT:])[-TASK_CHARS:] or None
+
+
+def record_prompt(state: str, session: str, prompt: str) -> None:
+    """The human typed `prompt` in `session` (the agent's prompt event)."""
+    path = _prompt_path(state, session)
+    try:
+        old = _read(path) or {}
+    except TaskRecordError:
+        old = {}
+    kept = [p for p in old.get("prompts", []) if isinstance(p, str)] \
+        if old.get("session") == session else []
+    _write(path, {"session": session, "prompts": (kept + [prompt])[-PROMPTS_KEPT:],
+                  "time": time.time()})
+
+
+def recorded_task(state: str, session: str) -> str | None:
+    """The task from the prompts recorded for this session, or None."""
+    try:
+        doc = _read(_prompt_path(state, session))
+    except TaskRecordError:
+        return None
+    if not doc or doc.get("session") != session or not isinstance(doc.get("prompts"), list):
+        return None
+    return task_text(doc["prompts"])
+
+
+def new_call(state: str, session: str, command: str, task: str | None, source: str) -> str:
+    """Record one gated call; its id goes into the wrapped command."""
+    d = _dir(state)
+    _expire(d)
+    call = os.urandom(16).hex()
+    _write(os.path.join(d, f"call-{call}.json"),
+           {"id": call, "session": session, "command": command, "task": task,
+            "source": source, "created": time.time()})
+    return call
+
+
+def _call_path(state: str, call: str) -> str:
+    if not isinstance(call, str) or not _CALL_ID.match(call):
+        raise TaskRecordError(f"not a call id: {call!r}")
+    return os.path.join(state, DIR, f"call-{call}.json")
+
+
+def check_call(state: str, call: str, session: str, command: str) -> dict:
+    """The record of `call`, if it was made for this session and exactly this
+    command and has not expired; else TaskRecordError."""
+    path = _call_path(state, call)
+    doc = _read(path)
+    if doc is None:
+        raise TaskRecordError(f"no record of call {call} (used already, expired, or not made "
+                              "by caper's hook)")
+    if doc.get("id") != call or doc.get("session") != session or doc.get("command") != command:
+        raise TaskRecordError(f"call {call} was recorded for another session or command")
+    if not isinstance(doc.get("task"), (str, type(None))) or \
+            not isinstance(doc.get("created"), (int, float)) or \
+            time.time() - doc["created"] > CALL_MAX_AGE_S:
+        raise TaskRecordError(f"call {call}: the record is malformed or expired")
+    return doc
+
+
+def take_call(state: str, call: str, session: str, command: str) -> str | None:
+    """The task recorded for this call (None: no task was known), once: the
+    record is removed, so it serves exactly one run."""
+    doc = check_call(state, call, session, command)
+    try:
+        os.unlink(_call_path(state, call))
+    except FileNotFoundError:
+        raise TaskRecordError(f"call {call} was used by another run meanwhile") from None
+    return doc["task"]
+
+
+def _expire(d: str) -> None:
+    now = time.time()
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                age = now - e.stat(follow_symlinks=False).st_mtime
+                if age > (CALL_MAX_AGE_S if e.name.startswith("call-") else PROMPT_MAX_AGE_S):
+                    try:
+                        os.unlink(e.path)
+                    except FileNotFoundError:
+                        pass
+    except OSError:
+        pass   # expiry is housekeeping: a failure leaves old records, never wrong ones

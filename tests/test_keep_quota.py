@@ -1,0 +1,38 @@
+"""Held runs and conflicting runs' kept versions are bounded together
+(Config.keep_quota_mb): beyond the quota a run is neither held nor kept,
+and its reason says so; freeing a held run makes room again. Real runs,
+real upper layers."""
+from __future__ import annotations
+
+import os
+import sys
+
+from caper import pending
+from caper.config import Config
+from caper.transaction import run
+from conftest import git_project
+from test_display import Unsure
+
+WRITE = f"{sys.executable} -c \"open('blob%d', 'wb').write(b'x' * 700_000)\""
+
+
+def test_held_runs_stop_at_the_quota_and_say_so(tmp_path):
+    ws = git_project(tmp_path / "ws", {"README": "hi\n"})
+    state = str(tmp_path / "state")
+    config = Config(keep_quota_mb=1)
+    kw = dict(approver=Unsure(), workspace=str(ws), cwd=str(ws), state_dir=state,
+              on_unsure="ask", config=config, env={**os.environ, "HOME": str(tmp_path)})
+    first = run(WRITE % 1, **kw)
+    assert first.held and not first.committed
+    second = run(WRITE % 2, **kw)
+    assert second.held is None and not second.committed and second.decision == "block"
+    assert "Not held for a human" in second.reason and "quota of 1 MiB" in second.reason
+    assert second.kept_upper is None
+    runs = os.listdir(os.path.join(state, "runs"))
+    assert [n for n in runs if n.endswith(".kept")] == [first.held + ".kept"]
+    pending.discard(state, first.held)
+    third = run(WRITE % 3, **kw)
+    assert third.held
+    code, _, _ = pending.apply(state, third.held)
+    assert code == 0 and (ws / "blob3").stat().st_size == 700_000
+    assert not (ws / "blob2").exists()
