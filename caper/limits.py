@@ -102,8 +102,30 @@ def _make(parent: str, settings: dict[str, str], version: int) -> MemoryCgroup |
     return cg
 
 
+def _settings(limit: int, version: int) -> dict[str, str]:
+    if version == 2:
+        return {"memory.max": str(limit), "memory.swap.max": "0"}
+    return {"memory.limit_in_bytes": str(limit), "memory.memsw.limit_in_bytes": str(limit)}
+
+
+_last: tuple[str, int] | None = None   # (parent, version) that worked: every run has a limit
+
+
 def memory_cgroup(limit: int) -> MemoryCgroup | None:
     """A fresh cgroup capping the sandbox at `limit` bytes, or None."""
+    global _last
+    if _last:
+        cg = _make(_last[0], _settings(limit, _last[1]), _last[1])
+        if cg:
+            return cg
+        _last = None
+    cg = _find(limit)
+    if cg:
+        _last = (os.path.dirname(cg.path), cg.version)
+    return cg
+
+
+def _find(limit: int) -> MemoryCgroup | None:
     own = _own_cgroups()
     mounts = mountinfo.read()
     for m in mounts:
@@ -115,13 +137,12 @@ def memory_cgroup(limit: int) -> MemoryCgroup | None:
                         continue
             except OSError:
                 continue
-            cg = _make(parent, {"memory.max": str(limit), "memory.swap.max": "0"}, 2)
+            cg = _make(parent, _settings(limit, 2), 2)
             if cg:
                 return cg
     for m in mounts:
         if m.fstype == "cgroup" and "memory" in m.super_options and "memory" in own:
-            cg = _make(m.point + own["memory"], {"memory.limit_in_bytes": str(limit),
-                                             "memory.memsw.limit_in_bytes": str(limit)}, 1)
+            cg = _make(m.point + own["memory"], _settings(limit, 1), 1)
             if cg:
                 return cg
     return None

@@ -89,7 +89,8 @@ class Trace:
             raise ConfigError(f"timeout must be positive, not {timeout}")
         for name, value in (("max_memory", max_memory), ("shm_size", shm_size),
                             ("max_events", max_events), ("max_event_bytes", max_event_bytes)):
-            if not isinstance(value, int) or value <= 0:   # no limit is not on offer
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 1 << 62:
+                # no limit is not on offer
                 raise ConfigError(f"{name} must be a positive number, not {value!r}")
         cfg = ffi.new("struct caper_config *")
         cfg.argv = self._strings(self.argv)

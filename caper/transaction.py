@@ -96,7 +96,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
         session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
-        on_unsure: str | None = None, max_memory: int | None = None) -> RunOutcome:
+        on_unsure: str | None = None, max_memory: "int | str | None" = None) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
@@ -115,7 +115,12 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         if on_unsure not in ON_UNSURE:
             raise ConfigError(f"on_unsure must be one of {', '.join(ON_UNSURE)}, not {on_unsure!r}")
         config = config.model_copy(update={"on_unsure": on_unsure})
-    from caper.limits import DEFAULT_MAX_MEMORY
+    from caper.limits import DEFAULT_MAX_MEMORY, parse_size
+    if isinstance(max_memory, str):        # "4G", from a gate request or a caller
+        try:
+            max_memory = parse_size(max_memory)
+        except ValueError as e:
+            raise ConfigError(f"max_memory: {e}") from e
     max_memory = max_memory or config.limits.max_memory or DEFAULT_MAX_MEMORY
     judge = get_approver(approver, config, env)
     if session is not None:

@@ -223,7 +223,8 @@ int mount_setup(const struct caper_config *c, struct caper_failure *f)
             return -1;
     }
     const char *root = c->new_root ? c->new_root : "";
-    if (setup_proc(root, f) < 0 || setup_dev(root, dev_fds, c->shm_size, f) < 0 || setup_sys(root, f) < 0)
+    if (setup_proc(root, f) < 0 || setup_dev(root, dev_fds, c->shm_size, f) < 0 ||
+        setup_sys(root, f) < 0)
         return -1;
     if (c->new_root && enter_root(c->new_root, f) < 0)
         return -1;

@@ -49,8 +49,9 @@ extern char **environ;
  * setcap of an installed binary). Everything else is dropped, including
  * capabilities this file has never heard of: CAP_SYS_NICE (SCHED_FIFO,
  * priorities of the tracer's CPU), CAP_LEASE (leases on files shared with
- * the host), CAP_IPC_OWNER, CAP_NET_BROADCAST, and every one that reaches the
- * host outright (SYS_ADMIN, SYS_MODULE, SYS_PTRACE, MKNOD, ...). */
+ * the host), CAP_IPC_OWNER, CAP_NET_BROADCAST, CAP_SYS_CHROOT (a path would
+ * mean one thing to the tracer, another to the kernel), and every one that
+ * reaches the host outright (SYS_ADMIN, SYS_MODULE, SYS_PTRACE, MKNOD, ...). */
 static const int kept_caps[] = {
     CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID, CAP_SETUID,
     CAP_NET_BIND_SERVICE, CAP_NET_RAW, CAP_SETFCAP,

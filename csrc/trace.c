@@ -63,6 +63,7 @@ struct proc {
     struct proc *next;
     pid_t tid, ppid;
     uint8_t attached, announced, held, is_init, is_command, in_call;
+    uint64_t falloc;     /* bytes granted to the fallocate() it is in, until its exit */
     char *cwd;
     struct pending *pend;
     struct repeat *rep;
@@ -81,8 +82,7 @@ struct tracer {
     struct sock_id *bound;  /* unix sockets bound inside the sandbox */
     struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
     size_t n_bound, cap_bound;
-    uint64_t disk_budget;    /* bytes fallocate() may still take in this run (see falloc_ok) */
-    int budget_known;
+    uint64_t falloc_inflight; /* granted to fallocate() calls not returned yet */
     int pinned;              /* the sandbox runs on the CPUs of pin (CAPER_F_SHARE_CPU) */
     cpu_set_t pin;
 };
@@ -117,6 +117,7 @@ static void destroy(struct tracer *t, struct proc *p)
     while (*pp != p)
         pp = &(*pp)->next;
     *pp = p->next;
+    t->falloc_inflight -= p->falloc;
     free(p->cwd);
     free(p->pend);
     free(p->rep);
@@ -135,7 +136,7 @@ static void kill_sandbox(struct tracer *t, uint32_t end)
 
 static void resume(struct proc *p, int sig)
 {
-    ptrace(p->in_call ? PT_SYSCALL : PT_CONT, p->tid, 0, sig);
+    ptrace(p->in_call || p->falloc ? PT_SYSCALL : PT_CONT, p->tid, 0, sig);
 }
 
 /* ---- paths ------------------------------------------------------------------ */
@@ -748,12 +749,14 @@ static void refuse(struct tracer *t, struct proc *p, const struct ptrace_syscall
     deny(p->tid, err);
 }
 
-/* The bytes the upper layers may take: what is free above the disk guard's
- * floor, fixed at the first fallocate. Every granted fallocate is taken off
- * it, so calls racing from several threads cannot add up past it (each is
- * checked before any of them runs). Writes are not counted here: they are
- * as slow as the disk, and the guard's poll stops them. */
-static int falloc_ok(struct tracer *t, int mode, uint64_t len)
+/* fallocate() takes any amount of space in one call, between two of the
+ * disk guard's polls. A call is granted only if it fits above the guard's
+ * floor with every other granted call still in progress counted as taken
+ * (racing threads cannot add up past it); it stops again at its exit, which
+ * hands its share back: the filesystem's free space shows it from then on.
+ * Writes are not counted here: they are as slow as the page cache, and the
+ * guard's poll stops them. */
+static int falloc_ok(struct tracer *t, struct proc *p, int mode, uint64_t len)
 {
     const int frees = 0x02 | 0x08;  /* FALLOC_FL_PUNCH_HOLE, FALLOC_FL_COLLAPSE_RANGE */
     const struct caper_config *c = t->c;
@@ -762,16 +765,19 @@ static int falloc_ok(struct tracer *t, int mode, uint64_t len)
     struct statvfs v;
     if (statvfs(c->disk_path, &v) < 0)
         return 0;  /* cannot tell what is left: refuse */
-    uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize;
-    uint64_t left = avail > c->disk_min_free ? avail - c->disk_min_free : 0;
-    if (!t->budget_known) {
-        t->disk_budget = left;
-        t->budget_known = 1;
-    }
-    if (len > left || len > t->disk_budget)
+    uint64_t avail = (uint64_t)v.f_bavail * v.f_frsize, floor = c->disk_min_free;
+    uint64_t left = avail > floor + t->falloc_inflight ? avail - floor - t->falloc_inflight : 0;
+    if (len > left)
         return 0;
-    t->disk_budget -= len;
+    p->falloc = len;
+    t->falloc_inflight += len;
     return 1;
+}
+
+static void falloc_done(struct tracer *t, struct proc *p)
+{
+    t->falloc_inflight -= p->falloc;
+    p->falloc = 0;
 }
 
 /* sched_setaffinity under the pin, answered as the kernel answers inside a
@@ -823,7 +829,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
             hold_affinity(t, p, a);
         return;
     case DEC_FALLOCATE:
-        if (!falloc_ok(t, (int)a[1], a[3]))
+        if (!falloc_ok(t, p, (int)a[1], a[3]))
             refuse(t, p, &si, CAPER_REFUSE_DISK_BUDGET, ENOSPC);
         return;
     case DEC_CWD:
@@ -951,6 +957,10 @@ static void on_seccomp(struct tracer *t, struct proc *p)
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
+    if (p->falloc) {
+        falloc_done(t, p);
+        return;
+    }
     if (!p->in_call)
         return;
     p->in_call = 0;
@@ -1013,6 +1023,7 @@ static void on_exec(struct tracer *t, struct proc *leader)
     struct proc *thread = find(t, (pid_t)former);
     if (!thread || thread == leader)
         return;
+    falloc_done(t, leader);  /* its call, if any, ended with its thread */
     struct pending *pend = leader->pend;
     leader->pend = thread->pend;
     thread->pend = pend;

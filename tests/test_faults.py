@@ -156,8 +156,10 @@ def test_a_full_disk_during_the_commit_changes_nothing(tmp_path):
         out = run("rm old; echo changed > keep; head -c 3000000 /dev/zero > big", cwd=ws,
                   workspace=ws, approver="allow", config=Config(),
                   state_dir=str(tmp_path / "state"))
-        assert not out.committed and "need 3,006,464 bytes" in out.reason \
-            and "nothing was committed" in out.reason
+        # Refused before staging (the copy's room is checked first), or undone
+        # at the ENOSPC (tests/test_commit.py fills the disk at every step).
+        assert not out.committed
+        assert "nothing was committed" in out.reason or "No space left on device" in out.reason
         assert tree(ws) == before
         assert [n for n in os.listdir(ws) if n not in ("keep", "old")] == []   # no staging left
     finally:

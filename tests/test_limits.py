@@ -261,6 +261,17 @@ def test_fallocate_cannot_take_the_state_filesystem_past_its_floor(small_fs, ws,
     assert v.f_bavail * v.f_frsize >= guard.min_free
 
 
+@needs_root
+def test_fallocate_again_after_freeing_the_space_works(small_fs, ws):
+    """The budget is what is free now: allocate, delete, allocate again."""
+    code = ("import os\nfor i in range(10):\n    fd = os.open('f', os.O_CREAT | os.O_WRONLY)\n"
+            "    os.posix_fallocate(fd, 0, 30 << 20); os.close(fd); os.unlink('f')\nprint('done')")
+    outcome = run([PY, "-c", code], cwd=str(ws), approver="allow",
+                  state_dir=str(small_fs / "state"))
+    assert outcome.stdout.text() == b"done\n", outcome.stderr.text()
+    assert not outcome.report.processes.refused
+
+
 def test_fallocate_within_the_budget_works(ws):
     _, r = trace([PY, "-c", "import os; fd = os.open('f', os.O_CREAT | os.O_WRONLY); "
                   "os.posix_fallocate(fd, 0, 1 << 20); print(os.fstat(fd).st_size)"],
