@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
-from caper.limits import DiskGuard, MemoryCgroup, memory_cgroup
+from caper.limits import Cgroups, DiskGuard, sandbox_cgroups
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ class Trace:
         cfg.flags = flags
         cfg.max_pids = max_pids or 0
         self.max_memory = max_memory
-        self._cgroup: MemoryCgroup | None = None
+        self._cgroups = Cgroups()
+        self._oom_killed = self._forks_refused = False
         cfg.timeout_ms = int(timeout * 1000) if timeout else 0
         cfg.cgroup_procs = ffi.NULL
         cfg.hostname = ffi.NULL
@@ -162,21 +163,24 @@ class Trace:
         try:
             self._rc = lib.caper_run(self._cfg, self._res)
             reap = self._res.reap_pid
+            # Every process of the sandbox but init is gone: the counts are final.
+            self._oom_killed = self._cgroups.oom_killed()
+            self._forks_refused = self._cgroups.forks_refused()
         finally:
             self._returned.set()
         if reap:    # the sandbox's init, tearing its namespaces down: not the caller's wait
             lib.caper_reap(reap)
+        self._cgroups.remove()
 
     def start(self) -> "Trace":
         if self._started:
             raise ConfigError("a Trace runs once")
         self._started = True
-        if self.max_memory:
-            self._cgroup = memory_cgroup(self.max_memory)
-            if self._cgroup:
-                self._cfg.cgroup_procs = self._cstr(os.fsencode(self._cgroup.procs))
-            else:
-                self._cfg.max_memory = self.max_memory
+        self._cgroups = sandbox_cgroups(self.max_memory, self._cfg.max_pids)
+        if self._cgroups.paths:
+            self._cfg.cgroup_procs = self._strings([os.fsencode(p) for p in self._cgroups.procs])
+        if self.max_memory and self._cgroups.memory is None:
+            self._cfg.max_memory = self.max_memory
         r, w = os.pipe2(os.O_CLOEXEC)
         self._read_fd = r
         self._cfg.event_fd = w
@@ -214,11 +218,7 @@ class Trace:
             os.close(self._read_fd)
             self._read_fd = -1
         self._returned.wait()
-        try:
-            self.result = self._collect()
-        finally:
-            if self._cgroup:
-                self._cgroup.remove()
+        self.result = self._collect()
 
     def _collect(self) -> RunResult:
         res = self._res
@@ -226,8 +226,10 @@ class Trace:
             step = Step(res.step).name if res.step else None
             detail = ffi.string(res.detail).decode(errors="replace")
             end = End(res.end)
-            if end in (End.EXITED, End.SIGNALED) and self._cgroup and self._cgroup.oom_killed():
+            if end in (End.EXITED, End.SIGNALED) and self._oom_killed:
                 end = End.MEMORY_LIMIT
+            elif end in (End.EXITED, End.SIGNALED) and self._forks_refused:
+                end = End.PIDS_LIMIT
             if self._rc != 0:
                 raise from_native(step or "NONE", res.err, detail)
             out = _output(res.out)

@@ -278,12 +278,12 @@ int spawn_sandbox(const struct caper_config *c, struct spawn *s, struct caper_fa
     int ok = 1;
     if ((c->flags & CAPER_F_USERNS) && map_ids(pid, f) < 0)
         ok = 0;
-    if (ok && c->cgroup_procs) {
+    for (const char *const *procs = c->cgroup_procs; ok && procs && *procs; procs++) {
         char text[32];
         snprintf(text, sizeof text, "%d", pid);
-        int fd = open(c->cgroup_procs, O_WRONLY | O_CLOEXEC);
+        int fd = open(*procs, O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, text, strlen(text)) < 0) {
-            fail_set(f, CAPER_STEP_CGROUP, errno, "write(%s, %d)", c->cgroup_procs, pid);
+            fail_set(f, CAPER_STEP_CGROUP, errno, "write(%s, %d)", *procs, pid);
             ok = 0;
         }
         if (fd >= 0)

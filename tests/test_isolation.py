@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -624,6 +625,72 @@ def test_process_limit_holds(tmp_path, cfixture, how):
     events, result = sandbox(cmd, tmp_path, max_pids=4, timeout=20)
     made = int(report_lines(result).get("made", "0"))
     assert result.end == End.PIDS_LIMIT or made <= 4, (result.status, stdout(result))
+
+
+# A bounded burst: FORKS children that pause, made as fast as one process can.
+BURST = """
+import os, signal
+made = 0
+for _ in range({forks}):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("fork=" + os.strerror(e.errno), flush=True)
+        break
+    if pid == 0:
+        os.closerange(0, 3)     # hold no pipe of the caller's open
+        signal.pause()
+    made += 1
+print(f"made={{made}}", flush=True)
+"""
+
+
+def _pids_cgroup_or_skip():
+    from caper.limits import sandbox_cgroups
+    probe = sandbox_cgroups(None, 4)
+    probe.remove()
+    if probe.pids is None:
+        pytest.skip("no pids cgroup can be made here (rootless: none delegated)")
+
+
+def test_the_kernel_refuses_forks_past_the_pids_cgroup(tmp_path):
+    """The pids cgroup on its own, without the tracer: the process placed in
+    it gets EAGAIN at max_pids + PIDS_MARGIN tasks, and the cgroup says so."""
+    from caper.limits import PIDS_MARGIN, sandbox_cgroups
+    _pids_cgroup_or_skip()
+    cg = sandbox_cgroups(None, 4)
+    [procs] = cg.procs
+    join = f"open({procs!r}, 'w').write(str(os.getpid()))\n"
+    p = subprocess.Popen([PY, "-c", "import os\n" + join + BURST.format(forks=40)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+        assert "fork=Resource temporarily unavailable" in out, out + err
+        assert f"made={4 + PIDS_MARGIN - 1}" in out           # the parent is one of the tasks
+        assert cg.forks_refused()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)                       # its paused children
+        for _ in range(100):
+            with open(procs) as f:
+                if not f.read().strip():
+                    break
+            time.sleep(0.05)
+        cg.remove()
+    assert not os.path.exists(os.path.dirname(cg.procs[0]))
+
+
+def test_forks_the_pids_cgroup_refused_end_the_run_at_the_pids_limit(tmp_path, monkeypatch):
+    """With no margin, the kernel refuses the command's forks before the
+    tracer counts past the limit: the run still ends as PIDS_LIMIT."""
+    from caper import limits
+    _pids_cgroup_or_skip()
+    monkeypatch.setattr(limits, "PIDS_MARGIN", 0)
+    events, result = sandbox([PY, "-c", BURST.format(forks=40)], tmp_path, max_pids=8,
+                             timeout=20)
+    r = report_lines(result)
+    assert r.get("fork") == "Resource temporarily unavailable", stdout(result)
+    assert int(r["made"]) <= 8 and result.end == End.PIDS_LIMIT
 
 
 # ---- privileged calls: refused by the tracer and reported ------------------------
