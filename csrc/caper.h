@@ -93,7 +93,8 @@ enum caper_step {
     CAPER_STEP_RLIMIT        = 19,
     CAPER_STEP_CONFIG        = 20,
     CAPER_STEP_MOUNT_ROOT    = 21,
-    CAPER_STEP_PIVOT_ROOT    = 22
+    CAPER_STEP_PIVOT_ROOT    = 22,
+    CAPER_STEP_ROOT_VIEW     = 23  /* caper's / is not its mount namespace's root (a chroot) */
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
