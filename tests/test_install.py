@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow
 # Nothing of the checkout's may leak into the clean venv's view.
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
@@ -52,6 +51,7 @@ def _caper(venv: Path, *args: str, stdin: str = "", path: str | None = None,
                           cwd=venv.parent, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_package_and_the_native_core(venv):
     py = subprocess.run([str(venv / "bin" / "python"), "-c",
                          "import caper, caper.integrations.hooks, caper_native._caper, "
@@ -66,6 +66,7 @@ def test_the_wheel_holds_every_package_and_the_native_core(venv):
     assert p.returncode == 0 and p.stdout.startswith("caper 0.")
 
 
+@pytest.mark.slow
 def test_a_hook_given_bad_input_denies_cleanly(venv):
     p = _caper(venv, "hook", "claude-code", stdin="{not json")
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
@@ -73,6 +74,7 @@ def test_a_hook_given_bad_input_denies_cleanly(venv):
     assert out["permissionDecision"] == "deny" and "not run" in out["permissionDecisionReason"]
 
 
+@pytest.mark.slow
 def test_mcp_without_its_extra_is_one_line_and_with_it_starts(venv):
     p = _caper(venv, "mcp", stdin="")
     assert p.returncode == 1 and p.stdout == "", p.stdout
@@ -87,6 +89,7 @@ def test_mcp_without_its_extra_is_one_line_and_with_it_starts(venv):
     assert answer["id"] == 1 and answer["result"]["serverInfo"]["name"] == "caper"
 
 
+@pytest.mark.slow
 def test_demo_runs_from_the_wheel_and_says_what_it_lacks(venv):
     p = _caper(venv, "demo", timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -94,3 +97,10 @@ def test_demo_runs_from_the_wheel_and_says_what_it_lacks(venv):
     p = _caper(venv, "demo", path=str(venv / "bin"))          # no git, make or cc
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.splitlines() == [p.stderr.strip()] and "git, make, cc" in p.stderr
+
+
+def test_ci_runs_the_readmes_test_command_exactly():
+    readme = (ROOT / "README.md").read_text().split("```sh\n", 1)[1].split("```", 1)[0]
+    setup, tests = readme.splitlines()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci[-1] == tests and setup.startswith("./bootstrap && ")
