@@ -126,7 +126,9 @@ def whole_seconds_fs(tmp_path_factory):
     with open(img, "wb") as f:
         f.truncate(16 << 20)
     subprocess.run([mkfs, "-q", "-F", "-I", "128", str(img)], check=True, capture_output=True)
-    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+    r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:           # a container without loop devices, as test_btrfs
+        pytest.skip(f"cannot loop-mount an ext4 image: {r.stderr.strip()}")
     try:
         yield mnt
     finally:
