@@ -33,6 +33,8 @@ import json
 import os
 import sys
 
+from caper import __version__
+
 EXIT_CAPER_FAILED = 125
 AGENT_NAMES = ["claude-code", "codex", "gemini"]   # caper/integrations/hooks.py
 EXIT_TIMEOUT = 124
@@ -281,7 +283,12 @@ def cmd_session(args, parser) -> int:
 
 def cmd_demo(args, parser) -> int:
     from caper.demo import main as demo
-    return demo()
+    from caper.errors import CaperError
+    try:
+        return demo()
+    except CaperError as e:
+        print(f"caper demo: caper failed: {e}", file=sys.stderr)
+        return EXIT_CAPER_FAILED
 
 
 def cmd_recover(args, parser) -> int:
@@ -454,6 +461,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     errors) without their arguments: argparse takes ~3 ms to build them all,
     at every `caper run` a hook makes."""
     p = _Parser(prog="caper", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"caper {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, (text, add_arguments) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=text)

@@ -16,8 +16,10 @@ the fine-grained ctime caper provokes on a probe file of its own, and the
 command starts at once. That a filesystem type honours the floor is not
 assumed from a list: it is shown once per process, on a file caper writes
 in a directory of that type (its state directory, where the btrfs backend
-snapshots the workspace, the temp directory, /dev/shm). A writable mount of
-a type caper has no such directory on keeps the wait.
+snapshots the workspace, the temp directory, /var/tmp, /dev/shm, and last
+the directories the command is expected to write in). A writable mount of a
+type caper has no such directory on keeps the wait. /var/tmp is what shows
+the root filesystem's type on a host whose /tmp is a tmpfs.
 
 A filesystem that stores whole seconds (ext4 with 128-byte inodes; FAT,
 two) cannot tell a change just before the snapshot from one just after: a
@@ -53,16 +55,19 @@ def take(state_dir: str, fstypes: Iterable[str], entries: list[mountinfo.MountEn
          own_dirs: Iterable[str] = ()) -> Threshold:
     """The threshold for a snapshot whose writable host mounts are of
     fstypes; state_dir holds the probe file. own_dirs: more directories
-    caper writes in anyway (where the btrfs backend makes its snapshot),
-    for showing the floor on their filesystems' types."""
+    caper writes in anyway (where the btrfs backend makes its snapshot, then
+    where the command is expected to write), for showing the floor on their
+    filesystems' types."""
     fd = os.open(os.path.join(state_dir, "ctime-probe"),
                  os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    candidates = (state_dir, *own_dirs, tempfile.gettempdir(), "/dev/shm")
+    candidates = (state_dir, tempfile.gettempdir(), "/var/tmp", "/dev/shm", *own_dirs)
     try:
-        fine = fine_ctime(fd)
-        if fine is not None and all(_honours_floor(t, candidates, fd, entries)
-                                    for t in set(fstypes)):
-            return Threshold(fine, 0)
+        # The floor first: a probe file made and removed changes its
+        # directory, and that change must fall below the threshold.
+        if all(_honours_floor(t, candidates, fd, entries) for t in set(fstypes)):
+            fine = fine_ctime(fd)
+            if fine is not None:
+                return Threshold(fine, 0)
     finally:
         os.close(fd)
     now = time.time_ns()

@@ -81,7 +81,17 @@ def _case(title: str, root: str, command: str, task: str, state: str, home: str,
     return ok
 
 
+# What the three projects are built and committed with.
+TOOLS = {"git": "git", "make": "make", "cc": "gcc"}   # command -> Debian/Ubuntu package
+
+
 def main() -> int:
+    missing = [name for name in TOOLS if shutil.which(name) is None]
+    if missing:
+        print(f"caper demo: {', '.join(missing)} not found on PATH; the demo builds and "
+              f"commits three small C projects (on Debian/Ubuntu: apt-get install "
+              f"{' '.join(TOOLS[n] for n in missing)})", file=sys.stderr)
+        return 1
     base = tempfile.mkdtemp(prefix="caper-demo-")
     try:
         state, home = os.path.join(base, "state"), os.path.join(base, "home")

@@ -75,7 +75,13 @@ STEP_ERRORS: dict[str, type[CaperError]] = {
     "EMIT": TraceError,
     "OUTPUT": TraceError,
     "CONFIG": ConfigError,
+    "ROOT_VIEW": SetupError,
 }
+
+CHROOT_HINT = ("caper's / is not the root of its mount namespace (a chroot?): the sandbox's "
+               "paths would not be the command's, so caper refuses to run here; run it "
+               "outside the chroot, or where / is a mount namespace's root (unshare -m and "
+               "pivot_root, a container)")
 
 # errnos that mean "this kernel or host cannot do it", with a hint.
 _KERNEL_HINTS = {
@@ -92,4 +98,6 @@ def from_native(step: str, err: int, detail: str) -> CaperError:
     if cls is SetupError and err in _KERNEL_HINTS and step in ("CLONE", "SECCOMP", "USERNS_MAP"):
         cls = UnsupportedKernelError
         message += f" ({_KERNEL_HINTS[err]})"
+    if step == "ROOT_VIEW":
+        message = f"{detail}: {CHROOT_HINT}"
     return cls(message, step=step, err=err)

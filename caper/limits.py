@@ -1,16 +1,22 @@
-"""Memory limit through a cgroup, where the host lets caper make one.
+"""Memory and pids limits through cgroups, where the host lets caper make them.
 
-The pids limit needs no cgroup: the tracer sees every fork and counts. Memory
-is shared by the whole sandbox, which only a cgroup can bound; cgroup v2 is
-used where its memory controller is delegated to us, else v1's memory
-hierarchy; where neither can be written, the caller falls back to RLIMIT_AS
-per process (and the result cannot tell an out-of-memory death apart).
+The tracer counts the sandbox's processes itself (threads too), on any host.
+A cgroup's pids.max backs that count where one can be made: a fork bomb
+that outruns the tracer's count is refused by the kernel, at a few more
+than the tracer's limit so that the tracer's exact count normally ends the
+run first. Memory is shared by the whole sandbox, which only a cgroup can
+bound; where none can be made, the caller falls back to RLIMIT_AS per
+process (and the result cannot tell an out-of-memory death apart).
+
+cgroup v2 is used where the controllers are delegated to us (rootless: only
+there), else v1's hierarchies, one cgroup in each. A cgroup is removed once
+the sandbox's init is reaped: the kernel never removes an empty one.
 """
 from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from caper import mountinfo
 
@@ -43,6 +49,8 @@ def parse_size(text: "str | int") -> int:
         raise ValueError(f"a size must be positive, not {text!r}")
     return n
 
+PIDS_MARGIN = 2   # the sandbox's init, and the one process past the tracer's limit it sees
+
 
 def _own_cgroups() -> dict[str, str]:
     """controller (or "" for v2) -> our cgroup path."""
@@ -55,41 +63,50 @@ def _own_cgroups() -> dict[str, str]:
     return out
 
 
+def _count(path: str, key: str) -> int:
+    """key's number in a flat keyed cgroup file ("oom_kill 1"); 0 if absent."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 @dataclass
-class MemoryCgroup:
-    path: str
-    version: int
+class Cgroups:
+    """The sandbox's cgroups: one (v2), or one per v1 hierarchy."""
+    paths: list[str] = field(default_factory=list)
+    memory: str | None = None   # the memory events file, when memory is limited here
+    pids: str | None = None     # the pids events file, when pids are limited here
 
     @property
-    def procs(self) -> str:
-        return os.path.join(self.path, "cgroup.procs")
+    def procs(self) -> list[str]:
+        return [os.path.join(p, "cgroup.procs") for p in self.paths]
 
     def oom_killed(self) -> bool:
-        name = "memory.events" if self.version == 2 else "memory.oom_control"
-        try:
-            with open(os.path.join(self.path, name)) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill" and int(value) > 0:
-                        return True
-        except OSError:
-            pass
-        return False
+        return self.memory is not None and _count(self.memory, "oom_kill") > 0
+
+    def forks_refused(self) -> bool:
+        return self.pids is not None and _count(self.pids, "max") > 0
 
     def remove(self) -> None:
-        try:
-            os.rmdir(self.path)
-        except OSError:
-            pass  # still busy or already gone: the kernel frees it when empty
+        for path in self.paths:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass  # a process of the sandbox still there: nothing else to do about it
 
 
-def _make(parent: str, settings: dict[str, str], version: int) -> MemoryCgroup | None:
+def _make(parent: str, settings: dict[str, str]) -> str | None:
     path = os.path.join(parent, f"caper-{uuid.uuid4().hex[:12]}")
     try:
         os.mkdir(path)
     except OSError:
         return None
-    cg = MemoryCgroup(path, version)
     try:
         for name, value in settings.items():
             target = os.path.join(path, name)
@@ -97,35 +114,22 @@ def _make(parent: str, settings: dict[str, str], version: int) -> MemoryCgroup |
                 with open(target, "w") as f:
                     f.write(value)
     except OSError:
-        cg.remove()
+        os.rmdir(path)
         return None
-    return cg
+    return path
 
 
-def _settings(limit: int, version: int) -> dict[str, str]:
-    if version == 2:
-        return {"memory.max": str(limit), "memory.swap.max": "0"}
-    return {"memory.limit_in_bytes": str(limit), "memory.memsw.limit_in_bytes": str(limit)}
-
-
-_last: tuple[str, int] | None = None   # (parent, version) that worked: every run has a limit
-
-
-def memory_cgroup(limit: int) -> MemoryCgroup | None:
-    """A fresh cgroup capping the sandbox at `limit` bytes, or None."""
-    global _last
-    if _last:
-        cg = _make(_last[0], _settings(limit, _last[1]), _last[1])
-        if cg:
-            return cg
-        _last = None
-    cg = _find(limit)
-    if cg:
-        _last = (os.path.dirname(cg.path), cg.version)
-    return cg
-
-
-def _find(limit: int) -> MemoryCgroup | None:
+def sandbox_cgroups(max_memory: int | None, max_pids: int | None) -> Cgroups:
+    """Fresh cgroups capping the sandbox at max_memory bytes and max_pids
+    processes (each None: no cap), as far as the host lets caper make them."""
+    want = {}
+    if max_memory:
+        want["memory"] = {"memory.max": str(max_memory), "memory.swap.max": "0"}
+    if max_pids:
+        want["pids"] = {"pids.max": str(max_pids + PIDS_MARGIN)}
+    out = Cgroups()
+    if not want:
+        return out
     own = _own_cgroups()
     mounts = mountinfo.read()
     for m in mounts:
@@ -133,19 +137,30 @@ def _find(limit: int) -> MemoryCgroup | None:
             parent = m.point + own[""]
             try:
                 with open(os.path.join(parent, "cgroup.subtree_control")) as f:
-                    if "memory" not in f.read().split():
-                        continue
+                    delegated = set(f.read().split()) & set(want)
             except OSError:
                 continue
-            cg = _make(parent, _settings(limit, 2), 2)
-            if cg:
-                return cg
-    for m in mounts:
-        if m.fstype == "cgroup" and "memory" in m.super_options and "memory" in own:
-            cg = _make(m.point + own["memory"], _settings(limit, 1), 1)
-            if cg:
-                return cg
-    return None
+            path = delegated and _make(parent, {k: v for c in delegated for k, v in
+                                                want[c].items()})
+            if path:
+                out.paths.append(path)
+                for c in delegated:
+                    setattr(out, c, os.path.join(path, f"{c}.events"))
+                    del want[c]
+                break
+    v1 = {"memory": ({"memory.limit_in_bytes": str(max_memory),
+                      "memory.memsw.limit_in_bytes": str(max_memory)}, "memory.oom_control"),
+          "pids": (want.get("pids"), "pids.events")}
+    for c in list(want):
+        settings, events = v1[c]
+        for m in mounts:
+            if m.fstype == "cgroup" and c in m.super_options and c in own:
+                path = _make(m.point + own[c], settings)
+                if path:
+                    out.paths.append(path)
+                    setattr(out, c, os.path.join(path, events))
+                    break
+    return out
 
 
 @dataclass(frozen=True)

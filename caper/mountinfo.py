@@ -6,6 +6,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from caper.errors import CHROOT_HINT, SetupError
+
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
@@ -35,6 +37,8 @@ def read(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
                 read_only=b"ro" in fields[5].split(b","),
                 super_options=frozenset(rfields[2].decode().split(",")) if len(rfields) > 2
                 else frozenset()))
+    if not any(m.point == "/" for m in out):    # mounts above our / are not listed
+        raise SetupError(f"no mount of {path} is at /: {CHROOT_HINT}", step="ROOT_VIEW")
     return out
 
 

@@ -322,7 +322,8 @@ class OverlaySnapshot:
                    if m.fstype not in PSEUDO_FS and not mountinfo.below(m.mount_point, state_real)
                    and not any(mountinfo.below(m.mount_point, t) for t in KERNEL_TREES)]
         threshold = ctimes.take(state_dir, (m.fstype for m in covered if not m.read_only), entries,
-                                own_dirs=[os.path.dirname(source) for source, _ in binds])
+                                own_dirs=[*(os.path.dirname(source) for source, _ in binds),
+                                          *work_dirs])
         if userxattr:
             plan.split_root(covered)
         else:

