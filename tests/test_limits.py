@@ -67,9 +67,10 @@ def test_parse_size_reads_binary_units_and_refuses_nonsense():
 
 def test_every_trace_has_the_default_memory_limit():
     with trace(["sleep", "0.3"], timeout=30) as t:
-        if t._cgroup:
-            name = "memory.max" if t._cgroup.version == 2 else "memory.limit_in_bytes"
-            assert int(Path(t._cgroup.path, name).read_text()) == DEFAULT_MAX_MEMORY
+        if t._cgroups.memory:
+            cg = Path(t._cgroups.memory).parent
+            name = "memory.max" if (cg / "memory.max").exists() else "memory.limit_in_bytes"
+            assert int((cg / name).read_text()) == DEFAULT_MAX_MEMORY
         else:
             assert t._cfg.max_memory == DEFAULT_MAX_MEMORY
     assert t.result.end == End.EXITED
@@ -123,7 +124,7 @@ from caper.trace import trace
 t = trace([sys.executable, "-c", sys.argv[2]], cwd="/", timeout=60, max_memory=64 << 20)
 events, r = t.run()
 print(json.dumps({"end": r.end.name, "stdout": r.stdout.text().decode(),
-                  "stderr": r.stderr.text().decode()[-300:], "cgroup": t._cgroup is not None}))
+                  "stderr": r.stderr.text().decode()[-300:], "cgroup": t._cgroups.memory is not None}))
 """
 
 
