@@ -226,7 +226,7 @@ def test_a_command_that_fills_the_upper_layer_is_stopped_and_its_scratch_reclaim
     fills it, the run is blocked with the reason, and the space comes back."""
     state = tmp_path / "state"
     state.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=4000", "tmpfs",
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=4000,mode=0700", "tmpfs",
                     str(state)], check=True)
     try:
         ws = tmp_path / "ws"

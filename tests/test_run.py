@@ -260,7 +260,7 @@ def test_read_only_workspace_is_a_clear_failure_and_nothing_changes(tmp_path, st
 def test_state_dir_on_a_full_disk_fails_the_write_inside_and_loses_nothing(ws, tmp_path):
     small = tmp_path / "small"
     small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(small)], check=True)
     try:
         before = tree(ws)
         # The disk guard stops the writer before the filesystem is full (or the
