@@ -151,6 +151,18 @@ def test_no_task_known_is_the_strictest_case(project, tmp_path):
             assert not (project / "src").exists()
 
 
+def test_no_task_never_deletes_the_repository(project, tmp_path):
+    """The issue's repro: the user's words scrolled away, no task, and
+    `rm -rf .git src` was committed. Now: blocked outright."""
+    before = tree(project)
+    state = tmp_path / "state"
+    os.makedirs(state, mode=0o700)
+    call = tasks.new_call(str(state), "sess-1", "rm -rf .git src", None, "none")
+    p = run_command(hooks.wrap("rm -rf .git src", "sess-1", call), project, tmp_path)
+    assert p.returncode == 125 and 'delete ".git"' in p.stderr, p.stderr
+    assert tree(project) == before and (project / ".git" / "HEAD").exists()
+
+
 # --- the user's words: prompt events first, then the transcript --------------------------------
 
 @pytest.mark.parametrize("agent", AGENTS)
