@@ -273,8 +273,10 @@ def cmd_session(args, parser) -> int:
                 sessions.reset(check_session_id(args.id))
                 print(f"caper: session {args.id} re-opened")
                 return 0
+            from caper.display import escape
             for sid, n, blocks, why in sessions.sessions():
-                print(f"{sid}\t{n} reviews\t{blocks} blocked\t{'STOPPED' if why else 'open'}")
+                state = "STOPPED" if why else "open"
+                print(f"{escape(sid)}\t{n} reviews\t{blocks} blocked\t{state}")
     except CaperError as e:
         print(f"caper: {e}", file=sys.stderr)
         return 1

@@ -6,8 +6,8 @@ Everything in the state directory is trusted by caper (a held run's record
 names what `caper commit` applies; the gate's socket receives the caller's
 environment), so `state_dir()` accepts it only when nobody else can write
 there: the directory and each directory above it belong to the caller or to
-root and are not writable by group or others (unless sticky, like /tmp), and
-the directory itself has no group or other access at all.
+root and are not writable by others or another group (unless sticky, like
+/tmp), and the directory itself has no group or other access at all.
 """
 from __future__ import annotations
 
@@ -64,7 +64,10 @@ def state_dir(path: str | None = None) -> str:
     parent = os.path.dirname(real)
     while True:
         pst = os.lstat(parent)
-        if pst.st_uid not in (0, me) or (pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX):
+        # Group-writable is the caller's own business where the group is theirs
+        # (a home directory of a user-private group, 0775).
+        shared = pst.st_mode & 0o002 or pst.st_mode & 0o020 and pst.st_gid != os.getegid()
+        if pst.st_uid not in (0, me) or (shared and not pst.st_mode & stat.S_ISVTX):
             raise ConfigError(f"state directory {real}: {parent} above it can be changed by "
                               f"another user (uid {pst.st_uid}, mode "
                               f"{stat.S_IMODE(pst.st_mode):04o}), who could swap the state "

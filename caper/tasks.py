@@ -14,7 +14,10 @@ directory (which only the user can write, see caper.state):
 The wrapped command names the call (`caper run --session S --call ID -c X`),
 never a task: `caper run` takes the task from the record, and only if the
 record was made for that session and exactly that command X. A record
-serves one run. A `--task` typed on caper's command line is what whoever
+serves one run. Each record carries an HMAC under `<state>/tasks/key`: the
+agent's shell never sees the state directory (the sandbox hides it), so an
+agent tool that can write files but not read them there (Codex's
+apply_patch) cannot make a record caper accepts. A `--task` typed on caper's command line is what whoever
 ran caper says: a human's or a script's own call, never a hooked agent's
 (the hooks wrap every command but the exact `--call` form, so an agent's
 `caper run --task ...` runs inside the sandbox, where caper cannot run).
@@ -110,14 +113,50 @@ def recorded_task(state: str, session: str) -> str | None:
     return task_text(doc["prompts"])
 
 
+def _key(d: str) -> bytes:
+    """The state directory's record key, made on first use (whole, by link():
+    a hook starting at the same moment reads all of it or makes none)."""
+    path = os.path.join(d, "key")
+    if not os.path.lexists(path):
+        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, os.urandom(32))
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        key = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    if len(key) != 32:
+        raise TaskRecordError(f"{path}: not a record key (remove it to make a new one)")
+    return key
+
+
+def _mac(d: str, doc: dict) -> str:
+    import hashlib
+    import hmac
+    body = json.dumps([doc.get(k) for k in ("id", "session", "command", "task", "source",
+                                             "created")])
+    return hmac.new(_key(d), body.encode(), hashlib.sha256).hexdigest()
+
+
 def new_call(state: str, session: str, command: str, task: str | None, source: str) -> str:
     """Record one gated call; its id goes into the wrapped command."""
     d = _dir(state)
     _expire(d)
     call = os.urandom(16).hex()
-    _write(os.path.join(d, f"call-{call}.json"),
-           {"id": call, "session": session, "command": command, "task": task,
-            "source": source, "created": time.time()})
+    doc = {"id": call, "session": session, "command": command, "task": task,
+           "source": source, "created": time.time()}
+    _write(os.path.join(d, f"call-{call}.json"), {**doc, "mac": _mac(d, doc)})
     return call
 
 
@@ -141,6 +180,10 @@ def check_call(state: str, call: str, session: str, command: str) -> dict:
             not isinstance(doc.get("created"), (int, float)) or \
             time.time() - doc["created"] > CALL_MAX_AGE_S:
         raise TaskRecordError(f"call {call}: the record is malformed or expired")
+    import hmac
+    if not isinstance(doc.get("mac"), str) or \
+            not hmac.compare_digest(doc["mac"], _mac(os.path.dirname(path), doc)):
+        raise TaskRecordError(f"call {call}: the record was not made by caper's hook")
     return doc
 
 
@@ -161,6 +204,8 @@ def _expire(d: str) -> None:
         with os.scandir(d) as it:
             for e in it:
                 age = now - e.stat(follow_symlinks=False).st_mtime
+                if e.name == "key":
+                    continue
                 if age > (CALL_MAX_AGE_S if e.name.startswith("call-") else PROMPT_MAX_AGE_S):
                     try:
                         os.unlink(e.path)

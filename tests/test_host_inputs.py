@@ -150,6 +150,10 @@ def test_a_state_directory_of_ones_own_is_tightened_or_refused(tmp_path):
     swap.chmod(0o777)                           # a parent another user could rename under us
     with pytest.raises(ConfigError, match="above it can be changed by another user"):
         state_dir(str(swap / "state"))
+    private_group = tmp_path / "home"
+    private_group.mkdir()
+    private_group.chmod(0o775)                  # a home of a user-private group: the caller's
+    assert state_dir(str(private_group / "state")) == str(private_group / "state")
     fresh = tmp_path / "fresh" / "state"
     assert state_dir(str(fresh)) == str(fresh)
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700

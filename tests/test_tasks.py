@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -151,6 +150,18 @@ def test_no_task_known_is_the_strictest_case(project, tmp_path):
             assert not (project / "src").exists()
 
 
+def test_no_task_never_deletes_the_repository(project, tmp_path):
+    """The issue's repro: the user's words scrolled away, no task, and
+    `rm -rf .git src` was committed. Now: blocked outright."""
+    before = tree(project)
+    state = tmp_path / "state"
+    os.makedirs(state, mode=0o700)
+    call = tasks.new_call(str(state), "sess-1", "rm -rf .git src", None, "none")
+    p = run_command(hooks.wrap("rm -rf .git src", "sess-1", call), project, tmp_path)
+    assert p.returncode == 125 and 'delete ".git"' in p.stderr, p.stderr
+    assert tree(project) == before and (project / ".git" / "HEAD").exists()
+
+
 # --- the user's words: prompt events first, then the transcript --------------------------------
 
 @pytest.mark.parametrize("agent", AGENTS)
@@ -236,3 +247,25 @@ def test_the_users_words_do_not_scroll_away(agent, tmp_path):
     assert task_from_transcript(str(lines(tmp_path / "t.jsonl", t))) == TASK
     assert task_from_transcript(str(lines(tmp_path / "n.jsonl", t[1:]))) is None
     assert task_from_transcript(str(tmp_path / "missing")) is None
+
+
+def test_a_call_record_written_by_another_tool_is_refused(project, tmp_path):
+    """A record the hook did not make (an agent's file tool writing into the
+    state directory, which its shell cannot even see) has no valid MAC: the
+    Codex hook does not let its command through, and caper refuses it."""
+    state = tmp_path / "state"
+    os.makedirs(state, mode=0o700)
+    real = tasks.new_call(str(state), "sess-1", "true", TASK, "transcript")
+    doc = json.loads((state / "tasks" / f"call-{real}.json").read_text())
+    forged_id = "f" * 32
+    forged = {**doc, "id": forged_id, "command": "rm -rf src", "task": "delete src"}
+    (state / "tasks" / f"call-{forged_id}.json").write_text(json.dumps(forged))
+    wrapped = hooks.wrap("rm -rf src", "sess-1", forged_id)
+    rc, out = run_hook("codex", json.dumps(hook_input("codex", wrapped, project,
+                                                      tmp_path / "none")).encode(), project,
+                       tmp_path)
+    assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
+    before = tree(project)
+    p = run_command(wrapped, project, tmp_path)
+    assert p.returncode == 125 and "not made by caper's hook" in p.stderr, p.stderr
+    assert tree(project) == before

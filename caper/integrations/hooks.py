@@ -27,16 +27,17 @@ events), else from the transcript (caper.integrations.transcripts).
   the model resubmits it and its call record names this session and this
   command: one more model turn per command, same guarantee.
 
-Any failure of the hook itself answers
-deny: a hook that crashed or exited with another status would let the call
-run ungated (the installed command also ends in `|| exit 2`, which all three
-treat as a block).
+Any failure of the hook itself answers deny: a hook that crashed or exited
+with another status would let the call run ungated (the installed command
+also ends in `|| exit 2`, which all three treat as a block).
 
 Input and output shapes, from each agent's reference: Claude Code
 https://docs.anthropic.com/en/docs/claude-code/hooks ; Codex
 codex-rs/hooks/schema/generated/pre-tool-use.command.{input,output}.schema.json
 and codex-rs/hooks/src/events/pre_tool_use.rs in openai/codex ; Gemini CLI
-docs/hooks/reference.md in google-gemini/gemini-cli.
+docs/hooks/reference.md in google-gemini/gemini-cli; the prompt events:
+codex-rs/hooks/src/events/user_prompt_submit.rs (Codex: `prompt`, and
+`agent_id` for a sub-agent's), Gemini CLI's BeforeAgent `prompt`.
 
 Standard library only: this runs once per command.
 """

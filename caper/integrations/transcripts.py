@@ -39,7 +39,8 @@ INJECTED = ("<environment_context>", "<user_instructions>", "# AGENTS.md instruc
             "<local-command-", "Caveat: The messages below were generated", "<bash-input>",
             "<bash-stdout>", "<bash-stderr>", "<session_context>", "<hook_context>",
             "This session is being continued from a previous conversation",
-            "Another language model started to solve this problem", "<user-memory-input>")
+            "Another language model started to solve this problem", "<user-memory-input>",
+            "<user-prompt-submit-hook>", "<session-start-hook>")
 _CLAUDE_NOT_TYPED = ("isMeta", "isCompactSummary", "isSidechain", "isVisibleInTranscriptOnly")
 
 
