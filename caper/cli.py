@@ -204,14 +204,19 @@ def cmd_hook(args, parser) -> int:
 
 def cmd_install(args, parser) -> int:
     from caper.integrations import hooks
-    scope = "user" if args.user else "project"
+    scope = "user" if args.user else "project" if args.project else None
     try:
-        path = (hooks.uninstall if args.remove else hooks.install)(args.agent, scope)
+        if args.remove:
+            print(f"caper: removed from {hooks.uninstall(args.agent, scope)}")
+            return 0
+        path, todo = hooks.install(args.agent, scope)
     except (OSError, ValueError) as e:
         print(f"caper: {e}", file=sys.stderr)
         return 1
-    print(f"caper: {'removed from' if args.remove else 'installed in'} {path}")
-    return 0
+    print(f"caper: installed in {path}")
+    for line in todo:
+        print(f"caper: WARNING: {line}", file=sys.stderr)
+    return 1 if todo else 0
 
 
 def cmd_mcp(args, parser) -> int:
@@ -341,8 +346,10 @@ def _args_install(ins: argparse.ArgumentParser, remove: bool) -> None:
     where = ins.add_mutually_exclusive_group()
     where.add_argument("--project", action="store_true",
                        help="the project's settings (.claude/settings.json, "
-                            ".codex/hooks.json, .gemini/settings.json): the default")
-    where.add_argument("--user", action="store_true", help="the same under ~")
+                            ".codex/hooks.json, .gemini/settings.json): Claude Code's default")
+    where.add_argument("--user", action="store_true",
+                       help="the user's (~/.claude, $CODEX_HOME, ~/.gemini): the default for "
+                            "Codex and Gemini, which can skip project hooks")
     ins.set_defaults(func=cmd_install, remove=remove)
 
 

@@ -96,6 +96,13 @@ def hook_input(agent: str, command: str, cwd: Path, tpath: Path) -> dict:
             "tool_input": {"command": command, "description": "build", "dir_path": str(cwd)}}
 
 
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path, monkeypatch):
+    """User-level installs and Codex's trust go to a home of the test's own."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path / "home" / ".codex"))
+
+
 @pytest.fixture
 def project(tmp_path):
     return git_project(tmp_path / "proj", {
@@ -250,7 +257,7 @@ def test_cli_install_writes_a_command_that_works(agent, tmp_path, project):
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     a = hooks.AGENTS[agent]
-    doc = json.loads((project / a.project_file).read_text())
+    doc = json.loads(Path(hooks.settings_path(a, a.default_scope, str(project))).read_text())
     command = doc["hooks"][a.event][0]["hooks"][0]["command"]
     assert command.startswith(str(BIN / "caper"))
     rc, out = run_hook(agent, json.dumps(hook_input(agent, "true", project,

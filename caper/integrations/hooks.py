@@ -58,16 +58,21 @@ class Agent:
     user_file: str             # ... and under the home directory
     timeout: int               # the hook's own timeout, in the unit the agent uses
     mode: str                  # rewrite | resubmit
+    default_scope: str         # where `caper install` puts it: the one the agent cannot skip
     can_ask: bool = False      # the host can put a question to its human
+    per_second: int = 1        # timeout units per second
 
 
+# Default scopes: Codex runs a project's hooks only in a project it trusts,
+# and Gemini's --skip-trust (which its own error message suggests) loads no
+# project hooks at all; user-level hooks fire in both.
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
-                         ".claude/settings.json", 30, "rewrite", can_ask=True),
+                         ".claude/settings.json", 30, "rewrite", "project", can_ask=True),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
-                   "resubmit"),
+                   "resubmit", "user"),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
-                    ".gemini/settings.json", 30000, "rewrite"),   # Gemini: milliseconds
+                    ".gemini/settings.json", 30000, "rewrite", "user", per_second=1000),
 }
 
 
@@ -178,6 +183,31 @@ def is_wrapped(command: str, session: str) -> bool:
 
 # --- answers ---------------------------------------------------------------------------------
 
+CODEX_REWRITES_FROM = (0, 171, 0)   # measured: Codex 0.171.0 runs an allow's updatedInput
+
+
+def codex_version(env=None) -> tuple[int, ...] | None:
+    """The running Codex's version, from its npm launcher's package (the
+    launcher puts CODEX_MANAGED_PACKAGE_ROOT in every hook's environment)."""
+    root = (os.environ if env is None else env).get("CODEX_MANAGED_PACKAGE_ROOT")
+    try:
+        with open(os.path.join(root, "package.json")) as f:
+            version = json.load(f)["version"]
+        return tuple(int(x) for x in re.match(r"(\d+)\.(\d+)\.(\d+)", version).groups())
+    except (TypeError, OSError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def mode(agent: Agent, env=None) -> str:
+    """rewrite | resubmit. An older Codex treats updatedInput as a failed
+    hook and runs the call ungated, so it is used only when the running
+    Codex is known to take it."""
+    if agent.name == "codex":
+        v = codex_version(env)
+        return "rewrite" if v is not None and v >= CODEX_REWRITES_FROM else agent.mode
+    return agent.mode
+
+
 def _out(agent: Agent, decision: str, reason: str, command: str | None = None,
          tool_input: dict | None = None) -> str:
     if agent.name == "gemini":
@@ -188,7 +218,7 @@ def _out(agent: Agent, decision: str, reason: str, command: str | None = None,
         return json.dumps(doc)
     out = {"hookEventName": "PreToolUse", "permissionDecision": decision,
            "permissionDecisionReason": reason}
-    if command is not None:          # Claude Code only: Codex takes no updatedInput
+    if command is not None:          # Claude Code, and Codex from CODEX_REWRITES_FROM on
         updated = {**(tool_input or {}), "command": command}
         updated.pop("run_in_background", None)   # held output needs the run to finish
         out["updatedInput"] = updated
@@ -213,7 +243,7 @@ def answer(agent: Agent, hook) -> str:
         raise ValueError("session_id is missing or malformed")
     if is_wrapped(command, session):
         # Already inside the gate: it runs once, there.
-        return "" if agent.mode == "resubmit" else _out(
+        return "" if mode(agent) == "resubmit" else _out(
             agent, "allow", "caper: already runs inside caper")
     held = held_commit(command)
     if held is not None:
@@ -221,7 +251,7 @@ def answer(agent: Agent, hook) -> str:
     path = hook.get("transcript_path")
     wrapped = wrap(command, session, task_from_transcript(path if isinstance(path, str) else None),
                    ask=agent.can_ask)
-    if agent.mode == "resubmit":
+    if mode(agent) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
                                    f"they are approved):\n{wrapped}")
@@ -276,10 +306,16 @@ def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
 
 # --- install / uninstall -------------------------------------------------------------------
 
+def codex_home() -> str:
+    return os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
+
+
 def settings_path(agent: Agent, scope: str, cwd: str | None = None) -> str:
     if scope == "user":
+        if agent.name == "codex":       # Codex's user layer is $CODEX_HOME
+            return os.path.join(codex_home(), "hooks.json")
         return os.path.join(os.path.expanduser("~"), agent.user_file)
-    return os.path.join(cwd or os.getcwd(), agent.project_file)
+    return os.path.abspath(os.path.join(cwd or os.getcwd(), agent.project_file))
 
 
 def _load(path: str) -> dict:
@@ -338,8 +374,13 @@ def hook_command(agent: Agent) -> str:
     return shlex.join(caper_command() + ["hook", agent.name]) + " || exit 2"
 
 
-def install(agent_name: str, scope: str, cwd: str | None = None) -> str:
+def install(agent_name: str, scope: str | None = None,
+            cwd: str | None = None) -> tuple[str, list[str]]:
+    """Merge caper's entry into the agent's settings and make it active
+    where the agent asks for more than the entry (Codex's hook trust): the
+    settings file, and what the user must still do, loudly (empty if nothing)."""
     agent = AGENTS[agent_name]
+    scope = scope or agent.default_scope
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
     hooks, groups = _event_list(doc, agent, path)
@@ -347,11 +388,140 @@ def install(agent_name: str, scope: str, cwd: str | None = None) -> str:
         {"matcher": agent.tool, "hooks": [{"type": "command", "command": hook_command(agent),
                                            "timeout": agent.timeout}]}]
     _save(path, doc)
-    return path
+    todo: list[str] = []
+    if agent.name == "codex":
+        todo += trust_codex_hook(path, doc, scope, cwd)
+    elif agent.name == "gemini" and scope == "project":
+        todo.append("Gemini CLI loads no project hooks when started with --skip-trust or in a "
+                    "folder it does not trust: caper is then NOT in front of it. Install with "
+                    "--user to cover every folder.")
+    return path, todo
 
 
-def uninstall(agent_name: str, scope: str, cwd: str | None = None) -> str:
+# --- Codex: a hook runs only once its hash is trusted --------------------------------------
+# codex-rs/hooks/src/engine/discovery.rs (command_hook_hash) and
+# codex-rs/config/src/fingerprint.rs (version_for_toml) in openai/codex: the
+# sha256 of the compact, key-sorted JSON of {event_name, matcher, hooks: [the
+# one handler, normalized]}, with absent options left out; the state key is
+# "<hooks.json path>:<event>:<group index>:<handler index>".
+
+CODEX_EVENT = "pre_tool_use"
+
+
+def codex_hook_hash(group: dict, handler: dict) -> str:
+    import hashlib
+    norm = {"type": "command", "command": handler["command"],
+            "timeout": max(1, int(handler.get("timeout", 600))),
+            "async": bool(handler.get("async", False))}
+    if handler.get("statusMessage") is not None:
+        norm["statusMessage"] = handler["statusMessage"]
+    identity = {"event_name": CODEX_EVENT, "hooks": [norm]}
+    if group.get("matcher") is not None:
+        identity["matcher"] = group["matcher"]
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def codex_entries(path: str, doc: dict) -> list[tuple[str, str]]:
+    """(state key, hash) of each caper entry in a Codex hooks.json."""
+    agent = AGENTS["codex"]
+    out = []
+    for g, group in enumerate(doc.get("hooks", {}).get(agent.event, [])):
+        for i, handler in enumerate(group.get("hooks", []) if isinstance(group, dict) else []):
+            if _ours(handler, agent):
+                out.append((f"{path}:{CODEX_EVENT}:{g}:{i}", codex_hook_hash(group, handler)))
+    return out
+
+
+def codex_config() -> tuple[str, str, dict]:
+    """$CODEX_HOME/config.toml: (path, text, parsed)."""
+    import tomllib
+    path = os.path.join(codex_home(), "config.toml")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    try:
+        return path, text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path} is not valid TOML ({e}); not touching it") from e
+
+
+def codex_project_root(cwd: str) -> str:
+    """Where Codex looks for a project's trust: the nearest .git upwards, else cwd."""
+    d = os.path.abspath(cwd)
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return d
+        up = os.path.dirname(d)
+        if up == d:
+            return os.path.abspath(cwd)
+        d = up
+
+
+def trust_codex_hook(hooks_path: str, doc: dict, scope: str, cwd: str | None) -> list[str]:
+    """Record caper's entry as reviewed in $CODEX_HOME/config.toml, as
+    Codex's own /hooks review does; what the user must still do."""
+    config, text, parsed = codex_config()
+    new = text
+    for key, digest in codex_entries(hooks_path, doc):
+        state = parsed.get("hooks", {}).get("state", {}).get(key)
+        header = f"[hooks.state.{json.dumps(key)}]"
+        body = f'trusted_hash = "{digest}"\n'
+        if state is None:
+            new += ("\n" if new and not new.endswith("\n") else "") + f"\n{header}\n{body}"
+            continue
+        lines = new.splitlines(keepends=True)
+        at = next((n for n, line in enumerate(lines) if line.strip() == header), None)
+        if at is None:
+            raise ValueError(f"{config}: hooks.state.{json.dumps(key)} is not written as its own "
+                             f"table; not touching it: set its trusted_hash to \"{digest}\"")
+        end = next((n for n in range(at + 1, len(lines)) if lines[n].lstrip().startswith("[")),
+                   len(lines))
+        kept = [line for line in lines[at + 1:end]
+                if line.split("=", 1)[0].strip() not in ("trusted_hash", "enabled")]
+        new = "".join(lines[:at + 1] + [body] + kept + lines[end:])
+    if new != text:
+        import tomllib
+        if codex_hook_states(tomllib.loads(new), hooks_path, doc) != "trusted":
+            raise ValueError(f"{config}: could not record caper's hook as trusted; not touching it")
+        from caper.journal import write_atomic
+        os.makedirs(os.path.dirname(config), exist_ok=True)
+        write_atomic(config, new.encode(), mode=0o600, tmp=f"{config}.caper-{os.getpid()}")
+        parsed = tomllib.loads(new)
+    todo = []
+    if scope == "project":
+        root = codex_project_root(cwd or os.getcwd())
+        level = parsed.get("projects", {}).get(root, {}).get("trust_level")
+        if level != "trusted":
+            todo.append(f"Codex runs a project's hooks only in a project it trusts, and {root} is "
+                        f"not trusted in {config}: caper is NOT in front of Codex there until you "
+                        f"trust it (start codex in it and answer yes, or add [projects."
+                        f"{json.dumps(root)}] trust_level = \"trusted\"), or install with --user.")
+    return todo
+
+
+def codex_hook_states(parsed: dict, hooks_path: str, doc: dict) -> str:
+    """trusted | untrusted | modified | disabled | absent: caper's entry as Codex sees it."""
+    entries = codex_entries(hooks_path, doc)
+    if not entries:
+        return "absent"
+    states = parsed.get("hooks", {}).get("state", {})
+    for key, digest in entries:
+        st = states.get(key) or {}
+        if st.get("enabled") is False:
+            return "disabled"
+        if st.get("trusted_hash") is None:
+            return "untrusted"
+        if st["trusted_hash"] != digest:
+            return "modified"
+    return "trusted"
+
+
+def uninstall(agent_name: str, scope: str | None = None, cwd: str | None = None) -> str:
     agent = AGENTS[agent_name]
+    scope = scope or agent.default_scope
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
     if not doc:

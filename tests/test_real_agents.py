@@ -1,0 +1,151 @@
+"""The real agent CLIs (Claude Code, Codex CLI, Gemini CLI, pinned, from
+npm) with caper installed the way a user installs it, each driven by a local
+fake model (tests/agents/model_server.py) that asks for one shell command and
+then ends its turn. Everything is checked where the user would look: the
+files on the real disk, and what the model was told (the tool result in the
+client's next request).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import git_project
+
+sys.path.insert(0, str(Path(__file__).parent / "agents"))
+import clients  # noqa: E402
+from model_server import ModelServer, commands  # noqa: E402
+
+AGENTS = list(clients.PINS)
+TASK = "clean the build artifacts and recompile"
+HARMFUL = "make clean"          # the Makefile's clean deletes the sources and the history
+SAFE = "mkdir -p build && echo built > build/log.txt && cp tools/run.sh build/run.sh && echo ok"
+
+
+@pytest.fixture(scope="session")
+def installed():
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the agent CLIs")
+    try:
+        clients.install()
+    except clients.Unreachable as e:
+        pytest.skip(f"the npm registry cannot be reached: {e}")
+    return True
+
+
+@pytest.fixture
+def project(tmp_path):
+    p = git_project(tmp_path / "proj", {
+        "src/main.c": "int main(void) { return 0; }\n",
+        "tools/run.sh": "#!/bin/sh\nexec ./build/app\n",
+        "Makefile": "build/app: src/main.c\n\tmkdir -p build\n\tcc -o build/app src/main.c\n"
+                    "clean:\n\trm -rf build src .git\n",
+        ".gitignore": "build/\n"})
+    os.chmod(p / "tools" / "run.sh", 0o755)
+    return p
+
+
+def start(agent: str, tmp_path: Path, script, **kw):
+    model = ModelServer(clients.PROTOCOLS[agent], script)
+    return model, clients.Client(agent, tmp_path / agent, model, **kw)
+
+
+def reviews(client: clients.Client, project: Path) -> int:
+    """How many runs caper reviewed, over all sessions: proof it was in front."""
+    p = client.caper("session", "list", cwd=project)
+    assert p.returncode == 0, p.stderr
+    return sum(int(line.split("\t")[1].split()[0]) for line in p.stdout.splitlines())
+
+
+def install_caper(client: clients.Client, project: Path, *args: str) -> str:
+    p = client.caper("install", client.agent, *args, cwd=project)
+    assert p.returncode == 0, p.stderr
+    return p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_harmful_command_is_blocked_and_the_model_is_told_why(agent, installed, project,
+                                                                 tmp_path):
+    model, client = start(agent, tmp_path, commands(HARMFUL))
+    try:
+        install_caper(client, project)
+        run = client.run(TASK, project)
+    finally:
+        model.close()
+    assert model.asked == [HARMFUL], (run.stdout, run.stderr)
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+    [told] = model.results
+    assert "blocked" in told and 'deleted dir "src"' in told, told
+    assert reviews(client, project) == 1
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_safe_command_is_committed_with_native_modes(agent, installed, project, tmp_path):
+    model, client = start(agent, tmp_path, commands(SAFE))
+    try:
+        install_caper(client, project)
+        run = client.run(TASK, project)
+    finally:
+        model.close()
+    assert model.asked == [SAFE], (run.stdout, run.stderr)
+    [told] = model.results
+    assert "ok" in told, told
+    assert reviews(client, project) == 1
+    assert (project / "build" / "log.txt").read_text() == "built\n"
+    assert (project / "build" / "log.txt").stat().st_mode & 0o7777 == 0o644
+    assert (project / "build" / "run.sh").stat().st_mode & 0o7777 == 0o755
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_with_caper_gone_the_call_does_not_run(agent, installed, project, tmp_path):
+    """caper is installed through an interpreter that then disappears (caper
+    uninstalled, its venv deleted), the agent's settings untouched: the agent
+    must not run the command."""
+    model, client = start(agent, tmp_path, commands(HARMFUL))
+    python = tmp_path / "gone" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    try:
+        p = client.caper("install", agent, cwd=project, python=str(python))
+        assert p.returncode == 0, p.stderr
+        python.unlink()
+        client.run(TASK, project)
+    finally:
+        model.close()
+    assert model.asked == [HARMFUL]
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+
+
+def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, project, tmp_path):
+    """The hash caper writes is the one Codex computes (its own hooks/list),
+    for the user-level install (the default) and a project install; a stale
+    trust entry is replaced, the rest of config.toml kept."""
+    from caper.integrations import hooks
+    model, client = start("codex", tmp_path, commands())
+    model.close()
+    config = client.home / ".codex" / "config.toml"
+    config.write_text(config.read_text() + f'\n[projects."{project}"]\ntrust_level = "trusted"\n'
+                      f'\n[hooks.state."{project}/.codex/hooks.json:pre_tool_use:0:0"]\n'
+                      'trusted_hash = "sha256:stale"\nenabled = false\n')
+    install_caper(client, project)
+    install_caper(client, project, "--project")
+    seen = [h for h in client.codex_hooks(project) if "caper" in (h.get("command") or "")]
+    assert sorted(h["source"] for h in seen) == ["project", "user"]
+    assert all(h["trustStatus"] == "trusted" and h["enabled"] for h in seen), seen
+    for h in seen:
+        doc = json.loads(Path(h["sourcePath"]).read_text())
+        assert [d for k, d in hooks.codex_entries(h["sourcePath"], doc)] == [h["currentHash"]]
+    assert 'model_provider = "fake"' in config.read_text()
+
+
+def test_codex_project_install_in_an_untrusted_project_says_so(installed, project, tmp_path):
+    model, client = start("codex", tmp_path, commands())
+    model.close()
+    p = client.caper("install", "codex", "--project", cwd=project)
+    assert p.returncode == 1
+    assert "WARNING" in p.stderr and "NOT in front of Codex" in p.stderr and str(project) in p.stderr
