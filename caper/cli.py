@@ -167,7 +167,7 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
     if doc["committed"]:
         os.write(1, stdout)
         os.write(2, stderr)
-    if not args.quiet and card:
+    if not args.quiet and card and not (args.brief and doc["committed"]):
         sys.stderr.write(card)
     for note in doc.get("notes", ()):
         print(f"caper: note: {note}", file=sys.stderr)
@@ -199,7 +199,7 @@ def cmd_commit(args, parser) -> int:
 
 def cmd_hook(args, parser) -> int:
     from caper.integrations.hooks import hook_main
-    return hook_main(args.agent)
+    return hook_main(args.agent, timeout_s=args.timeout)
 
 
 def cmd_install(args, parser) -> int:
@@ -209,7 +209,7 @@ def cmd_install(args, parser) -> int:
         if args.remove:
             print(f"caper: removed from {hooks.uninstall(args.agent, scope)}")
             return 0
-        path, todo = hooks.install(args.agent, scope)
+        path, todo = hooks.install(args.agent, scope, timeout_s=args.hook_timeout)
     except (OSError, ValueError) as e:
         print(f"caper: {e}", file=sys.stderr)
         return 1
@@ -317,6 +317,9 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                    help="one JSON object on stdout (with the effect report)")
     r.add_argument("-q", "--quiet", action="store_true",
                    help="no effect report card on stderr")
+    r.add_argument("--brief", action="store_true",
+                   help="the card only when the run is not committed (what an agent's hook asks "
+                        "for: an approved command's output is just its own)")
     r.add_argument("--no-gate", action="store_true",
                    help="run in this process, not through the resident gate (CAPER_NO_GATE=1)")
     r.add_argument("argv", nargs=argparse.REMAINDER)
@@ -338,6 +341,8 @@ def _args_held(c: argparse.ArgumentParser, discard: bool) -> None:
 
 def _args_hook(h: argparse.ArgumentParser) -> None:
     h.add_argument("agent", choices=AGENT_NAMES)
+    h.add_argument("--timeout", type=float, metavar="S",
+                   help="the hook's timeout in the agent's settings: it answers deny at half")
     h.set_defaults(func=cmd_hook)
 
 
@@ -350,6 +355,8 @@ def _args_install(ins: argparse.ArgumentParser, remove: bool) -> None:
     where.add_argument("--user", action="store_true",
                        help="the user's (~/.claude, $CODEX_HOME, ~/.gemini): the default for "
                             "Codex and Gemini, which can skip project hooks")
+    ins.add_argument("--hook-timeout", type=float, metavar="S",
+                     help="the hook's timeout (default 30 s); it answers deny at half")
     ins.set_defaults(func=cmd_install, remove=remove)
 
 

@@ -137,7 +137,9 @@ def gated(agent: str, command: str, cwd: Path, tmp_path: Path) -> str:
         spec = out["hookSpecificOutput"]
         assert spec["hookEventName"] == "PreToolUse" and spec["permissionDecision"] == "allow"
         new = spec["updatedInput"]
-        assert new["description"] == "build" and new["timeout"] == 120000
+        # The tool's timeout covers caper's own (--timeout: the one asked for) and its work after.
+        assert new["description"] == "build" and new["timeout"] == 120000 + hooks.CAPER_AFTER_MS
+        assert "--timeout 120 " in new["command"]
         assert "run_in_background" not in new
         return new["command"]
     if agent == "gemini":

@@ -8,6 +8,7 @@ client's next request).
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import sys
@@ -149,3 +150,107 @@ def test_codex_project_install_in_an_untrusted_project_says_so(installed, projec
     p = client.caper("install", "codex", "--project", cwd=project)
     assert p.returncode == 1
     assert "WARNING" in p.stderr and "NOT in front of Codex" in p.stderr and str(project) in p.stderr
+
+
+# --- Claude Code: the user's rules, deadlines, timeouts, held runs ---------------------------
+
+def claude(tmp_path, script, project, *install_args):
+    model, client = start("claude-code", tmp_path, script)
+    install_caper(client, project, *install_args)
+    return model, client
+
+
+@pytest.mark.parametrize("scope", ["user", "project", "local", None])
+@pytest.mark.parametrize("kind", ["deny", "ask"])
+def test_claude_code_permission_rules_hold_against_the_original_command(
+        kind, scope, installed, project, tmp_path):
+    """`rm -rf build` (untracked build output, which caper alone would allow
+    for this task) under the user's `Bash(rm:*)` rule in each settings scope:
+    not run, and the model is told which rule. No rule (None): it runs."""
+    (project / "build").mkdir()
+    (project / "build" / "app").write_text("old\n")
+    model, client = claude(tmp_path, commands("rm -rf build"), project)
+    if scope is not None:
+        settings = {"user": client.home / ".claude" / "settings.json",
+                    "project": project / ".claude" / "settings.json",
+                    "local": project / ".claude" / "settings.local.json"}[scope]
+        settings.parent.mkdir(exist_ok=True)
+        doc = json.loads(settings.read_text()) if settings.exists() else {}
+        doc["permissions"] = {kind: ["Bash(rm:*)"]}
+        settings.write_text(json.dumps(doc))
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    assert model.asked == ["rm -rf build"], (run.stdout, run.stderr)
+    if scope is None:
+        assert not (project / "build").exists()
+        return
+    assert (project / "build" / "app").read_text() == "old\n"
+    [told] = model.results
+    assert "Bash(rm:*)" in told and str(settings) in told, told
+    if kind == "ask":       # -p mode: an ask is a denial, listed for the user
+        assert json.loads(run.stdout)["permission_denials"], run.stdout
+
+
+def test_claude_code_hook_deadline_answers_deny(installed, project, tmp_path):
+    """The hook is stuck (the held run it must read is a FIFO nobody writes):
+    it answers deny at half its configured timeout, before Claude Code
+    would cancel it and run the call."""
+    held = "0123456789abcdef"
+    model, client = claude(tmp_path, commands(f"caper commit {held}"), project,
+                           "--hook-timeout", "4")
+    (tmp_path / "claude-code" / "state" / "pending").mkdir(parents=True)
+    os.mkfifo(tmp_path / "claude-code" / "state" / "pending" / f"{held}.json")
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    [told] = model.results
+    assert "did not finish within 2 s" in told and "not run" in told, (told, run.stdout)
+
+
+def test_claude_code_timeout_lets_caper_answer(installed, project, tmp_path):
+    """The model asks for a 2 s timeout on a command that takes longer: caper
+    stops it at 2 s and its verdict reaches the model (Claude Code's own
+    timeout, which would move the command to the background, is later)."""
+    model, client = claude(tmp_path, commands(("sleep 20; touch late", {"timeout": 2000})),
+                           project)
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    [told] = model.results
+    assert "timeout" in told and "blocked" in told, (told, run.stdout)
+    assert not (project / "late").exists()
+
+
+def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed, project,
+                                                                       tmp_path):
+    """A run caper holds (unsure, --on-unsure ask), then the model asks to
+    apply it as `caper commit ID`, by an absolute path and as `python -m
+    caper`: each time Claude Code asks the user (-p: a listed denial) with the
+    card, for caper's own `commit`; nothing is applied."""
+    forms = ["caper commit {}", "/opt/elsewhere/bin/caper commit {}", "python3 -m caper commit {}"]
+
+    def script(results):
+        if not results:
+            return "rm -rf src; echo gone"
+        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
+        if held and len(results) <= len(forms):
+            return forms[len(results) - 1].format(held.group(1))
+        return None
+    model, client = claude(tmp_path, script, project)
+    try:
+        run = client.run("tidy up", project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    assert len(model.results) == 4, (model.results, run.stdout)
+    assert "held for a human" in model.results[0]
+    for told in model.results[1:]:
+        assert "held the result for you" in told and 'deleted dir "src"' in told, told
+    denials = json.loads(run.stdout)["permission_denials"]
+    assert [d["tool_input"]["command"].split()[-2:] for d in denials] == \
+        [["commit", model.asked[1].split()[-1]]] * 3
+    assert all(d["tool_input"]["command"].startswith(sys.executable) for d in denials)
+    assert (project / "src" / "main.c").exists()

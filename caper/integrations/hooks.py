@@ -41,6 +41,8 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from caper.integrations import claude_rules
+
 MAX_INPUT = 1 << 20            # hook JSON larger than this is refused
 TASK_MESSAGES = 3              # latest user messages that make the task
 TASK_CHARS = 2000
@@ -145,10 +147,15 @@ def caper_command() -> list[str]:
     return [sys.executable, "-m", "caper"]
 
 
-def wrap(command: str, session: str, task: str | None, ask: bool = False) -> str:
-    argv = caper_command() + ["run", "--session", session]
+def wrap(command: str, session: str, task: str | None, ask: bool = False,
+         timeout: float | None = None) -> str:
+    # --brief: the model sees the command's own output when it is approved,
+    # and the reason and the effect card when it is not.
+    argv = caper_command() + ["run", "--session", session, "--brief"]
     if ask:       # unsure: hold the run; the human decides at `caper commit`
         argv += ["--on-unsure", "ask"]
+    if timeout is not None:
+        argv += ["--timeout", f"{timeout:g}"]
     if task:
         argv += ["--task", task]
     return shlex.join(argv + ["-c", command])
@@ -168,17 +175,20 @@ def caper_args(command: str) -> list[str] | None:
     return argv[len(head):]
 
 
-def is_wrapped(command: str, session: str) -> bool:
-    """Exactly the form `wrap` produces for this session: nothing after -c X."""
+def is_wrapped(command: str, session: str) -> str | None:
+    """The inner command if `command` has exactly the form `wrap` produces
+    for this session (nothing after -c X), else None."""
     rest = caper_args(command)
-    if rest is None or rest[:3] != ["run", "--session", session]:
-        return False
-    rest = rest[3:]
+    if rest is None or rest[:4] != ["run", "--session", session, "--brief"]:
+        return None
+    rest = rest[4:]
     if rest[:2] == ["--on-unsure", "ask"]:
+        rest = rest[2:]
+    if rest[:1] == ["--timeout"] and len(rest) > 1 and re.fullmatch(r"[0-9.]+", rest[1]):
         rest = rest[2:]
     if rest[:1] == ["--task"]:
         rest = rest[2:]
-    return len(rest) == 2 and rest[0] == "-c"
+    return rest[1] if len(rest) == 2 and rest[0] == "-c" else None
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -209,12 +219,16 @@ def mode(agent: Agent, env=None) -> str:
 
 
 def _out(agent: Agent, decision: str, reason: str, command: str | None = None,
-         tool_input: dict | None = None) -> str:
+         tool_input: dict | None = None, tell_user: str | None = None) -> str:
+    """tell_user: shown to the human whatever the mode (Claude Code's and
+    Gemini's systemMessage), for what the agent alone would hide from them."""
     if agent.name == "gemini":
         doc: dict = {"decision": decision, "reason": reason}
         if command is not None:
             doc["hookSpecificOutput"] = {"hookEventName": "BeforeTool",
                                          "tool_input": {**(tool_input or {}), "command": command}}
+        if tell_user:
+            doc["systemMessage"] = tell_user
         return json.dumps(doc)
     out = {"hookEventName": "PreToolUse", "permissionDecision": decision,
            "permissionDecisionReason": reason}
@@ -222,7 +236,44 @@ def _out(agent: Agent, decision: str, reason: str, command: str | None = None,
         updated = {**(tool_input or {}), "command": command}
         updated.pop("run_in_background", None)   # held output needs the run to finish
         out["updatedInput"] = updated
-    return json.dumps({"hookSpecificOutput": out})
+    doc = {"hookSpecificOutput": out}
+    if tell_user and agent.name == "claude-code":
+        doc["systemMessage"] = tell_user
+    return json.dumps(doc)
+
+
+# Claude Code's Bash tool: its default and largest timeouts (ms), and the
+# environment variables that change them
+# (https://docs.anthropic.com/en/docs/claude-code/settings#environment-variables).
+# When its timeout expires it moves the command to the background and the
+# model never sees caper's verdict, so the rewritten call gets a timeout that
+# covers the command's own (caper --timeout) plus caper's work after it.
+BASH_DEFAULT_MS, BASH_MAX_MS = 120_000, 600_000
+CAPER_AFTER_MS = 60_000        # report, approver (the LLM's own timeout is 20 s), commit
+
+
+def claude_timeouts(tool_input: dict, env=None) -> tuple[float, int]:
+    """(caper's --timeout in s, the Bash tool's timeout in ms) for one call."""
+    env = os.environ if env is None else env
+
+    def ms(value, default: int) -> int:
+        try:
+            return max(1, int(value))
+        except (TypeError, ValueError):
+            return default
+    largest = ms(env.get("BASH_MAX_TIMEOUT_MS"), BASH_MAX_MS)
+    asked = ms(tool_input.get("timeout"), ms(env.get("BASH_DEFAULT_TIMEOUT_MS"), BASH_DEFAULT_MS))
+    command_ms = max(1000, min(asked, largest - CAPER_AFTER_MS))
+    return command_ms / 1000, min(largest, command_ms + CAPER_AFTER_MS)
+
+
+def project_dir(hook: dict) -> str:
+    """Claude Code's project: where it was started (CLAUDE_PROJECT_DIR, set
+    for hooks), else the call's cwd."""
+    d = os.environ.get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
+    if not isinstance(d, str) or not os.path.isabs(d):
+        raise ValueError("no absolute project directory (CLAUDE_PROJECT_DIR or cwd)")
+    return d
 
 
 def answer(agent: Agent, hook) -> str:
@@ -241,29 +292,53 @@ def answer(agent: Agent, hook) -> str:
     if not isinstance(session, str) or not session or len(session) > 200 or \
             any(ord(ch) < 32 for ch in session):
         raise ValueError("session_id is missing or malformed")
-    if is_wrapped(command, session):
-        # Already inside the gate: it runs once, there.
-        return "" if mode(agent) == "resubmit" else _out(
-            agent, "allow", "caper: already runs inside caper")
+    inner = is_wrapped(command, session)
+    if inner is not None and mode(agent) == "resubmit":
+        return ""        # already inside the gate: it runs once, there
     held = held_commit(command)
     if held is not None:
         return ask_human(agent, held)
+    # Claude Code checks its own rules against the rewritten command, where
+    # they no longer match: the hook applies them to the model's command.
+    rule = claude_rules.verdict(inner or command, project_dir(hook)) \
+        if agent.name == "claude-code" else None
+    if rule is not None and rule[0] == "deny":
+        return _out(agent, "deny", f"caper: not run: {rule[1]} (deny)")
+    decision, why = ("ask", f"caper: {rule[1]} (ask); the command then runs once in caper's "
+                            "sandbox") if rule else \
+        ("allow", "caper: the command runs once in a sandbox and counts only if its effects "
+                  "are approved")
+    if inner is not None:            # already inside the gate: it runs once, there
+        return _out(agent, decision, why, command, tool_input)
     path = hook.get("transcript_path")
-    wrapped = wrap(command, session, task_from_transcript(path if isinstance(path, str) else None),
-                   ask=agent.can_ask)
+    task = task_from_transcript(path if isinstance(path, str) else None)
+    if agent.name == "claude-code":
+        caper_s, tool_ms = claude_timeouts(tool_input)
+        wrapped = wrap(command, session, task, ask=agent.can_ask, timeout=caper_s)
+        return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
+    wrapped = wrap(command, session, task, ask=agent.can_ask)
     if mode(agent) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
                                    f"they are approved):\n{wrapped}")
-    return _out(agent, "allow", "caper: the command runs once in a sandbox and counts only if "
-                                "its effects are approved", wrapped, tool_input)
+    return _out(agent, decision, why, wrapped, tool_input)
 
 
 def held_commit(command: str) -> str | None:
-    """The id in exactly `<caper> commit <id>`, else None."""
-    rest = caper_args(command)
-    if rest is not None and len(rest) == 2 and rest[0] == "commit" and _HELD_ID.fullmatch(rest[1]):
-        return rest[1]
+    """The id in `caper commit <id>`, whichever caper the model names (on
+    PATH, by a path, `python -m caper`), and nothing else in the command."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if shlex.join(argv) != command.strip():
+        return None
+    if argv[:1] and re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) and \
+            argv[1:3] == ["-m", "caper"]:
+        argv = argv[2:]
+    if len(argv) == 3 and os.path.basename(argv[0]) == "caper" and argv[1] == "commit" and \
+            _HELD_ID.fullmatch(argv[2]):
+        return argv[2]
     return None
 
 
@@ -271,9 +346,12 @@ def ask_human(agent: Agent, run_id: str) -> str:
     """Applying a held run is the human's call, never the agent's: the host's
     permission prompt shows them the effect card; a host that cannot ask is
     told to leave it to the user."""
+    yours = f"caper held run {run_id} for you: to apply it, run `caper commit {run_id}` in a " \
+            f"terminal (`caper discard {run_id}` drops it)"
     if not agent.can_ask:
         return _out(agent, "deny", f"only the user may apply a run caper held for them: ask "
-                                   f"them to run `caper commit {run_id}` in a terminal")
+                                   f"them to run `caper commit {run_id}` in a terminal",
+                    tell_user=yours)
     from caper.state import default_state_dir
     try:
         with open(os.path.join(default_state_dir(), "pending", run_id + ".json")) as f:
@@ -282,14 +360,32 @@ def ask_human(agent: Agent, run_id: str) -> str:
     except (OSError, ValueError, KeyError, TypeError) as e:
         return _out(agent, "deny", f"no held run {run_id} to apply ({e})")
     text = (f"caper ran this command in a sandbox and held the result for you: {reason}\n\n"
-            f"{card[:6000]}\nApply these effects to your files?")
-    return _out(agent, "ask", text)
+            f"{card[:6000]}\nApply these effects to your files? (Or later, in a terminal: "
+            f"`caper commit {run_id}`.)")
+    # Whatever caper the model named, this one applies it. In -p mode the
+    # ask is a denial the user never sees: tell them.
+    return _out(agent, "ask", text, shlex.join(caper_command() + ["commit", run_id]),
+                {"description": f"apply caper's held run {run_id}"}, tell_user=yours)
 
 
-def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
+def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None = None) -> int:
+    """timeout_s: the hook's timeout in the agent's settings. An agent whose
+    hook times out runs the call ungated if anything else allows it
+    (Claude Code records hook_cancelled), so the hook answers deny itself
+    at half of it, whatever it was doing."""
+    import signal
     agent = AGENTS[agent_name]
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout
+    deadline = (timeout_s or agent.timeout / agent.per_second) / 2
+
+    def too_late(signum, frame):
+        stdout.write(_out(agent, "deny", f"caper's hook did not finish within {deadline:g} s; "
+                                         "the command was not run") + "\n")
+        stdout.flush()
+        os._exit(0)
+    signal.signal(signal.SIGALRM, too_late)
+    signal.setitimer(signal.ITIMER_REAL, deadline)
     try:
         raw = stdin.read(MAX_INPUT + 1)
         if len(raw) > MAX_INPUT:
@@ -298,6 +394,7 @@ def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
     except Exception as e:   # fail closed: deny, never crash (a crash runs it ungated)
         text = _out(agent, "deny", f"caper's hook could not gate this command ({e}); "
                                    "it was not run")
+    signal.setitimer(signal.ITIMER_REAL, 0)
     if text:
         stdout.write(text + "\n")
         stdout.flush()
@@ -368,25 +465,29 @@ def _event_list(doc: dict, agent: Agent, path: str) -> tuple[dict, list]:
     return hooks, groups
 
 
-def hook_command(agent: Agent) -> str:
+def hook_command(agent: Agent, timeout_s: float | None = None) -> str:
     # `|| exit 2`: if caper cannot even start (Python broken, caper removed),
     # exit 2 makes the agent block the call; another status would let it run.
-    return shlex.join(caper_command() + ["hook", agent.name]) + " || exit 2"
+    extra = ["--timeout", f"{timeout_s:g}"] if timeout_s is not None else []
+    return shlex.join(caper_command() + ["hook", agent.name] + extra) + " || exit 2"
 
 
-def install(agent_name: str, scope: str | None = None,
-            cwd: str | None = None) -> tuple[str, list[str]]:
+def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
+            timeout_s: float | None = None) -> tuple[str, list[str]]:
     """Merge caper's entry into the agent's settings and make it active
     where the agent asks for more than the entry (Codex's hook trust): the
-    settings file, and what the user must still do, loudly (empty if nothing)."""
+    settings file, and what the user must still do, loudly (empty if nothing).
+    timeout_s: the hook's timeout (default: the agent's entry's)."""
     agent = AGENTS[agent_name]
     scope = scope or agent.default_scope
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
     hooks, groups = _event_list(doc, agent, path)
+    timeout = agent.timeout if timeout_s is None else max(1, round(timeout_s * agent.per_second))
     hooks[agent.event] = _without_caper(groups, agent) + [
-        {"matcher": agent.tool, "hooks": [{"type": "command", "command": hook_command(agent),
-                                           "timeout": agent.timeout}]}]
+        {"matcher": agent.tool, "hooks": [{"type": "command",
+                                           "command": hook_command(agent, timeout_s),
+                                           "timeout": timeout}]}]
     _save(path, doc)
     todo: list[str] = []
     if agent.name == "codex":

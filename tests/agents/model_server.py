@@ -15,7 +15,9 @@ and the tool results in order).
   functionResponse); https://ai.google.dev/api/generate-content
 
 `script(results)` gives the next command to ask for (results: the tool
-results the model has seen in this conversation), or None to end the turn.
+results the model has seen in this conversation), or None to end the turn;
+a command is a string, or (string, more tool input) such as Claude Code's
+Bash `timeout`.
 A request that does not offer the shell tool (titles, summaries) is
 answered with plain text.
 """
@@ -115,12 +117,14 @@ class ModelServer:
 
     # --- one turn ------------------------------------------------------------------------------
 
-    def _next(self, results: list[str]) -> str | None:
+    def _next(self, results: list[str]) -> tuple[str, dict] | None:
         self.results = results
         cmd = self.script(results)
-        if cmd is not None:
-            self.asked.append(cmd)
-        return cmd
+        if cmd is None:
+            return None
+        cmd, more = cmd if isinstance(cmd, tuple) else (cmd, {})
+        self.asked.append(cmd)
+        return cmd, more
 
     def respond(self, path: str, body: dict):
         """(SSE events or None, the JSON answer when not streamed)."""
@@ -141,8 +145,8 @@ class ModelServer:
         n = len(self.requests)
         if cmd is not None:
             block = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "Bash", "input": {}}
-            delta = {"type": "input_json_delta",
-                     "partial_json": json.dumps({"command": cmd, "description": "run it"})}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(
+                {"command": cmd[0], "description": "run it", **cmd[1]})}
             stop = "tool_use"
         else:
             block = {"type": "text", "text": ""}
@@ -178,7 +182,7 @@ class ModelServer:
         n = len(self.requests)
         if cmd is not None:
             item = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}",
-                    "name": "exec_command", "arguments": json.dumps({"cmd": cmd})}
+                    "name": "exec_command", "arguments": json.dumps({"cmd": cmd[0]})}
         else:
             item = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": DONE_TEXT, "annotations": []}]}
@@ -207,7 +211,7 @@ class ModelServer:
                    if isinstance(p, dict) and "functionResponse" in p]
         cmd = self._next(results) if offered else None
         if cmd is not None:
-            part = {"functionCall": {"name": "run_shell_command", "args": {"command": cmd}}}
+            part = {"functionCall": {"name": "run_shell_command", "args": {"command": cmd[0]}}}
         elif "generationConfig" in body and \
                 (body["generationConfig"].get("responseMimeType") == "application/json"):
             # Gemini's side questions (next speaker, routing) want JSON back.
