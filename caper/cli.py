@@ -148,7 +148,17 @@ def cmd_run(args, parser) -> int:
                    outcome.stdout.text(), outcome.stderr.text())
 
 
+# Codex CLI marks the commands it runs in its own sandbox (workspace-write,
+# read-only) this way; there caper finds no writable mount and no gate.
+CODEX_SANDBOXED = "CODEX_SANDBOX_NETWORK_DISABLED"
+
+
 def _failed(args, reason: str) -> int:
+    if os.environ.get(CODEX_SANDBOXED) == "1":
+        reason += (" (caper is running inside Codex's own sandbox, where it cannot snapshot "
+                   "anything: start Codex with --sandbox danger-full-access, or set sandbox_mode "
+                   "= \"danger-full-access\" in $CODEX_HOME/config.toml; caper is then the "
+                   "sandbox)")
     if args.json:
         print(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
                           "committed": False}))

@@ -11,6 +11,7 @@ import json
 import re
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -254,3 +255,21 @@ def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed
         [["commit", model.asked[1].split()[-1]]] * 3
     assert all(d["tool_input"]["command"].startswith(sys.executable) for d in denials)
     assert (project / "src" / "main.c").exists()
+
+
+def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(installed, project,
+                                                                             tmp_path):
+    """Codex's default sandbox leaves caper nothing to snapshot: the command
+    does not run, and the model is told the combination that works."""
+    model, client = start("codex", tmp_path, commands(SAFE))
+    argv = client.argv(TASK)
+    argv[argv.index("danger-full-access")] = "workspace-write"
+    try:
+        install_caper(client, project)
+        subprocess.run(argv, cwd=project, env=client.env, capture_output=True,
+                       stdin=subprocess.DEVNULL, timeout=clients.CLIENT_TIMEOUT_S)
+    finally:
+        model.close()
+    [told] = model.results
+    assert "inside Codex's own sandbox" in told and "danger-full-access" in told, told
+    assert not (project / "build").exists()
