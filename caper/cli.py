@@ -8,6 +8,7 @@
     caper serve [--idle S]          (the resident gate; caper run starts it on demand)
     caper hook claude-code|codex|gemini     (an agent's hook: its JSON on stdin)
     caper install|uninstall claude-code|codex|gemini [--project|--user]
+    caper doctor [--cwd DIR]        (is caper really in front of each agent? every fix)
     caper mcp                       (an MCP server on stdio: a run_command tool)
     caper demo
     caper recover [--state-dir DIR]
@@ -226,7 +227,16 @@ def cmd_install(args, parser) -> int:
     print(f"caper: installed in {path}")
     for line in todo:
         print(f"caper: WARNING: {line}", file=sys.stderr)
+    from caper import doctor     # the rest of what caper needs, each with its fix
+    print("caper doctor:\n" + doctor.report(doctor.run(agents=[args.agent]))[0])
     return 1 if todo else 0
+
+
+def cmd_doctor(args, parser) -> int:
+    from caper import doctor
+    text, status = doctor.report(doctor.run(args.cwd, sandbox=not args.no_sandbox))
+    print(text)
+    return status
 
 
 def cmd_mcp(args, parser) -> int:
@@ -370,6 +380,12 @@ def _args_install(ins: argparse.ArgumentParser, remove: bool) -> None:
     ins.set_defaults(func=cmd_install, remove=remove)
 
 
+def _args_doctor(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--cwd", metavar="DIR", help="the project to check the agents' settings for")
+    d.add_argument("--no-sandbox", action="store_true", help="skip the sandboxed `true` run")
+    d.set_defaults(func=cmd_doctor)
+
+
 def _args_serve(sv: argparse.ArgumentParser) -> None:
     _state_dir(sv)
     sv.add_argument("--idle", type=float, metavar="S", help="exit after S idle seconds (900)")
@@ -413,6 +429,8 @@ SUBCOMMANDS = {
     "hook": ("an agent's hook: reads its JSON on stdin", _args_hook),
     "install": ("install caper's hook in an agent's settings", lambda i: _args_install(i, False)),
     "uninstall": ("uninstall caper's hook in an agent's settings", lambda i: _args_install(i, True)),
+    "doctor": ("is caper really in front of each agent? (hooks, trust, gate, kernel)",
+               _args_doctor),
     "mcp": ("an MCP server (stdio) with a run_command tool",
             lambda m: m.set_defaults(func=cmd_mcp)),
     "serve": ("the resident gate `caper run` talks to (started on demand)", _args_serve),

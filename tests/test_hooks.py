@@ -101,6 +101,7 @@ def _own_home(tmp_path, monkeypatch):
     """User-level installs and Codex's trust go to a home of the test's own."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CODEX_HOME", str(tmp_path / "home" / ".codex"))
+    monkeypatch.setenv("CAPER_STATE_DIR", str(tmp_path / "state"))
 
 
 @pytest.fixture

@@ -273,3 +273,46 @@ def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(in
     [told] = model.results
     assert "inside Codex's own sandbox" in told and "danger-full-access" in told, told
     assert not (project / "build").exists()
+
+
+# --- caper doctor, against the real clients' own settings ----------------------------------
+
+def doctor(client: clients.Client, project: Path) -> tuple[int, str]:
+    env = {**client.env, "PATH": f"{clients.binary(client.agent).parent}:{client.env['PATH']}"}
+    p = subprocess.run([sys.executable, "-m", "caper", "doctor", "--no-sandbox"], cwd=project,
+                       env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in p.stdout.split("\n") if line.startswith(("ok", "WARN", "FAIL"))
+             or line.startswith("      fix")]
+    mine = "\n".join(line for n, line in enumerate(lines) if client.agent in line or (
+        line.startswith("      fix") and n and client.agent in lines[n - 1]))
+    return p.returncode, mine
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installed, project,
+                                                                 tmp_path):
+    model, client = start(agent, tmp_path, commands())
+    model.close()
+    status, text = doctor(client, project)
+    assert status == 1 and "FAIL" in text and "not installed" in text
+    assert f"fix: caper install {agent}" in text
+    install_caper(client, project)
+    status, text = doctor(client, project)
+    assert not re.search(r"^FAIL", text, re.M) and "is active" in text, text
+    if agent == "codex":
+        # An edited entry is "modified" for Codex, which skips it: doctor says so.
+        hooks_json = client.home / ".codex" / "hooks.json"
+        hooks_json.write_text(hooks_json.read_text().replace('"timeout": 30', '"timeout": 31'))
+        status, text = doctor(client, project)
+        assert status == 1 and "is modified" in text and "fix: caper install codex" in text
+        assert [h["trustStatus"] for h in client.codex_hooks(project)] == ["modified"]
+    elif agent == "claude-code":
+        (client.home / ".claude").mkdir(exist_ok=True)
+        (client.home / ".claude" / "settings.json").write_text('{"disableAllHooks": true}')
+        status, text = doctor(client, project)
+        assert status == 1 and "disableAllHooks" in text
+    else:
+        client.caper("uninstall", "gemini", cwd=project)
+        assert "NOT in front" in client.caper("install", "gemini", "--project", cwd=project).stderr
+        status, text = doctor(client, project)
+        assert "WARN" in text and "--skip-trust" in text and "caper install gemini --user" in text
