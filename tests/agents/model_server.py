@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -54,6 +55,8 @@ class ModelServer:
         assert protocol in SHELL_TOOLS
         self.protocol, self.script = protocol, script
         self.requests: list[tuple[str, dict]] = []     # (path, body) of every POST
+        # (time.monotonic(), tool results so far) of each request offering the shell tool
+        self.turns: list[tuple[float, int]] = []
         self.results: list[str] = []                    # tool results, latest conversation
         self.asked: list[str] = []                      # commands the model asked for
         self.lock = threading.Lock()
@@ -107,6 +110,14 @@ class ModelServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
+    def call_times(self) -> list[float]:
+        """Each shell call as the model sees it: from the answer asking for
+        it to the request carrying its result."""
+        first: dict[int, float] = {}                        # the first request with n results
+        for t, n in self.turns:
+            first.setdefault(n, t)
+        return [first[n] - first[n - 1] for n in sorted(first) if n and n - 1 in first]
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
@@ -118,6 +129,7 @@ class ModelServer:
     # --- one turn ------------------------------------------------------------------------------
 
     def _next(self, results: list[str]) -> tuple[str, dict] | None:
+        self.turns.append((time.monotonic(), len(results)))
         self.results = results
         cmd = self.script(results)
         if cmd is None:
