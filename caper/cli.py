@@ -234,7 +234,8 @@ def cmd_install(args, parser) -> int:
 
 def cmd_doctor(args, parser) -> int:
     from caper import doctor
-    text, status = doctor.report(doctor.run(args.cwd, sandbox=not args.no_sandbox))
+    text, status = doctor.report(doctor.run(args.cwd, agents=args.agent,
+                                            sandbox=not args.no_sandbox))
     print(text)
     return status
 
@@ -382,6 +383,8 @@ def _args_install(ins: argparse.ArgumentParser, remove: bool) -> None:
 
 def _args_doctor(d: argparse.ArgumentParser) -> None:
     d.add_argument("--cwd", metavar="DIR", help="the project to check the agents' settings for")
+    d.add_argument("--agent", action="append", choices=AGENT_NAMES,
+                   help="check only this agent (repeatable; default: all three)")
     d.add_argument("--no-sandbox", action="store_true", help="skip the sandboxed `true` run")
     d.set_defaults(func=cmd_doctor)
 

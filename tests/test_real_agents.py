@@ -279,7 +279,8 @@ def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(in
 
 def doctor(client: clients.Client, project: Path) -> tuple[int, str]:
     env = {**client.env, "PATH": f"{clients.binary(client.agent).parent}:{client.env['PATH']}"}
-    p = subprocess.run([sys.executable, "-m", "caper", "doctor", "--no-sandbox"], cwd=project,
+    p = subprocess.run([sys.executable, "-m", "caper", "doctor", "--no-sandbox",
+                        "--agent", client.agent], cwd=project,
                        env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in p.stdout.split("\n") if line.startswith(("ok", "WARN", "FAIL"))
              or line.startswith("      fix")]
@@ -316,3 +317,49 @@ def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installe
         assert "NOT in front" in client.caper("install", "gemini", "--project", cwd=project).stderr
         status, text = doctor(client, project)
         assert "WARN" in text and "--skip-trust" in text and "caper install gemini --user" in text
+
+
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_hosts_that_cannot_ask_refuse_caper_commit(agent, installed, project, tmp_path):
+    """Codex and Gemini cannot ask their user: the model's `caper commit` is
+    denied (the answer, with Gemini's systemMessage, parses as a deny: a
+    parse failure would have let it run) and the model is told to leave it
+    to the user."""
+    model, client = start(agent, tmp_path, commands("caper commit 0123456789abcdef"))
+    try:
+        install_caper(client, project)
+        client.run(TASK, project)
+    finally:
+        model.close()
+    [told] = model.results
+    assert "only the user may apply" in told and "no held run" not in told, told
+
+
+def test_gemini_skip_trust_still_runs_the_user_level_hook(installed, project, tmp_path):
+    """`--skip-trust` (which Gemini's own error message suggests) loads no
+    project hooks: the default user-level install still gates the call."""
+    model, client = start("gemini", tmp_path, commands(HARMFUL))
+    client.env.pop("GEMINI_CLI_TRUST_WORKSPACE")
+    try:
+        install_caper(client, project)
+        client.run(TASK, project, "--skip-trust")
+    finally:
+        model.close()
+    assert model.asked == [HARMFUL]
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+    [told] = model.results
+    assert 'deleted dir "src"' in told, told
+
+
+def test_claude_code_background_request_runs_in_the_foreground(installed, project, tmp_path):
+    """A call the model asks to run in the background would finish after
+    caper's answer was due: it runs in the foreground, and the model gets
+    its output."""
+    model, client = claude(tmp_path, commands(("echo bg > bg.txt; echo done-in-fg",
+                                               {"run_in_background": True})), project)
+    try:
+        client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    [told] = model.results
+    assert "done-in-fg" in told and (project / "bg.txt").read_text() == "bg\n", told
