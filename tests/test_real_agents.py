@@ -363,3 +363,65 @@ def test_claude_code_background_request_runs_in_the_foreground(installed, projec
         model.close()
     [told] = model.results
     assert "done-in-fg" in told and (project / "bg.txt").read_text() == "bg\n", told
+
+
+def _screen(raw: bytes) -> str:
+    """A terminal's output without its escape sequences and spaces (the TUI
+    moves the cursor instead of printing spaces)."""
+    return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b\][^\x07]*\x07|\s", "",
+                  raw.decode("utf-8", "replace"))
+
+
+def test_claude_code_interactive_user_applies_a_held_run(installed, project, tmp_path):
+    """Interactive Claude Code through a pty: caper holds an unsure run, the
+    model asks for `caper commit ID`, Claude Code's prompt shows the user the
+    effect card, the user answers yes, and caper's own commit applies it."""
+    import pty
+    import select
+    import time
+
+    def script(results):
+        if not results:
+            return "rm -rf src; echo gone"
+        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
+        return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
+    model, client = claude(tmp_path, script, project)
+    cfg = json.loads((client.home / ".claude.json").read_text())
+    cfg.update(theme="dark", projects={str(project): {"hasTrustDialogAccepted": True}},
+               customApiKeyResponses={"approved": ["sk-ant-test"], "rejected": []})
+    (client.home / ".claude.json").write_text(json.dumps(cfg))
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(project)
+        os.execve(str(clients.binary("claude-code")), ["claude", "--allowedTools", "Bash"],
+                  {**client.env, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"})
+    raw = b""
+
+    def until(marker: str, timeout: float = 60) -> None:
+        nonlocal raw
+        end = time.monotonic() + timeout
+        while marker not in _screen(raw):
+            if time.monotonic() > end:
+                pytest.fail(f"no {marker!r} on Claude Code's screen:\n{_screen(raw)[-3000:]}")
+            if select.select([fd], [], [], 0.2)[0]:
+                raw += os.read(fd, 1 << 16)
+    try:
+        until("forshortcuts")
+        os.write(fd, b"tidy up")
+        time.sleep(0.5)
+        os.write(fd, b"\r")
+        until("Applytheseeffectstoyourfiles?")
+        assert 'deleteddir"src"[tracked]' in _screen(raw)       # the card, for the user
+        until("1.Yes")
+        os.write(fd, b"\r")
+        end = time.monotonic() + 60
+        while len(model.results) < 2 and time.monotonic() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                raw += os.read(fd, 1 << 16)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(fd)
+        model.close()
+    assert len(model.results) == 2 and model.results[1].strip() == "gone", model.results
+    assert not (project / "src").exists() and (project / ".git").is_dir()
