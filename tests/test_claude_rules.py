@@ -54,7 +54,8 @@ def test_unreadable_settings_fail_closed(tmp_path):
     ("python3 -m caper commit 0123456789abcdef", "0123456789abcdef"),
     ("/opt/v/bin/python3.11 -m caper commit 0123456789abcdef", "0123456789abcdef"),
     ("caper commit 0123456789abcdef; rm -rf /", None), ("caper commit xyz", None),
-    ("caper commit 0123456789abcdef --state-dir /tmp", None), ("notcaper commit 0123456789abcdef", None)])
+    ("caper commit 0123456789abcdef --state-dir /tmp", None),
+    ("notcaper commit 0123456789abcdef", None)])
 def test_every_form_of_caper_commit(command, held):
     assert hooks.held_commit(command) == held
 
