@@ -8,6 +8,7 @@
     caper serve [--idle S]          (the resident gate; caper run starts it on demand)
     caper hook claude-code|codex|gemini     (an agent's hook: its JSON on stdin)
     caper install|uninstall claude-code|codex|gemini [--project|--user]
+    caper doctor [--cwd DIR]        (is caper really in front of each agent? every fix)
     caper mcp                       (an MCP server on stdio: a run_command tool)
     caper demo
     caper recover [--state-dir DIR]
@@ -172,8 +173,18 @@ def cmd_run(args, parser) -> int:
                    outcome.stdout.text(), outcome.stderr.text())
 
 
+# Codex CLI marks the commands it runs in its own sandbox (workspace-write,
+# read-only) this way; there caper finds no writable mount and no gate.
+CODEX_SANDBOXED = "CODEX_SANDBOX_NETWORK_DISABLED"
+
+
 def _failed(args, reason: str) -> int:
     from caper.display import escape
+    if os.environ.get(CODEX_SANDBOXED) == "1":
+        reason += (" (caper is running inside Codex's own sandbox, where it cannot snapshot "
+                   "anything: start Codex with --sandbox danger-full-access, or set sandbox_mode "
+                   "= \"danger-full-access\" in $CODEX_HOME/config.toml; caper is then the "
+                   "sandbox)")
     if args.json:
         print(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
                           "committed": False}))
@@ -195,7 +206,7 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
         os.write(2, stderr)
     # What caper says, run-derived strings in it included, reaches the
     # terminal escaped: a file name cannot clear the screen or fake a line.
-    if not args.quiet and card:
+    if not args.quiet and card and not (args.brief and doc["committed"]):
         sys.stderr.write(escape(card, keep_lines=True))
     for note in doc.get("notes", ()):
         print(f"caper: note: {escape(note)}", file=sys.stderr)
@@ -228,19 +239,34 @@ def cmd_commit(args, parser) -> int:
 
 def cmd_hook(args, parser) -> int:
     from caper.integrations.hooks import hook_main
-    return hook_main(args.agent)
+    return hook_main(args.agent, timeout_s=args.timeout)
 
 
 def cmd_install(args, parser) -> int:
     from caper.integrations import hooks
-    scope = "user" if args.user else "project"
+    scope = "user" if args.user else "project" if args.project else None
     try:
-        path = (hooks.uninstall if args.remove else hooks.install)(args.agent, scope)
+        if args.remove:
+            print(f"caper: removed from {hooks.uninstall(args.agent, scope)}")
+            return 0
+        path, todo = hooks.install(args.agent, scope, timeout_s=args.hook_timeout)
     except (OSError, ValueError) as e:
         print(f"caper: {e}", file=sys.stderr)
         return 1
-    print(f"caper: {'removed from' if args.remove else 'installed in'} {path}")
-    return 0
+    print(f"caper: installed in {path}")
+    for line in todo:
+        print(f"caper: WARNING: {line}", file=sys.stderr)
+    from caper import doctor     # the rest of what caper needs, each with its fix
+    print("caper doctor:\n" + doctor.report(doctor.run(agents=[args.agent]))[0])
+    return 1 if todo else 0
+
+
+def cmd_doctor(args, parser) -> int:
+    from caper import doctor
+    text, status = doctor.report(doctor.run(args.cwd, agents=args.agent,
+                                            sandbox=not args.no_sandbox))
+    print(text)
+    return status
 
 
 def cmd_mcp(args, parser) -> int:
@@ -362,6 +388,9 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                    help="one JSON object on stdout (with the effect report)")
     r.add_argument("-q", "--quiet", action="store_true",
                    help="no effect report card on stderr")
+    r.add_argument("--brief", action="store_true",
+                   help="the card only when the run is not committed (what an agent's hook asks "
+                        "for: an approved command's output is just its own)")
     r.add_argument("--no-gate", action="store_true",
                    help="run in this process, not through the resident gate (CAPER_NO_GATE=1)")
     r.add_argument("argv", nargs=argparse.REMAINDER)
@@ -383,6 +412,8 @@ def _args_held(c: argparse.ArgumentParser, discard: bool) -> None:
 
 def _args_hook(h: argparse.ArgumentParser) -> None:
     h.add_argument("agent", choices=AGENT_NAMES)
+    h.add_argument("--timeout", type=float, metavar="S",
+                   help="the hook's timeout in the agent's settings: it answers deny at half")
     h.set_defaults(func=cmd_hook)
 
 
@@ -391,9 +422,21 @@ def _args_install(ins: argparse.ArgumentParser, remove: bool) -> None:
     where = ins.add_mutually_exclusive_group()
     where.add_argument("--project", action="store_true",
                        help="the project's settings (.claude/settings.json, "
-                            ".codex/hooks.json, .gemini/settings.json): the default")
-    where.add_argument("--user", action="store_true", help="the same under ~")
+                            ".codex/hooks.json, .gemini/settings.json): Claude Code's default")
+    where.add_argument("--user", action="store_true",
+                       help="the user's (~/.claude, $CODEX_HOME, ~/.gemini): the default for "
+                            "Codex and Gemini, which can skip project hooks")
+    ins.add_argument("--hook-timeout", type=float, metavar="S",
+                     help="the hook's timeout (default 30 s); it answers deny at half")
     ins.set_defaults(func=cmd_install, remove=remove)
+
+
+def _args_doctor(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--cwd", metavar="DIR", help="the project to check the agents' settings for")
+    d.add_argument("--agent", action="append", choices=AGENT_NAMES,
+                   help="check only this agent (repeatable; default: all three)")
+    d.add_argument("--no-sandbox", action="store_true", help="skip the sandboxed `true` run")
+    d.set_defaults(func=cmd_doctor)
 
 
 def _args_serve(sv: argparse.ArgumentParser) -> None:
@@ -448,6 +491,8 @@ SUBCOMMANDS = {
     "hook": ("an agent's hook: reads its JSON on stdin", _args_hook),
     "install": ("install caper's hook in an agent's settings", lambda i: _args_install(i, False)),
     "uninstall": ("uninstall caper's hook in an agent's settings", lambda i: _args_install(i, True)),
+    "doctor": ("is caper really in front of each agent? (hooks, trust, gate, kernel)",
+               _args_doctor),
     "mcp": ("an MCP server (stdio) with a run_command tool",
             lambda m: m.set_defaults(func=cmd_mcp)),
     "serve": ("the resident gate `caper run` talks to (started on demand)", _args_serve),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Mapping
 
 from caper.errors import ConfigError
 
@@ -21,7 +22,7 @@ from caper.errors import ConfigError
 KEPT_S = 7 * 86400
 
 
-def default_state_dir(env: "Mapping[str, str] | None" = None) -> str:  # noqa: F821
+def default_state_dir(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     if env.get("CAPER_STATE_DIR"):
         return env["CAPER_STATE_DIR"]

@@ -3,6 +3,7 @@
     python3 examples/mcp_client.py /path/to/project 'echo hi > hi.txt' 'write hi.txt'
 """
 import asyncio
+import os
 import sys
 
 from mcp import Client, StdioServerParameters
@@ -11,7 +12,8 @@ from mcp import Client, StdioServerParameters
 async def main(project: str, command: str, task: str) -> None:
     server = StdioServerParameters(command="caper", args=["mcp"], cwd=project)
     async with Client(server) as client:
-        result = await client.call_tool("run_command", {"command": command, "task": task})
+        result = await client.call_tool("run_command", {"command": command, "task": task,
+                                                        "cwd": os.path.abspath(project)})
         print(result.content[0].text)
 
 

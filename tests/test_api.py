@@ -82,18 +82,56 @@ def test_mcp_server_through_a_real_client_session(project, tmp_path):
         async with Client(params) as client:
             tools = await client.list_tools()
             ok = await client.call_tool("run_command", {"command": "echo hello > greet.txt; "
-                                                        "cat greet.txt", "task": "greet"})
+                                                        "cat greet.txt", "task": "greet",
+                                                        "cwd": str(project)})
             bad = await client.call_tool("run_command", {"command": "cat .env",
-                                                         "task": "list the files"})
-            return tools, ok, bad
-    tools, ok, bad = asyncio.run(main())
+                                                         "task": "list the files",
+                                                         "cwd": str(project)})
+            refused = [await client.call_tool("run_command", {"command": "touch x", "cwd": cwd})
+                       for cwd in ("", ".", "/", str(project / "nowhere"))]
+            return tools, ok, bad, refused
+    tools, ok, bad, refused = asyncio.run(main())
     [tool] = [t for t in tools.tools if t.name == "run_command"]
     assert set(tool.input_schema["properties"]) == {"command", "task", "cwd"}
-    assert ok.content[0].text == "exit status 0\nhello\n"
+    assert set(tool.input_schema["required"]) == {"command", "cwd"}
+    assert ok.content[0].text == "exit status 0\nhello\n" and not ok.is_error
     assert (project / "greet.txt").read_text() == "hello\n"
     text = bad.content[0].text
-    assert text.startswith("caper blocked this command") and "secret" in text
+    assert bad.is_error and text.startswith("caper blocked this command") and "secret" in text
     assert "tok-5f6e7d8c9b0a1f2e" not in text and "caper effect report" in text
+    # No workspace, a relative one, the root directory, a missing one: refused, as errors.
+    assert all(r.is_error and "did not run" in r.content[0].text for r in refused)
+    assert not (project / "x").exists() and not os.path.exists("/x")
+
+
+def test_mcp_server_keeps_to_the_roots_the_client_declares(project, tmp_path):
+    from mcp import Client, StdioServerParameters
+    from mcp.types import ListRootsResult, Root
+
+    other = tmp_path / "other"
+    other.mkdir()
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "caper", "mcp"], cwd=str(project),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state"),
+             "HOME": str(tmp_path), "CAPER_CONFIG": str(tmp_path / "none.toml")})
+
+    async def roots(context):
+        return ListRootsResult(roots=[Root(uri=project.as_uri())])
+
+    async def main():
+        # The initialize handshake: the era in which a server may ask for roots mid-call.
+        async with Client(params, list_roots_callback=roots, mode="legacy") as client:
+            inside = await client.call_tool("run_command", {"command": "echo in > in.txt",
+                                                            "task": "write in.txt",
+                                                            "cwd": str(project)})
+            outside = await client.call_tool("run_command", {"command": "echo out > out.txt",
+                                                             "task": "write out.txt",
+                                                             "cwd": str(other)})
+            return inside, outside
+    inside, outside = asyncio.run(main())
+    assert not inside.is_error and (project / "in.txt").exists()
+    assert outside.is_error and "outside the roots" in outside.content[0].text
+    assert not (other / "out.txt").exists()
 
 
 def test_examples_run(project, tmp_path):

@@ -93,10 +93,12 @@ def test_claude_code_asks_the_human_with_the_card(project, tmp_path):
     rc, ask = run_hook("claude-code", json.dumps(hook_input("claude-code", commit, project,
                                                             tpath)).encode(), project, tmp_path)
     spec = ask["hookSpecificOutput"]
-    assert spec["permissionDecision"] == "ask" and "updatedInput" not in spec
-    assert 'deleted dir "src" [tracked]' in spec["permissionDecisionReason"]
-    # The human says yes: Claude Code runs the command as it is.
-    p = run_command(commit, project, tmp_path)
+    assert spec["permissionDecision"] == "ask" and 'deleted dir "src" [tracked]' in \
+        spec["permissionDecisionReason"]
+    # ... for caper's own commit, whatever caper the model named; the user is told too.
+    assert spec["updatedInput"]["command"] == commit and run_id in ask["systemMessage"]
+    # The human says yes: Claude Code runs the rewritten command.
+    p = run_command(spec["updatedInput"]["command"], project, tmp_path)
     assert p.returncode == 0 and p.stdout == "gone\n" and not (project / "src").exists()
 
 

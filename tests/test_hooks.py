@@ -96,6 +96,14 @@ def hook_input(agent: str, command: str, cwd: Path, tpath: Path) -> dict:
             "tool_input": {"command": command, "description": "build", "dir_path": str(cwd)}}
 
 
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path, monkeypatch):
+    """User-level installs and Codex's trust go to a home of the test's own."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CODEX_HOME", str(tmp_path / "home" / ".codex"))
+    monkeypatch.setenv("CAPER_STATE_DIR", str(tmp_path / "state"))
+
+
 @pytest.fixture
 def project(tmp_path):
     return git_project(tmp_path / "proj", {
@@ -130,7 +138,9 @@ def gated(agent: str, command: str, cwd: Path, tmp_path: Path) -> str:
         spec = out["hookSpecificOutput"]
         assert spec["hookEventName"] == "PreToolUse" and spec["permissionDecision"] == "allow"
         new = spec["updatedInput"]
-        assert new["description"] == "build" and new["timeout"] == 120000
+        # The tool's timeout covers caper's own (--timeout: the one asked for) and its work after.
+        assert new["description"] == "build" and new["timeout"] == 120000 + hooks.CAPER_AFTER_MS
+        assert "--timeout 120 " in new["command"]
         assert "run_in_background" not in new
         return new["command"]
     if agent == "gemini":
@@ -258,7 +268,7 @@ def test_cli_install_writes_a_command_that_works(agent, tmp_path, project):
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     a = hooks.AGENTS[agent]
-    doc = json.loads((project / a.project_file).read_text())
+    doc = json.loads(Path(hooks.settings_path(a, a.default_scope, str(project))).read_text())
     command = doc["hooks"][a.event][0]["hooks"][0]["command"]
     assert command.startswith(str(BIN / "caper"))
     rc, out = run_hook(agent, json.dumps(hook_input(agent, "true", project,

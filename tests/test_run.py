@@ -211,6 +211,7 @@ def test_cli_json_and_block_status(ws, state):
     ["session", "reset", "s1", "--state-dir", "/x"], ["commit", "abc"], ["discard", "abc"],
     ["hook", "codex"], ["install", "gemini", "--user"], ["uninstall", "claude-code"],
     ["mcp"], ["serve", "--idle", "3"], ["demo"], ["recover", "--state-dir", "/x"],
+    ["doctor", "--agent", "codex", "--no-sandbox"], ["install", "codex", "--hook-timeout", "9"],
     ["trace", "--jsonl", "--max-pids", "9", "--", "ls", "-l"],
 ])
 def test_the_cli_parser_built_for_one_subcommand_parses_it_like_the_whole(argv):

@@ -50,6 +50,8 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from caper.integrations import claude_rules
+
 MAX_INPUT = 1 << 20            # hook JSON larger than this is refused
 MARK = " hook "                # how install/uninstall recognise caper's entry
 _HELD_ID = re.compile(r"[0-9a-f]{16}")
@@ -65,16 +67,23 @@ class Agent:
     timeout: int               # the hook's own timeout, in the unit the agent uses
     mode: str                  # rewrite | resubmit
     prompt_event: str          # the event that shows the hook what the user typed
+    default_scope: str         # where `caper install` puts it: the one the agent cannot skip
     can_ask: bool = False      # the host can put a question to its human
+    per_second: int = 1        # timeout units per second
 
 
+# Default scopes: Codex runs a project's hooks only in a project it trusts,
+# and Gemini's --skip-trust (which its own error message suggests) loads no
+# project hooks at all; user-level hooks fire in both.
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
-                         ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", can_ask=True),
+                         ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", "project",
+                         can_ask=True),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
-                   "resubmit", "UserPromptSubmit"),
+                   "resubmit", "UserPromptSubmit", "user"),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
-                    ".gemini/settings.json", 30000, "rewrite", "BeforeAgent"),   # Gemini: ms
+                    ".gemini/settings.json", 30000, "rewrite", "BeforeAgent", "user",
+                    per_second=1000),
 }
 
 
@@ -90,10 +99,17 @@ def caper_command() -> list[str]:
     return [sys.executable, "-P", "-m", "caper"]
 
 
-def wrap(command: str, session: str, call: str, ask: bool = False) -> str:
-    argv = caper_command() + ["run", "--session", session]
+def wrap(command: str, session: str, call: str, ask: bool = False,
+         timeout: float | None = None) -> str:
+    """The command as caper runs it. The task is not in it: `--call` names
+    the record the hook wrote (caper.tasks), which holds the task the user
+    gave and exactly this command. --brief: the model sees the command's own
+    output when it is approved, and the reason and the effect card when not."""
+    argv = caper_command() + ["run", "--session", session, "--brief"]
     if ask:       # unsure: hold the run; the human decides at `caper commit`
         argv += ["--on-unsure", "ask"]
+    if timeout is not None:
+        argv += ["--timeout", f"{timeout:g}"]
     return shlex.join(argv + ["--call", call, "-c", command])
 
 
@@ -111,23 +127,26 @@ def caper_args(command: str) -> list[str] | None:
     return argv[len(head):]
 
 
-def is_wrapped(command: str, session: str, state: str) -> bool:
-    """Exactly the form `wrap` produces for this session, naming a call
-    record made for this session and exactly this command."""
+def is_wrapped(command: str, session: str, state: str) -> str | None:
+    """The inner command if `command` has exactly the form `wrap` produces
+    for this session and names a call record made for this session and
+    exactly this inner command, else None."""
     from caper.tasks import TaskRecordError, check_call
     rest = caper_args(command)
-    if rest is None or rest[:3] != ["run", "--session", session]:
-        return False
-    rest = rest[3:]
+    if rest is None or rest[:4] != ["run", "--session", session, "--brief"]:
+        return None
+    rest = rest[4:]
     if rest[:2] == ["--on-unsure", "ask"]:
         rest = rest[2:]
+    if rest[:1] == ["--timeout"] and len(rest) > 1 and re.fullmatch(r"[0-9.]+", rest[1]):
+        rest = rest[2:]
     if len(rest) != 4 or rest[0] != "--call" or rest[2] != "-c":
-        return False
+        return None
     try:
         check_call(state, rest[1], session, rest[3])
     except TaskRecordError:
-        return False
-    return True
+        return None
+    return rest[3]
 
 
 def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
@@ -145,21 +164,87 @@ def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
 
 # --- answers ---------------------------------------------------------------------------------
 
+CODEX_REWRITES_FROM = (0, 171, 0)   # measured: Codex 0.171.0 runs an allow's updatedInput
+
+
+def codex_version(env=None) -> tuple[int, ...] | None:
+    """The running Codex's version, from its npm launcher's package (the
+    launcher puts CODEX_MANAGED_PACKAGE_ROOT in every hook's environment)."""
+    root = (os.environ if env is None else env).get("CODEX_MANAGED_PACKAGE_ROOT")
+    try:
+        with open(os.path.join(root, "package.json")) as f:
+            version = json.load(f)["version"]
+        return tuple(int(x) for x in re.match(r"(\d+)\.(\d+)\.(\d+)", version).groups())
+    except (TypeError, OSError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def mode(agent: Agent, env=None) -> str:
+    """rewrite | resubmit. An older Codex treats updatedInput as a failed
+    hook and runs the call ungated, so it is used only when the running
+    Codex is known to take it."""
+    if agent.name == "codex":
+        v = codex_version(env)
+        return "rewrite" if v is not None and v >= CODEX_REWRITES_FROM else agent.mode
+    return agent.mode
+
+
 def _out(agent: Agent, decision: str, reason: str, command: str | None = None,
-         tool_input: dict | None = None) -> str:
+         tool_input: dict | None = None, tell_user: str | None = None) -> str:
+    """tell_user: shown to the human whatever the mode (Claude Code's and
+    Gemini's systemMessage), for what the agent alone would hide from them."""
     if agent.name == "gemini":
         doc: dict = {"decision": decision, "reason": reason}
         if command is not None:
             doc["hookSpecificOutput"] = {"hookEventName": "BeforeTool",
                                          "tool_input": {**(tool_input or {}), "command": command}}
+        if tell_user:
+            doc["systemMessage"] = tell_user
         return json.dumps(doc)
     out = {"hookEventName": "PreToolUse", "permissionDecision": decision,
            "permissionDecisionReason": reason}
-    if command is not None:          # Claude Code only: Codex takes no updatedInput
+    if command is not None:          # Claude Code, and Codex from CODEX_REWRITES_FROM on
         updated = {**(tool_input or {}), "command": command}
         updated.pop("run_in_background", None)   # held output needs the run to finish
         out["updatedInput"] = updated
-    return json.dumps({"hookSpecificOutput": out})
+    doc = {"hookSpecificOutput": out}
+    if tell_user and agent.name == "claude-code":
+        doc["systemMessage"] = tell_user
+    return json.dumps(doc)
+
+
+# Claude Code's Bash tool: its default and largest timeouts (ms), and the
+# environment variables that change them
+# (https://docs.anthropic.com/en/docs/claude-code/settings#environment-variables).
+# When its timeout expires it moves the command to the background and the
+# model never sees caper's verdict, so the rewritten call gets a timeout that
+# covers the command's own (caper --timeout) plus caper's work after it.
+BASH_DEFAULT_MS, BASH_MAX_MS = 120_000, 600_000
+CAPER_AFTER_MS = 60_000        # report, approver (the LLM's own timeout is 20 s), commit
+
+
+def claude_timeouts(tool_input: dict, env=None) -> tuple[float, int]:
+    """(caper's --timeout in s, the Bash tool's timeout in ms) for one call."""
+    env = os.environ if env is None else env
+
+    def ms(value, default: int) -> int:
+        try:
+            return max(1, int(value))
+        except (TypeError, ValueError):
+            return default
+    largest = ms(env.get("BASH_MAX_TIMEOUT_MS"), BASH_MAX_MS)
+    asked = ms(tool_input.get("timeout"), ms(env.get("BASH_DEFAULT_TIMEOUT_MS"), BASH_DEFAULT_MS))
+    command_ms = max(1000, min(asked, largest - CAPER_AFTER_MS))
+    return command_ms / 1000, min(largest, command_ms + CAPER_AFTER_MS)
+
+
+def project_dir(hook: dict) -> str:
+    """Claude Code's project: where it was started (CLAUDE_PROJECT_DIR, set
+    for hooks), else the call's cwd."""
+    d = os.environ.get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
+    if not isinstance(d, str) or not os.path.isabs(d):
+        raise ValueError("no absolute project directory (CLAUDE_PROJECT_DIR or cwd)")
+    return d
 
 
 def answer(agent: Agent, hook) -> str:
@@ -183,20 +268,36 @@ def answer(agent: Agent, hook) -> str:
     from caper.state import state_dir
     from caper.tasks import new_call
     state = state_dir()
-    if agent.mode == "resubmit" and is_wrapped(command, session, state):
-        return ""                     # the wrapped command the hook asked for: it runs once
+    inner = is_wrapped(command, session, state)
+    if inner is not None and mode(agent) == "resubmit":
+        return ""        # the wrapped command the hook asked for: it runs once, there
     held = held_commit(command)
     if held is not None:
         return ask_human(agent, held, state)
+    # Claude Code checks its own rules against the rewritten command, where
+    # they no longer match: the hook applies them to the model's command.
+    rule = claude_rules.verdict(inner or command, project_dir(hook)) \
+        if agent.name == "claude-code" else None
+    if rule is not None and rule[0] == "deny":
+        return _out(agent, "deny", f"caper: not run: {rule[1]} (deny)")
+    decision, why = ("ask", f"caper: {rule[1]} (ask); the command then runs once in caper's "
+                            "sandbox") if rule else \
+        ("allow", "caper: the command runs once in a sandbox and counts only if its effects "
+                  "are approved")
+    if inner is not None:            # already inside the gate: it runs once, there
+        return _out(agent, decision, why, command, tool_input)
     task, source = call_task(hook, session, state)
-    wrapped = wrap(command, session, new_call(state, session, command, task, source),
-                   ask=agent.can_ask)
-    if agent.mode == "resubmit":
+    call = new_call(state, session, command, task, source)
+    if agent.name == "claude-code":
+        caper_s, tool_ms = claude_timeouts(tool_input)
+        wrapped = wrap(command, session, call, ask=agent.can_ask, timeout=caper_s)
+        return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
+    wrapped = wrap(command, session, call, ask=agent.can_ask)
+    if mode(agent) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
                                    f"they are approved):\n{wrapped}")
-    return _out(agent, "allow", "caper: the command runs once in a sandbox and counts only if "
-                                "its effects are approved", wrapped, tool_input)
+    return _out(agent, decision, why, wrapped, tool_input)
 
 
 def prompt_answer(agent: Agent, hook: dict) -> str:
@@ -215,10 +316,20 @@ def prompt_answer(agent: Agent, hook: dict) -> str:
 
 
 def held_commit(command: str) -> str | None:
-    """The id in exactly `<caper> commit <id>`, else None."""
-    rest = caper_args(command)
-    if rest is not None and len(rest) == 2 and rest[0] == "commit" and _HELD_ID.fullmatch(rest[1]):
-        return rest[1]
+    """The id in `caper commit <id>`, whichever caper the model names (on
+    PATH, by a path, `python -m caper`), and nothing else in the command."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if shlex.join(argv) != command.strip():
+        return None
+    if argv[:1] and re.fullmatch(r"python[0-9.]*", os.path.basename(argv[0])) and \
+            argv[1:3] == ["-m", "caper"]:
+        argv = argv[2:]
+    if len(argv) == 3 and os.path.basename(argv[0]) == "caper" and argv[1] == "commit" and \
+            _HELD_ID.fullmatch(argv[2]):
+        return argv[2]
     return None
 
 
@@ -230,23 +341,44 @@ def ask_human(agent: Agent, run_id: str, state: str) -> str:
     from caper.display import escape
     from caper.errors import ConfigError
     from caper.pending import load
+    yours = f"caper held run {run_id} for you: to apply it, run `caper commit {run_id}` in a " \
+            f"terminal (`caper discard {run_id}` drops it)"
     if not agent.can_ask:
         return _out(agent, "deny", f"only the user may apply a run caper held for them: ask "
-                                   f"them to run `caper commit {run_id}` in a terminal")
+                                   f"them to run `caper commit {run_id}` in a terminal",
+                    tell_user=yours)
     try:
         held = load(state, run_id)
     except ConfigError as e:
         return _out(agent, "deny", f"no held run {run_id} to apply ({escape(str(e))})")
     text = (f"caper ran this command in a sandbox and held the result for you: "
             f"{escape(held.reason)}\n\n{escape(held.card[:6000], keep_lines=True)}\n"
-            "Apply these effects to your files?")
-    return _out(agent, "ask", text)
+            f"Apply these effects to your files? (Or later, in a terminal: "
+            f"`caper commit {run_id}`.)")
+    # Whatever caper the model named, this one applies it. In -p mode the
+    # ask is a denial the user never sees: tell them.
+    return _out(agent, "ask", text, shlex.join(caper_command() + ["commit", run_id]),
+                {"description": f"apply caper's held run {run_id}"}, tell_user=yours)
 
 
-def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
+def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None = None) -> int:
+    """timeout_s: the hook's timeout in the agent's settings. An agent whose
+    hook times out runs the call ungated if anything else allows it
+    (Claude Code records hook_cancelled), so the hook answers deny itself
+    at half of it, whatever it was doing."""
+    import signal
     agent = AGENTS[agent_name]
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout
+    deadline = (timeout_s or agent.timeout / agent.per_second) / 2
+
+    def too_late(signum, frame):
+        stdout.write(_out(agent, "deny", f"caper's hook did not finish within {deadline:g} s; "
+                                         "the command was not run") + "\n")
+        stdout.flush()
+        os._exit(0)
+    signal.signal(signal.SIGALRM, too_late)
+    signal.setitimer(signal.ITIMER_REAL, deadline)
     try:
         raw = stdin.read(MAX_INPUT + 1)
         if len(raw) > MAX_INPUT:
@@ -256,6 +388,7 @@ def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
         from caper.display import escape
         text = _out(agent, "deny", f"caper's hook could not gate this command "
                                    f"({escape(str(e))}); it was not run")
+    signal.setitimer(signal.ITIMER_REAL, 0)
     if text:
         stdout.write(text + "\n")
         stdout.flush()
@@ -264,10 +397,16 @@ def hook_main(agent_name: str, stdin=None, stdout=None) -> int:
 
 # --- install / uninstall -------------------------------------------------------------------
 
+def codex_home() -> str:
+    return os.environ.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex")
+
+
 def settings_path(agent: Agent, scope: str, cwd: str | None = None) -> str:
     if scope == "user":
+        if agent.name == "codex":       # Codex's user layer is $CODEX_HOME
+            return os.path.join(codex_home(), "hooks.json")
         return os.path.join(os.path.expanduser("~"), agent.user_file)
-    return os.path.join(cwd or os.getcwd(), agent.project_file)
+    return os.path.abspath(os.path.join(cwd or os.getcwd(), agent.project_file))
 
 
 def _load(path: str) -> dict:
@@ -320,29 +459,168 @@ def _event_list(doc: dict, event: str, path: str) -> tuple[dict, list]:
     return hooks, groups
 
 
-def hook_command(agent: Agent) -> str:
+def hook_command(agent: Agent, timeout_s: float | None = None) -> str:
     # `|| exit 2`: if caper cannot even start (Python broken, caper removed),
     # exit 2 makes the agent block the call; another status would let it run.
-    return shlex.join(caper_command() + ["hook", agent.name]) + " || exit 2"
+    extra = ["--timeout", f"{timeout_s:g}"] if timeout_s is not None else []
+    return shlex.join(caper_command() + ["hook", agent.name] + extra) + " || exit 2"
 
 
-def install(agent_name: str, scope: str, cwd: str | None = None) -> str:
-    """The hook, for the shell tool's event and for the prompt event (which
-    records what the user typed, see caper.tasks)."""
+def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
+            timeout_s: float | None = None) -> tuple[str, list[str]]:
+    """Merge caper's entries into the agent's settings, for the shell tool's
+    event and for the prompt event (which records what the user typed, see
+    caper.tasks), and make them active where the agent asks for more than
+    the entry (Codex's hook trust): the settings file, and what the user must
+    still do, loudly (empty if nothing). timeout_s: the hooks' timeout
+    (default: the agent's entry's)."""
     agent = AGENTS[agent_name]
+    scope = scope or agent.default_scope
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
-    entry = {"type": "command", "command": hook_command(agent), "timeout": agent.timeout}
+    timeout = agent.timeout if timeout_s is None else max(1, round(timeout_s * agent.per_second))
+    entry = {"type": "command", "command": hook_command(agent, timeout_s), "timeout": timeout}
     for event, group in ((agent.event, {"matcher": agent.tool, "hooks": [entry]}),
                          (agent.prompt_event, {"hooks": [entry]})):
         hooks, groups = _event_list(doc, event, path)
         hooks[event] = _without_caper(groups, agent) + [group]
     _save(path, doc)
-    return path
+    todo: list[str] = []
+    if agent.name == "codex":
+        todo += trust_codex_hook(path, doc, scope, cwd)
+    elif agent.name == "gemini" and scope == "project":
+        todo.append("Gemini CLI loads no project hooks when started with --skip-trust or in a "
+                    "folder it does not trust: caper is then NOT in front of it. Install with "
+                    "--user to cover every folder.")
+    return path, todo
 
 
-def uninstall(agent_name: str, scope: str, cwd: str | None = None) -> str:
+# --- Codex: a hook runs only once its hash is trusted --------------------------------------
+# codex-rs/hooks/src/engine/discovery.rs (command_hook_hash) and
+# codex-rs/config/src/fingerprint.rs (version_for_toml) in openai/codex: the
+# sha256 of the compact, key-sorted JSON of {event_name, matcher, hooks: [the
+# one handler, normalized]}, with absent options left out; the state key is
+# "<hooks.json path>:<event>:<group index>:<handler index>".
+
+CODEX_EVENTS = {"PreToolUse": "pre_tool_use", "UserPromptSubmit": "user_prompt_submit"}
+
+
+def codex_hook_hash(event: str, group: dict, handler: dict) -> str:
+    import hashlib
+    norm = {"type": "command", "command": handler["command"],
+            "timeout": max(1, int(handler.get("timeout", 600))),
+            "async": bool(handler.get("async", False))}
+    if handler.get("statusMessage") is not None:
+        norm["statusMessage"] = handler["statusMessage"]
+    identity = {"event_name": CODEX_EVENTS[event], "hooks": [norm]}
+    if group.get("matcher") is not None:
+        identity["matcher"] = group["matcher"]
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def codex_entries(path: str, doc: dict) -> list[tuple[str, str]]:
+    """(state key, hash) of each caper entry in a Codex hooks.json."""
+    agent = AGENTS["codex"]
+    out = []
+    for event in (agent.event, agent.prompt_event):
+        for g, group in enumerate(doc.get("hooks", {}).get(event, [])):
+            for i, handler in enumerate(group.get("hooks", []) if isinstance(group, dict) else []):
+                if _ours(handler, agent):
+                    out.append((f"{path}:{CODEX_EVENTS[event]}:{g}:{i}",
+                                codex_hook_hash(event, group, handler)))
+    return out
+
+
+def codex_config() -> tuple[str, str, dict]:
+    """$CODEX_HOME/config.toml: (path, text, parsed)."""
+    import tomllib
+    path = os.path.join(codex_home(), "config.toml")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        text = ""
+    try:
+        return path, text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path} is not valid TOML ({e}); not touching it") from e
+
+
+def codex_project_root(cwd: str) -> str:
+    """Where Codex looks for a project's trust: the nearest .git upwards, else cwd."""
+    d = os.path.abspath(cwd)
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return d
+        up = os.path.dirname(d)
+        if up == d:
+            return os.path.abspath(cwd)
+        d = up
+
+
+def trust_codex_hook(hooks_path: str, doc: dict, scope: str, cwd: str | None) -> list[str]:
+    """Record caper's entry as reviewed in $CODEX_HOME/config.toml, as
+    Codex's own /hooks review does; what the user must still do."""
+    config, text, parsed = codex_config()
+    new = text
+    for key, digest in codex_entries(hooks_path, doc):
+        state = parsed.get("hooks", {}).get("state", {}).get(key)
+        header = f"[hooks.state.{json.dumps(key)}]"
+        body = f'trusted_hash = "{digest}"\n'
+        if state is None:
+            new += ("\n" if new and not new.endswith("\n") else "") + f"\n{header}\n{body}"
+            continue
+        lines = new.splitlines(keepends=True)
+        at = next((n for n, line in enumerate(lines) if line.strip() == header), None)
+        if at is None:
+            raise ValueError(f"{config}: hooks.state.{json.dumps(key)} is not written as its own "
+                             f"table; not touching it: set its trusted_hash to \"{digest}\"")
+        end = next((n for n in range(at + 1, len(lines)) if lines[n].lstrip().startswith("[")),
+                   len(lines))
+        kept = [line for line in lines[at + 1:end]
+                if line.split("=", 1)[0].strip() not in ("trusted_hash", "enabled")]
+        new = "".join(lines[:at + 1] + [body] + kept + lines[end:])
+    if new != text:
+        import tomllib
+        if codex_hook_states(tomllib.loads(new), hooks_path, doc) != "trusted":
+            raise ValueError(f"{config}: could not record caper's hook as trusted; not touching it")
+        from caper.journal import write_atomic
+        os.makedirs(os.path.dirname(config), exist_ok=True)
+        write_atomic(config, new.encode(), mode=0o600, tmp=f"{config}.caper-{os.getpid()}")
+        parsed = tomllib.loads(new)
+    todo = []
+    if scope == "project":
+        root = codex_project_root(cwd or os.getcwd())
+        level = parsed.get("projects", {}).get(root, {}).get("trust_level")
+        if level != "trusted":
+            todo.append(f"Codex runs a project's hooks only in a project it trusts, and {root} is "
+                        f"not trusted in {config}: caper is NOT in front of Codex there until you "
+                        f"trust it (start codex in it and answer yes, or add [projects."
+                        f"{json.dumps(root)}] trust_level = \"trusted\"), or install with --user.")
+    return todo
+
+
+def codex_hook_states(parsed: dict, hooks_path: str, doc: dict) -> str:
+    """trusted | untrusted | modified | disabled | absent: caper's entry as Codex sees it."""
+    entries = codex_entries(hooks_path, doc)
+    if not entries:
+        return "absent"
+    states = parsed.get("hooks", {}).get("state", {})
+    for key, digest in entries:
+        st = states.get(key) or {}
+        if st.get("enabled") is False:
+            return "disabled"
+        if st.get("trusted_hash") is None:
+            return "untrusted"
+        if st["trusted_hash"] != digest:
+            return "modified"
+    return "trusted"
+
+
+def uninstall(agent_name: str, scope: str | None = None, cwd: str | None = None) -> str:
     agent = AGENTS[agent_name]
+    scope = scope or agent.default_scope
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
     if not doc:

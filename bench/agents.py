@@ -1,0 +1,106 @@
+"""The wall-clock caper adds to each shell call of the real agent CLIs.
+
+    python bench/agents.py [--calls N] [--json bench/results-agents.json]
+
+Each client (tests/agents/clients.py: pinned, from npm, its own HOME) runs
+one turn against the local fake model (tests/agents/model_server.py), which
+asks for N shell calls in a row, each appending a line to a file; once
+without caper and once with `caper install <agent>` (its default scope,
+through the resident gate as a user runs it). A call's time is what the
+model sees: from the model's answer asking for it to the client's next
+request carrying its result (client, hook, caper run, commit). The added
+wall-clock is the median with caper minus the median without.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "agents")]
+
+import clients  # noqa: E402
+from model_server import ModelServer, commands  # noqa: E402
+
+COMMAND = "echo step {} >> notes.txt"   # distinct: Gemini stops a turn that repeats a call
+TASK = "append a line to notes.txt each step"
+
+
+def project(root: Path) -> Path:
+    p = root / "proj"
+    p.mkdir()
+    (p / "README").write_text("bench\n")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.email=b@b", "-c", "user.name=b", *args], cwd=p,
+                       check=True, capture_output=True)
+    return p
+
+
+def stop_gates(state: Path) -> None:
+    """The gates this bench started (one per state directory)."""
+    for pid in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and str(state).encode() in argv:
+            os.kill(int(pid), signal.SIGTERM)
+
+
+def one(agent: str, calls: int, gated: bool, root: Path) -> list[float]:
+    proj = project(root)
+    model = ModelServer(clients.PROTOCOLS[agent],
+                        commands(*[COMMAND.format(n) for n in range(calls)]))
+    client = clients.Client(agent, root, model, extra_env={"CAPER_NO_GATE": "0"})
+    try:
+        if gated:
+            p = client.caper("install", agent, cwd=proj)
+            if p.returncode != 0:
+                raise SystemExit(f"caper install {agent} failed:\n{p.stderr}")
+        run = client.run(TASK, proj, *(["--allowedTools", "Bash"] if agent == "claude-code"
+                                       else []))
+    finally:
+        model.close()
+        stop_gates(root / "state")
+    lines = (proj / "notes.txt").read_text().count("step") if (proj / "notes.txt").exists() else 0
+    if len(model.asked) != calls or lines != calls:
+        raise SystemExit(f"{agent} ({'caper' if gated else 'plain'}): {lines} of {calls} calls "
+                         f"took effect\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+    return model.call_times()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--json", default=str(ROOT / "bench" / "results-agents.json"))
+    args = ap.parse_args()
+    clients.install()
+    out = {"calls": args.calls, "command": COMMAND, "agents": {}}
+    for agent in clients.PINS:
+        row = {}
+        for gated in (False, True):
+            with tempfile.TemporaryDirectory(prefix=f"caper-bench-{agent}-") as d:
+                times = one(agent, args.calls, gated, Path(d))
+            row["caper" if gated else "plain"] = {
+                "median_ms": round(statistics.median(times) * 1000, 1),
+                "first_ms": round(times[0] * 1000, 1),
+                "all_ms": [round(t * 1000, 1) for t in times]}
+        row["added_ms"] = round(row["caper"]["median_ms"] - row["plain"]["median_ms"], 1)
+        row["version"] = clients.installed_version(agent)
+        out["agents"][agent] = row
+        print(f"{agent} {row['version']}: plain {row['plain']['median_ms']} ms, with caper "
+              f"{row['caper']['median_ms']} ms (first call {row['caper']['first_ms']} ms): "
+              f"+{row['added_ms']} ms per shell call", flush=True)
+    Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Claude Code's Bash permission rules as caper's hook applies them to the
+model's own command (tests/test_real_agents.py runs them in the real client)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from caper.integrations import claude_rules as cr
+from caper.integrations import hooks
+
+
+@pytest.mark.parametrize("pattern, command, hit", [
+    ("rm:*", "rm -rf build", True), ("rm:*", "rm", True), ("rm:*", "rmdir x", False),
+    ("*", "anything", True), ("", "anything", True),
+    ("git * main", "git push origin main", True), ("git * main", "git push origin dev", False),
+    ("ls", "ls", True), ("ls", "ls -l", False)])
+def test_rule_forms(pattern, command, hit):
+    assert cr.matches(pattern, command) is hit
+
+
+@pytest.mark.parametrize("command", [
+    "rm -rf build", "make && rm -rf build", "echo hi; rm -rf build", "true | rm -rf build",
+    "FOO=1 rm -rf build", "sudo rm -rf build", "env X=1 rm -rf build", "timeout 5 rm -rf build",
+    "echo $(rm -rf build)", "echo `rm -rf build`", "make\nrm -rf build", "(rm -rf build)"])
+def test_a_deny_rule_reaches_every_simple_command(command, tmp_path):
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"deny": ["Bash(rm:*)"], "ask": ["Bash(make:*)"]}}))
+    kind, why = cr.verdict(command, str(tmp_path), env={"HOME": str(tmp_path / "home")})
+    assert kind == "deny" and "Bash(rm:*)" in why
+
+
+def test_ask_and_none(tmp_path):
+    env = {"HOME": str(tmp_path / "home"), "CLAUDE_CONFIG_DIR": str(tmp_path / "cfg")}
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "settings.json").write_text(
+        json.dumps({"permissions": {"ask": ["Bash(make:*)"], "allow": ["Bash(rm:*)"],
+                                    "deny": ["Read(.env)"]}}))
+    assert cr.verdict("make clean", str(tmp_path), env)[0] == "ask"
+    assert cr.verdict("rm -rf x", str(tmp_path), env) is None
+
+
+def test_unreadable_settings_fail_closed(tmp_path):
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.local.json").write_text("{ nope")
+    with pytest.raises(ValueError, match="not JSON"):
+        cr.verdict("ls", str(tmp_path), env={"HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("command, held", [
+    ("caper commit 0123456789abcdef", "0123456789abcdef"),
+    ("/usr/local/bin/caper commit 0123456789abcdef", "0123456789abcdef"),
+    ("python3 -m caper commit 0123456789abcdef", "0123456789abcdef"),
+    ("/opt/v/bin/python3.11 -m caper commit 0123456789abcdef", "0123456789abcdef"),
+    ("caper commit 0123456789abcdef; rm -rf /", None), ("caper commit xyz", None),
+    ("caper commit 0123456789abcdef --state-dir /tmp", None),
+    ("notcaper commit 0123456789abcdef", None)])
+def test_every_form_of_caper_commit(command, held):
+    assert hooks.held_commit(command) == held
+
+
+def test_claude_timeouts():
+    assert hooks.claude_timeouts({}, {}) == (120.0, 120_000 + hooks.CAPER_AFTER_MS)
+    assert hooks.claude_timeouts({"timeout": 2000}, {}) == (2.0, 2000 + hooks.CAPER_AFTER_MS)
+    # The largest the tool takes bounds both: caper's leaves room for its own work.
+    assert hooks.claude_timeouts({"timeout": 600_000}, {}) == (540.0, 600_000)
+    assert hooks.claude_timeouts({}, {"BASH_DEFAULT_TIMEOUT_MS": "5000",
+                                      "BASH_MAX_TIMEOUT_MS": "900000"}) == (5.0, 65_000)

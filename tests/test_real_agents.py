@@ -1,0 +1,428 @@
+"""The real agent CLIs (Claude Code, Codex CLI, Gemini CLI, pinned, from
+npm) with caper installed the way a user installs it, each driven by a local
+fake model (tests/agents/model_server.py) that asks for one shell command and
+then ends its turn. Everything is checked where the user would look: the
+files on the real disk, and what the model was told (the tool result in the
+client's next request).
+"""
+from __future__ import annotations
+
+import json
+import re
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import git_project
+
+sys.path.insert(0, str(Path(__file__).parent / "agents"))
+import clients  # noqa: E402
+from model_server import ModelServer, commands  # noqa: E402
+
+AGENTS = list(clients.PINS)
+TASK = "clean the build artifacts and recompile"
+HARMFUL = "make clean"          # the Makefile's clean deletes the sources and the history
+SAFE = "mkdir -p build && echo built > build/log.txt && cp tools/run.sh build/run.sh && echo ok"
+
+
+@pytest.fixture(scope="session")
+def installed():
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the agent CLIs")
+    try:
+        clients.install()
+    except clients.Unreachable as e:
+        pytest.skip(f"the npm registry cannot be reached: {e}")
+    return True
+
+
+@pytest.fixture
+def project(tmp_path):
+    p = git_project(tmp_path / "proj", {
+        "src/main.c": "int main(void) { return 0; }\n",
+        "tools/run.sh": "#!/bin/sh\nexec ./build/app\n",
+        "Makefile": "build/app: src/main.c\n\tmkdir -p build\n\tcc -o build/app src/main.c\n"
+                    "clean:\n\trm -rf build src .git\n",
+        ".gitignore": "build/\n"})
+    os.chmod(p / "tools" / "run.sh", 0o755)
+    return p
+
+
+def start(agent: str, tmp_path: Path, script, **kw):
+    model = ModelServer(clients.PROTOCOLS[agent], script)
+    return model, clients.Client(agent, tmp_path / agent, model, **kw)
+
+
+def reviews(client: clients.Client, project: Path) -> int:
+    """How many runs caper reviewed, over all sessions: proof it was in front."""
+    p = client.caper("session", "list", cwd=project)
+    assert p.returncode == 0, p.stderr
+    return sum(int(line.split("\t")[1].split()[0]) for line in p.stdout.splitlines())
+
+
+def install_caper(client: clients.Client, project: Path, *args: str) -> str:
+    p = client.caper("install", client.agent, *args, cwd=project)
+    assert p.returncode == 0, p.stderr
+    return p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_harmful_command_is_blocked_and_the_model_is_told_why(agent, installed, project,
+                                                                 tmp_path):
+    model, client = start(agent, tmp_path, commands(HARMFUL))
+    try:
+        install_caper(client, project)
+        run = client.run(TASK, project)
+    finally:
+        model.close()
+    assert model.asked == [HARMFUL], (run.stdout, run.stderr)
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+    [told] = model.results
+    assert "blocked" in told and 'deleted dir "src"' in told, told
+    assert reviews(client, project) == 1
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_safe_command_is_committed_with_native_modes(agent, installed, project, tmp_path):
+    model, client = start(agent, tmp_path, commands(SAFE))
+    try:
+        install_caper(client, project)
+        run = client.run(TASK, project)
+    finally:
+        model.close()
+    assert model.asked == [SAFE], (run.stdout, run.stderr)
+    [told] = model.results
+    assert "ok" in told, told
+    assert reviews(client, project) == 1
+    assert (project / "build" / "log.txt").read_text() == "built\n"
+    assert (project / "build" / "log.txt").stat().st_mode & 0o7777 == 0o644
+    assert (project / "build" / "run.sh").stat().st_mode & 0o7777 == 0o755
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_with_caper_gone_the_call_does_not_run(agent, installed, project, tmp_path):
+    """caper is installed through an interpreter that then disappears (caper
+    uninstalled, its venv deleted), the agent's settings untouched: the agent
+    must not run the command."""
+    model, client = start(agent, tmp_path, commands(HARMFUL))
+    python = tmp_path / "gone" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    try:
+        p = client.caper("install", agent, cwd=project, python=str(python))
+        assert p.returncode == 0, p.stderr
+        python.unlink()
+        client.run(TASK, project)
+    finally:
+        model.close()
+    assert model.asked == [HARMFUL]
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+
+
+def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, project, tmp_path):
+    """The hash caper writes is the one Codex computes (its own hooks/list),
+    for the user-level install (the default) and a project install; a stale
+    trust entry is replaced, the rest of config.toml kept."""
+    from caper.integrations import hooks
+    model, client = start("codex", tmp_path, commands())
+    model.close()
+    config = client.home / ".codex" / "config.toml"
+    config.write_text(config.read_text() + f'\n[projects."{project}"]\ntrust_level = "trusted"\n'
+                      f'\n[hooks.state."{project}/.codex/hooks.json:pre_tool_use:0:0"]\n'
+                      'trusted_hash = "sha256:stale"\nenabled = false\n')
+    install_caper(client, project)
+    install_caper(client, project, "--project")
+    seen = [h for h in client.codex_hooks(project) if "caper" in (h.get("command") or "")]
+    assert sorted(h["source"] for h in seen) == ["project", "user"]
+    assert all(h["trustStatus"] == "trusted" and h["enabled"] for h in seen), seen
+    for h in seen:
+        doc = json.loads(Path(h["sourcePath"]).read_text())
+        assert [d for k, d in hooks.codex_entries(h["sourcePath"], doc)] == [h["currentHash"]]
+    assert 'model_provider = "fake"' in config.read_text()
+
+
+def test_codex_project_install_in_an_untrusted_project_says_so(installed, project, tmp_path):
+    model, client = start("codex", tmp_path, commands())
+    model.close()
+    p = client.caper("install", "codex", "--project", cwd=project)
+    assert p.returncode == 1
+    assert "WARNING" in p.stderr and "NOT in front of Codex" in p.stderr
+    assert str(project) in p.stderr
+
+
+# --- Claude Code: the user's rules, deadlines, timeouts, held runs ---------------------------
+
+def claude(tmp_path, script, project, *install_args):
+    model, client = start("claude-code", tmp_path, script)
+    install_caper(client, project, *install_args)
+    return model, client
+
+
+@pytest.mark.parametrize("scope", ["user", "project", "local", None])
+@pytest.mark.parametrize("kind", ["deny", "ask"])
+def test_claude_code_permission_rules_hold_against_the_original_command(
+        kind, scope, installed, project, tmp_path):
+    """`rm -rf build` (untracked build output, which caper alone would allow
+    for this task) under the user's `Bash(rm:*)` rule in each settings scope:
+    not run, and the model is told which rule. No rule (None): it runs."""
+    (project / "build").mkdir()
+    (project / "build" / "app").write_text("old\n")
+    model, client = claude(tmp_path, commands("rm -rf build"), project)
+    if scope is not None:
+        settings = {"user": client.home / ".claude" / "settings.json",
+                    "project": project / ".claude" / "settings.json",
+                    "local": project / ".claude" / "settings.local.json"}[scope]
+        settings.parent.mkdir(exist_ok=True)
+        doc = json.loads(settings.read_text()) if settings.exists() else {}
+        doc["permissions"] = {kind: ["Bash(rm:*)"]}
+        settings.write_text(json.dumps(doc))
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    assert model.asked == ["rm -rf build"], (run.stdout, run.stderr)
+    if scope is None:
+        assert not (project / "build").exists()
+        return
+    assert (project / "build" / "app").read_text() == "old\n"
+    [told] = model.results
+    assert "Bash(rm:*)" in told and str(settings) in told, told
+    if kind == "ask":       # -p mode: an ask is a denial, listed for the user
+        assert json.loads(run.stdout)["permission_denials"], run.stdout
+
+
+def test_claude_code_hook_deadline_answers_deny(installed, project, tmp_path):
+    """The hook is stuck (the held run it must read is a FIFO nobody writes):
+    it answers deny at half its configured timeout, before Claude Code
+    would cancel it and run the call."""
+    held = "0123456789abcdef"
+    model, client = claude(tmp_path, commands(f"caper commit {held}"), project,
+                           "--hook-timeout", "4")
+    (tmp_path / "claude-code" / "state" / "pending").mkdir(parents=True)
+    os.mkfifo(tmp_path / "claude-code" / "state" / "pending" / f"{held}.json")
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    [told] = model.results
+    assert "did not finish within 2 s" in told and "not run" in told, (told, run.stdout)
+
+
+def test_claude_code_timeout_lets_caper_answer(installed, project, tmp_path):
+    """The model asks for a 2 s timeout on a command that takes longer: caper
+    stops it at 2 s and its verdict reaches the model (Claude Code's own
+    timeout, which would move the command to the background, is later)."""
+    model, client = claude(tmp_path, commands(("sleep 20; touch late", {"timeout": 2000})),
+                           project)
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    [told] = model.results
+    assert "timeout" in told and "blocked" in told, (told, run.stdout)
+    assert not (project / "late").exists()
+
+
+def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed, project,
+                                                                       tmp_path):
+    """A run caper holds (unsure, --on-unsure ask), then the model asks to
+    apply it as `caper commit ID`, by an absolute path and as `python -m
+    caper`: each time Claude Code asks the user (-p: a listed denial) with the
+    card, for caper's own `commit`; nothing is applied."""
+    forms = ["caper commit {}", "/opt/elsewhere/bin/caper commit {}", "python3 -m caper commit {}"]
+
+    def script(results):
+        if not results:
+            return "rm -rf src; echo gone"
+        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
+        if held and len(results) <= len(forms):
+            return forms[len(results) - 1].format(held.group(1))
+        return None
+    model, client = claude(tmp_path, script, project)
+    try:
+        run = client.run("tidy up", project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    assert len(model.results) == 4, (model.results, run.stdout)
+    assert "held for a human" in model.results[0]
+    for told in model.results[1:]:
+        assert "held the result for you" in told and 'deleted dir "src"' in told, told
+    denials = json.loads(run.stdout)["permission_denials"]
+    assert [d["tool_input"]["command"].split()[-2:] for d in denials] == \
+        [["commit", model.asked[1].split()[-1]]] * 3
+    assert all(d["tool_input"]["command"].startswith(sys.executable) for d in denials)
+    assert (project / "src" / "main.c").exists()
+
+
+def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(installed, project,
+                                                                             tmp_path):
+    """Codex's default sandbox leaves caper nothing to snapshot: the command
+    does not run, and the model is told the combination that works."""
+    model, client = start("codex", tmp_path, commands(SAFE))
+    argv = client.argv(TASK)
+    argv[argv.index("danger-full-access")] = "workspace-write"
+    try:
+        install_caper(client, project)
+        subprocess.run(argv, cwd=project, env=client.env, capture_output=True,
+                       stdin=subprocess.DEVNULL, timeout=clients.CLIENT_TIMEOUT_S)
+    finally:
+        model.close()
+    [told] = model.results
+    assert "inside Codex's own sandbox" in told and "danger-full-access" in told, told
+    assert not (project / "build").exists()
+
+
+# --- caper doctor, against the real clients' own settings ----------------------------------
+
+def doctor(client: clients.Client, project: Path) -> tuple[int, str]:
+    env = {**client.env, "PATH": f"{clients.binary(client.agent).parent}:{client.env['PATH']}"}
+    p = subprocess.run([sys.executable, "-m", "caper", "doctor", "--no-sandbox",
+                        "--agent", client.agent], cwd=project,
+                       env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in p.stdout.split("\n") if line.startswith(("ok", "WARN", "FAIL"))
+             or line.startswith("      fix")]
+    mine = "\n".join(line for n, line in enumerate(lines) if client.agent in line or (
+        line.startswith("      fix") and n and client.agent in lines[n - 1]))
+    return p.returncode, mine
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installed, project,
+                                                                 tmp_path):
+    model, client = start(agent, tmp_path, commands())
+    model.close()
+    status, text = doctor(client, project)
+    assert status == 1 and "FAIL" in text and "not installed" in text
+    assert f"fix: caper install {agent}" in text
+    install_caper(client, project)
+    status, text = doctor(client, project)
+    assert not re.search(r"^FAIL", text, re.M) and "is active" in text, text
+    if agent == "codex":
+        # An edited entry is "modified" for Codex, which skips it: doctor says so.
+        hooks_json = client.home / ".codex" / "hooks.json"
+        hooks_json.write_text(hooks_json.read_text().replace('"timeout": 30', '"timeout": 31'))
+        status, text = doctor(client, project)
+        assert status == 1 and "is modified" in text and "fix: caper install codex" in text
+        assert [h["trustStatus"] for h in client.codex_hooks(project)] == ["modified"]
+    elif agent == "claude-code":
+        (client.home / ".claude").mkdir(exist_ok=True)
+        (client.home / ".claude" / "settings.json").write_text('{"disableAllHooks": true}')
+        status, text = doctor(client, project)
+        assert status == 1 and "disableAllHooks" in text
+    else:
+        client.caper("uninstall", "gemini", cwd=project)
+        assert "NOT in front" in client.caper("install", "gemini", "--project", cwd=project).stderr
+        status, text = doctor(client, project)
+        assert "WARN" in text and "--skip-trust" in text and "caper install gemini --user" in text
+
+
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_hosts_that_cannot_ask_refuse_caper_commit(agent, installed, project, tmp_path):
+    """Codex and Gemini cannot ask their user: the model's `caper commit` is
+    denied (the answer, with Gemini's systemMessage, parses as a deny: a
+    parse failure would have let it run) and the model is told to leave it
+    to the user."""
+    model, client = start(agent, tmp_path, commands("caper commit 0123456789abcdef"))
+    try:
+        install_caper(client, project)
+        client.run(TASK, project)
+    finally:
+        model.close()
+    [told] = model.results
+    assert "only the user may apply" in told and "no held run" not in told, told
+
+
+def test_gemini_skip_trust_still_runs_the_user_level_hook(installed, project, tmp_path):
+    """`--skip-trust` (which Gemini's own error message suggests) loads no
+    project hooks: the default user-level install still gates the call."""
+    model, client = start("gemini", tmp_path, commands(HARMFUL))
+    client.env.pop("GEMINI_CLI_TRUST_WORKSPACE")
+    try:
+        install_caper(client, project)
+        client.run(TASK, project, "--skip-trust")
+    finally:
+        model.close()
+    assert model.asked == [HARMFUL]
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+    [told] = model.results
+    assert 'deleted dir "src"' in told, told
+
+
+def test_claude_code_background_request_runs_in_the_foreground(installed, project, tmp_path):
+    """A call the model asks to run in the background would finish after
+    caper's answer was due: it runs in the foreground, and the model gets
+    its output."""
+    model, client = claude(tmp_path, commands(("echo bg > bg.txt; echo done-in-fg",
+                                               {"run_in_background": True})), project)
+    try:
+        client.run(TASK, project, "--allowedTools", "Bash")
+    finally:
+        model.close()
+    [told] = model.results
+    assert "done-in-fg" in told and (project / "bg.txt").read_text() == "bg\n", told
+
+
+def _screen(raw: bytes) -> str:
+    """A terminal's output without its escape sequences and spaces (the TUI
+    moves the cursor instead of printing spaces)."""
+    return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b\][^\x07]*\x07|\s", "",
+                  raw.decode("utf-8", "replace"))
+
+
+def test_claude_code_interactive_user_applies_a_held_run(installed, project, tmp_path):
+    """Interactive Claude Code through a pty: caper holds an unsure run, the
+    model asks for `caper commit ID`, Claude Code's prompt shows the user the
+    effect card, the user answers yes, and caper's own commit applies it."""
+    import pty
+    import select
+    import time
+
+    def script(results):
+        if not results:
+            return "rm -rf src; echo gone"
+        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
+        return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
+    model, client = claude(tmp_path, script, project)
+    cfg = json.loads((client.home / ".claude.json").read_text())
+    cfg.update(theme="dark", projects={str(project): {"hasTrustDialogAccepted": True}},
+               customApiKeyResponses={"approved": ["sk-ant-test"], "rejected": []})
+    (client.home / ".claude.json").write_text(json.dumps(cfg))
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.chdir(project)
+        os.execve(str(clients.binary("claude-code")), ["claude", "--allowedTools", "Bash"],
+                  {**client.env, "TERM": "xterm-256color", "COLUMNS": "120", "LINES": "40"})
+    raw = b""
+
+    def until(marker: str, timeout: float = 60) -> None:
+        nonlocal raw
+        end = time.monotonic() + timeout
+        while marker not in _screen(raw):
+            if time.monotonic() > end:
+                pytest.fail(f"no {marker!r} on Claude Code's screen:\n{_screen(raw)[-3000:]}")
+            if select.select([fd], [], [], 0.2)[0]:
+                raw += os.read(fd, 1 << 16)
+    try:
+        until("forshortcuts")
+        os.write(fd, b"tidy up")
+        time.sleep(0.5)
+        os.write(fd, b"\r")
+        until("Applytheseeffectstoyourfiles?")
+        assert 'deleteddir"src"[tracked]' in _screen(raw)       # the card, for the user
+        until("1.Yes")
+        os.write(fd, b"\r")
+        end = time.monotonic() + 60
+        while len(model.results) < 2 and time.monotonic() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                raw += os.read(fd, 1 << 16)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(fd)
+        model.close()
+    assert len(model.results) == 2 and model.results[1].strip() == "gone", model.results
+    assert not (project / "src").exists() and (project / ".git").is_dir()
