@@ -257,29 +257,27 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 
 /* ---- sockets ---------------------------------------------------------------- */
 
-/* The socket file a unix address names, resolved as the process would:
- * through its own root (chroot) and cwd, following symlinks like connect(). */
-/* A unix socket path as the tracee would resolve it: through its root and cwd. */
-static void tracee_path(pid_t tid, const char *raw, char *path, size_t size)
+/* The identity of the unix socket file a tracee names, resolved inside its
+ * root (tracee_open). follow: follow a final symlink (connect, sendto) or
+ * not (the name bind just made). 0, or -errno. */
+static int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id)
 {
-    if (raw[0] == '/')
-        snprintf(path, size, "/proc/%d/root%s", (int)tid, raw);
-    else
-        snprintf(path, size, "/proc/%d/cwd/%s", (int)tid, raw);
-}
-
-static int unix_identity(pid_t tid, const char *raw, struct sock_id *id)
-{
-    char path[CAPER_PATH_MAX];
+    int refused;
+    int fd = tracee_open(tid, raw, follow, &refused);
+    if (fd < 0)
+        return fd;
     struct stat st;
-    tracee_path(tid, raw, path, sizeof path);
-    if (stat(path, &st) < 0)
-        return -errno;
-    if (!S_ISSOCK(st.st_mode))
-        return -ECONNREFUSED;
-    id->dev = st.st_dev;
-    id->ino = st.st_ino;
-    return 0;
+    int r = 0;
+    if (fstat(fd, &st) < 0)
+        r = -errno;
+    else if (!S_ISSOCK(st.st_mode) || !in_mount_ns_of(tid, fd))
+        r = -ECONNREFUSED;
+    close(fd);
+    if (r == 0) {
+        id->dev = st.st_dev;
+        id->ino = st.st_ino;
+    }
+    return r;
 }
 
 static int is_bound(struct tracer *t, const struct sock_id *id)
@@ -444,26 +442,30 @@ static int tracee_fd(pid_t tid, uint64_t fd)
 }
 
 /* The unix socket file a tracee names, opened once (O_PATH, following
- * symlinks as connect and sendto do, through the process's own root and cwd)
- * and checked on that descriptor by inode: usable only if a sandbox process
- * bound it, so a symlink or a chroot cannot dress a host socket up as a
- * sandbox one. A host socket is refused (EACCES, reported as refused); a
- * name that is no socket gets the kernel's error. Returns the descriptor,
- * or -errno for the tracee. */
+ * symlinks as connect and sendto do, resolved inside the process's own root,
+ * see tracee_open) and checked on that descriptor: usable only if it is on a
+ * mount of the sandbox and a sandbox process bound that inode, so no name,
+ * symlink or chroot can dress a host socket up as a sandbox one. A host
+ * socket, or a name that cannot be resolved safely, is refused (EACCES,
+ * reported as refused); a name that is no socket gets the kernel's error.
+ * Returns the descriptor, or -errno for the tracee. */
 static int open_checked_socket(struct tracer *t, struct proc *p, struct pending *pd)
 {
-    char path[CAPER_PATH_MAX];
-    tracee_path(p->tid, pd->unix_raw, path, sizeof path);
-    int target = open(path, O_PATH | O_CLOEXEC);
-    if (target < 0)
-        return -errno;
+    int refused;
+    int target = tracee_open(p->tid, pd->unix_raw, 1, &refused);
+    if (target < 0) {
+        if (refused)
+            pd->ev.h.info |= CAPER_INFO_REFUSED;
+        return target;
+    }
     struct stat st;
     int r = target;
     if (fstat(target, &st) < 0) {
         r = -errno;
     } else if (!S_ISSOCK(st.st_mode)) {
         r = -ECONNREFUSED;
-    } else if (!is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
+    } else if (!in_mount_ns_of(p->tid, target) ||
+               !is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
         pd->ev.h.info |= CAPER_INFO_REFUSED;
         r = -EACCES;
     }
@@ -681,7 +683,7 @@ static uint32_t socket_kind(pid_t tid, uint64_t fd)
 static int bound_here(struct tracer *t, struct proc *p, const char *raw)
 {
     struct sock_id id;
-    return unix_identity(p->tid, raw, &id) == 0 && is_bound(t, &id);
+    return unix_identity(p->tid, raw, 1, &id) == 0 && is_bound(t, &id);
 }
 
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
@@ -906,7 +908,7 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
     struct sock_id id;
-    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, &id) == 0)
+    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, 0, &id) == 0)
         add_bound(t, &id);
     emit_folded(t, p, &pd->ev);
 }
