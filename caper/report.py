@@ -31,10 +31,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
-from caper.content import FileDetail, RunTree, inspect
+from caper.content import FileDetail, RunTree, inspect, read_blob
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.mountinfo import below
-from caper.secrets import Protected, Redactor, read_values
+from caper.secrets import MAX_SECRET_FILE, Protected, Redactor, values_in
 from caper.workspace import GIT_ROUTINE, PathView
 
 REPORT_VERSION = 1
@@ -67,6 +67,7 @@ NOTES = {
                     "overlay cannot copy into the sandbox. caper run as root has no such limit.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
+MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 
@@ -143,10 +144,12 @@ class NetAttempt(_Model):
 
 
 class ProtectedRead(_Model):
-    path: str
+    path: str                        # the credential file, whatever name the command used
     kind: str
     by: str
     result: str | None = None        # the error, when the open failed
+    via: str | None = None           # the name the command used, when another (a symlink ...)
+    op: str = "open"                 # open | link | rename: a copy of the credential by name
 
 
 class SecretSeen(_Model):
@@ -335,8 +338,10 @@ class _Analysis:
         self.procs: dict[int, _Proc] = defaultdict(_Proc)
         self.writers: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the last write
         self.renames: dict[str, str] = {}               # new path -> old path
+        self.aliases: dict[str, str] = {}               # new name -> what it linked or moved
         self.net: list[Event] = []
-        self.protected: list[tuple[Event, str]] = []
+        self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
+        self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -367,17 +372,28 @@ class _Analysis:
             if _writes(e.flags) and e.ok:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
-                kind = facts.protected.kind(e.path)
-                if kind:
-                    self.protected.append((e, kind))
-                if e.ok and (kind or view.inside(e.path)):
-                    p.reads.append((e.seq, e.path))
+                cred = self.credential(facts.protected, e.real, e.path)
+                if cred:
+                    self.protected.append((e, cred[1], cred[0]))
+                if e.ok and (cred or view.inside(e.path)):
+                    p.reads.append((e.seq, cred[0] if cred else e.path))
+                if e.ok and not cred:
+                    self.other_reads.append((e, e.real or e.path))
                 if e.path.startswith("/proc/") and e.path.rsplit("/", 1)[-1] in _STATUS_FILES:
                     self.uncertain["a-process-could-see-it-was-traced"] += 1
         elif k in _WRITE_KINDS and e.ok and e.path:
             self.writers[e.path] = (e.pid, e.seq)
         elif k in (Kind.RENAME, Kind.LINK, Kind.SYMLINK) and e.ok and e.path2:
             self.writers[e.path2] = (e.pid, e.seq)
+            if k != Kind.SYMLINK and e.path:
+                # A credential linked or moved elsewhere (or a directory holding
+                # one) is read by that name from now on: the link or rename
+                # itself counts as reading it.
+                cred = self.credential(facts.protected, e.real, e.path)
+                if cred:
+                    self.protected.append((e, cred[1], cred[0]))
+                    p.reads.append((e.seq, cred[0]))
+                self.aliases[e.path2] = self.original(e.real or e.path)
             if k == Kind.RENAME and e.path:
                 self.writers[e.path] = (e.pid, e.seq)
                 self.renames[e.path2] = self.renames.pop(e.path, e.path)
@@ -389,6 +405,29 @@ class _Analysis:
             self.signals.append(e)
         elif k == Kind.LOST:
             self.uncertain["events-lost"] += max(1, e.arg0)
+
+    def original(self, path: str) -> str:
+        """path as it was named before the run's links and renames put it (or
+        a directory above it) there."""
+        for _ in range(MAX_ALIAS_HOPS):
+            up = path
+            while up not in self.aliases and up not in ("", "/"):
+                up = os.path.dirname(up)
+            if up not in self.aliases:
+                break
+            path = self.aliases[up] + path[len(up):]
+        return path
+
+    def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
+        """(path, kind) of the first of names that is a credential location,
+        by itself or by what the run's links and renames made it; None if
+        none is."""
+        for name in names:
+            for p in (name, self.original(name)) if name else ():
+                kind = protected.kind(p)
+                if kind:
+                    return p, kind
+        return None
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else the nearest
@@ -449,7 +488,7 @@ class _Draft:
     writer_of: dict[str, tuple[int, int]]
     details: dict[str, FileDetail]
     secrets: dict[str, set[str]]
-    protected_reads: list[tuple[int, Event, str]]    # (severity, the open, its kind)
+    protected_reads: list[tuple[int, Event, str, str]]   # (severity, the call, kind, credential)
     net: list[tuple[int, Event, list[str]]]          # (severity, the attempt, reads before)
     out_secrets: dict[str, set[str]]
     held: dict[str, "_Held"]
@@ -470,6 +509,29 @@ def build(facts: RunFacts) -> Report:
     return report
 
 
+_VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
+
+
+def _via(e: Event, cred: str, path) -> str | None:
+    """The other name of a credential read: what an open named, what a link
+    or rename made."""
+    name = e.path if e.kind == Kind.OPEN else e.path2
+    return path(name) if name and name != cred else None
+
+
+def _credential_values(tree: RunTree, path: str) -> list[str]:
+    """Secret values of the credential file at path as the run saw it: its
+    run version, else the host's, opened without following any symlink (path
+    comes from the command; what it names must not be looked up in caper's
+    own view of the filesystem)."""
+    where = tree.locate(path)
+    for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
+        blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
+        if blob is not None:
+            return values_in(blob.data)
+    return []
+
+
 def _clean(redactor: Redactor, s: str, limit: int, found: set[str] | None = None) -> str:
     """Report text: valid UTF-8, secrets redacted, at most `limit` characters."""
     s = s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
@@ -485,14 +547,13 @@ def _draft(facts: RunFacts) -> _Draft:
     redactor = Redactor()
     # Values of every credential file the run read (or tried to) are secrets,
     # wherever they show up, and so are those it changed.
-    for e, kind in an.protected:
-        redactor.add_values(read_values(e.path), kind)
+    for e, kind, cred in an.protected:
+        redactor.add_values(_credential_values(facts.tree, cred), kind)
     loc = facts.tree
     for c in facts.changes:
-        if facts.protected.kind(c.path) and c.kind != "deleted":
-            where = loc.locate(c.path)
-            if where:
-                redactor.add_values(read_values(os.path.join(*where)), facts.protected.kind(c.path))
+        kind = facts.protected.kind(c.path)
+        if kind and c.kind != "deleted":
+            redactor.add_values(_credential_values(loc, c.path), kind)
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     uncertain: dict[str, int] = dict(an.uncertain)
@@ -568,10 +629,20 @@ def _draft(facts: RunFacts) -> _Draft:
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
+    # A file the run wrote a secret into holds a credential from then on:
+    # reading it back (cp .env /tmp/x; cat /tmp/x) reads the secret.
+    for e, name in an.other_reads:
+        w = writer_of.get(name)
+        if name in secrets and w and e.seq > w[1]:
+            kind = "copied:" + sorted(secrets[name])[0]
+            an.protected.append((e, kind, name))
+            an.procs[e.pid].reads.append((e.seq, name))
+            redactor.add_values(_credential_values(loc, name), kind)
+
     protected_reads = []
-    for e, kind in an.protected:
+    for e, kind, cred in an.protected:
         sev = 85 if e.ok else 70
-        protected_reads.append((sev, e, kind))
+        protected_reads.append((sev, e, kind, cred))
     net = []
     for e in an.net:
         reads = an.read_before(e.pid, e.seq)
@@ -669,9 +740,10 @@ def _render(d: _Draft, lim: Limits) -> Report:
             result="ok" if e.ok else (e.error or "unknown"), count=e.count,
             by=actor(e.pid, e.seq), argv=argv(exe[1]) if exe else None,
             read_before=reads(e.pid, e.seq, rs)))
-    prot = [ProtectedRead(path=path(e.path), kind=kind, by=actor(e.pid, e.seq),
-                          result=None if e.ok else (e.error or "unknown"))
-            for sev, e, kind in sorted(d.protected_reads, key=lambda x: -x[0])[:lim.items]]
+    prot = [ProtectedRead(path=path(cred), kind=kind, by=actor(e.pid, e.seq),
+                          result=None if e.ok else (e.error or "unknown"),
+                          via=_via(e, cred, path), op=e.kind.name.lower())
+            for sev, e, kind, cred in sorted(d.protected_reads, key=lambda x: -x[0])[:lim.items]]
 
     secret_items = [SecretSeen(where=w, kinds=sorted(k)) for w, k in d.out_secrets.items()]
     secret_items += [SecretSeen(where=path(p), kinds=sorted(k)) for p, k in d.secrets.items()]
@@ -917,8 +989,9 @@ def render_card(r: Report) -> str:
         if n.read_before:
             L.append("    read before: " + ", ".join(map(_q, n.read_before)))
     for p in r.protected_reads:
-        L.append(f"credential read: {_q(p.path)} ({p.kind}) by {_q(p.by)}"
-                 + (f" -> {p.result}" if p.result else ""))
+        L.append(f"credential read: {_q(p.path)} ({p.kind})"
+                 + (f" {_VIA[p.op]} {_q(p.via)}" if p.via else "")
+                 + f" by {_q(p.by)}" + (f" -> {p.result}" if p.result else ""))
     for s in r.secrets:
         L.append(f"secret values in {_q(s.where)}: {', '.join(s.kinds)} (redacted here)")
     for name in ("stdout", "stderr"):

@@ -138,25 +138,25 @@ static int same_object(int a, int b)
            x.stx_ino == y.stx_ino && x.stx_mnt_id == y.stx_mnt_id;
 }
 
-/* The tracee's cwd as a path inside its root, into out (CAPER_PATH_MAX):
- * 0, or -EACCES when it cannot be written there (a cwd outside a chroot, a
- * deleted one, or a directory moved meanwhile). */
-static int cwd_in_root(pid_t tid, int root, char *out)
+/* A directory of the tracee (its cwd, or "fd/N") as a path inside its root,
+ * into out (CAPER_PATH_MAX): 0, or -EACCES when it cannot be written there
+ * (a cwd outside a chroot, a deleted directory, one moved meanwhile). */
+static int dir_in_root(pid_t tid, const char *which, int root, char *out)
 {
-    char cwd[CAPER_PATH_MAX], top[CAPER_PATH_MAX];
+    char dir[CAPER_PATH_MAX], top[CAPER_PATH_MAX];
     /* Both links read from the host print the path from the top of the
      * sandbox's mount tree; under a chroot inside it, the root is a prefix. */
-    if (proc_link(tid, "cwd", cwd, sizeof cwd) < 0 || proc_link(tid, "root", top, sizeof top) < 0)
+    if (proc_link(tid, which, dir, sizeof dir) < 0 || proc_link(tid, "root", top, sizeof top) < 0)
         return -EACCES;
-    const char *rel = cwd;
+    const char *rel = dir;
     if (strcmp(top, "/") != 0) {
         size_t n = strlen(top);
-        if (strncmp(cwd, top, n) != 0 || (cwd[n] != '/' && cwd[n] != '\0'))
+        if (strncmp(dir, top, n) != 0 || (dir[n] != '/' && dir[n] != '\0'))
             return -EACCES;
-        rel = cwd[n] ? cwd + n : "/";
+        rel = dir[n] ? dir + n : "/";
     }
     char self[64];
-    snprintf(self, sizeof self, "/proc/%d/cwd", (int)tid);
+    snprintf(self, sizeof self, "/proc/%d/%s", (int)tid, which);
     int real = open(self, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (real < 0)
         return -EACCES;
@@ -171,9 +171,9 @@ static int cwd_in_root(pid_t tid, int root, char *out)
     return 0;
 }
 
-int tracee_open(pid_t tid, const char *raw, int follow, int *refused)
+int tracee_open(pid_t tid, int dirfd, const char *raw, int follow, int *refused)
 {
-    char root_link[64], cwd[CAPER_PATH_MAX], path[2 * CAPER_PATH_MAX + 2];
+    char root_link[64], dir[CAPER_PATH_MAX], path[2 * CAPER_PATH_MAX + 2];
     *refused = 0;
     snprintf(root_link, sizeof root_link, "/proc/%d/root", (int)tid);
     int root = open(root_link, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -181,13 +181,18 @@ int tracee_open(pid_t tid, const char *raw, int follow, int *refused)
         return -ESRCH;
     const char *name = raw;
     if (raw[0] != '/') {
-        int r = cwd_in_root(tid, root, cwd);
+        char which[32];
+        if (dirfd == AT_FDCWD)
+            snprintf(which, sizeof which, "cwd");
+        else
+            snprintf(which, sizeof which, "fd/%d", dirfd);
+        int r = dir_in_root(tid, which, root, dir);
         if (r < 0) {
             close(root);
             *refused = 1;
             return r;
         }
-        snprintf(path, sizeof path, "%s/%s", cwd, raw);
+        snprintf(path, sizeof path, "%s/%s", dir, raw[0] ? raw : ".");
         name = path;
     }
     int fd = openat2_(root, name, follow ? 0 : O_NOFOLLOW, TRACEE_RESOLVE);
@@ -204,6 +209,21 @@ int tracee_open(pid_t tid, const char *raw, int follow, int *refused)
         return -EACCES;
     }
     return -err;
+}
+
+ssize_t tracee_real_path(pid_t tid, int dirfd, const char *raw, int follow, char *out, size_t cap)
+{
+    int refused;
+    int fd = tracee_open(tid, dirfd, raw, follow, &refused);
+    if (fd < 0)
+        return -1;
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(self, out, cap - 1);
+    close(fd);
+    if (n >= 0)
+        out[n] = '\0';
+    return n;
 }
 
 /* Whether the object fd is on a mount of tid's mount namespace: mount ids

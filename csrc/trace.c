@@ -192,6 +192,18 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
         pd->ev.h.info |= CAPER_INFO_TRUNCATED;
     pd->ev.n[i] = resolve(p, dirfd, raw, pd->s[i], &pd->ev.h.info);
     pd->ev.s[i] = pd->s[i];
+    uint32_t kind = pd->ev.h.kind;
+    if (i == 0 && (kind == CAPER_EV_RENAME || kind == CAPER_EV_LINK)) {
+        /* What the source really is (slot 2), every symlink resolved inside
+         * the sandbox: a rename or link of a credential by another name is a
+         * credential read. Taken now: after the call the name is gone. */
+        int follow = kind == CAPER_EV_LINK && (pd->ev.h.flags & AT_SYMLINK_FOLLOW);
+        ssize_t n = tracee_real_path(p->tid, dirfd, raw, follow, pd->s[2], CAPER_PATH_MAX);
+        if (n > 0) {
+            pd->ev.n[2] = (size_t)n;
+            pd->ev.s[2] = pd->s[2];
+        }
+    }
 }
 
 static void take_fd_path(struct proc *p, struct pending *pd, int i, int fd)
@@ -263,7 +275,7 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 static int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id)
 {
     int refused;
-    int fd = tracee_open(tid, raw, follow, &refused);
+    int fd = tracee_open(tid, AT_FDCWD, raw, follow, &refused);
     if (fd < 0)
         return fd;
     struct stat st;
@@ -452,7 +464,7 @@ static int tracee_fd(pid_t tid, uint64_t fd)
 static int open_checked_socket(struct tracer *t, struct proc *p, struct pending *pd)
 {
     int refused;
-    int target = tracee_open(p->tid, pd->unix_raw, 1, &refused);
+    int target = tracee_open(p->tid, AT_FDCWD, pd->unix_raw, 1, &refused);
     if (target < 0) {
         if (refused)
             pd->ev.h.info |= CAPER_INFO_REFUSED;
@@ -907,6 +919,17 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         return;  /* the kernel runs it again, and it stops again */
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
+    if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && (pd->ev.h.flags & O_ACCMODE) != O_WRONLY) {
+        /* What was opened (slot 2), whatever name led there: symlinks,
+         * /proc/self/root or cwd, a renamed directory. */
+        char what[32];
+        snprintf(what, sizeof what, "fd/%d", (int)rv);
+        ssize_t n = proc_link(p->tid, what, pd->s[2], CAPER_PATH_MAX);
+        if (n > 0) {
+            pd->ev.n[2] = (size_t)n;
+            pd->ev.s[2] = pd->s[2];
+        }
+    }
     struct sock_id id;
     if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, 0, &id) == 0)
         add_bound(t, &id);

