@@ -215,10 +215,17 @@ class Report(_Model):
     # Every changed file that received a secret, by absolute path: for caper
     # itself (the session taints them), not shown, so never cut to fit.
     _secret_files: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+    # The held output, redacted whole (not cut to the report's size): all a
+    # run that is not committed may release of it.
+    _redacted: dict[str, Output] = PrivateAttr(default_factory=dict)
 
     @property
     def secret_files(self) -> dict[str, list[str]]:
         return self._secret_files
+
+    def redacted_output(self, name: str) -> Output:
+        """stdout or stderr as the report shows it: every secret redacted."""
+        return self._redacted[name]
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
@@ -506,6 +513,8 @@ def build(facts: RunFacts) -> Report:
     else:
         report = _squeeze(report)
     report._secret_files = {p: sorted(k) for p, k in draft.secrets.items()}
+    report._redacted = {name: h.released(getattr(facts.result, name).omitted)
+                        for name, h in draft.held.items()}
     return report
 
 
@@ -885,6 +894,12 @@ class _Held:
         head = red.cut_ends(red.text(o.head.decode("utf-8", "replace"), found), False, True, found)
         tail = red.cut_ends(red.text(o.tail.decode("utf-8", "replace"), found), True, False, found)
         return cls(o.total, head, tail)
+
+    def released(self, omitted: int) -> Output:
+        """The whole redacted text as an Output, the omitted middle marked."""
+        text = self.head + (f"\n[... {omitted} bytes omitted ...]\n{self.tail}" if self.tail else "")
+        data = text.encode()
+        return Output(data, b"", len(data))
 
     def stream(self, chars: int) -> Stream:
         s = Stream(bytes=self.total)

@@ -81,3 +81,48 @@ def test_the_report_says_which_name_led_to_the_credential(repo, tmp_path, key_ho
     assert (".env", "open", "/tmp/e") in reads and (".env", "link", "h") in reads, reads
     assert 'credential read: ".env" (dotenv) as "/tmp/e"' in r.card() or \
         "credential read: .env (dotenv) as /tmp/e" in r.card(), r.card()
+
+
+# ---- held output is released only with the run -----------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_blocked_runs_outcome_carries_only_the_redacted_output(repo, tmp_path):
+    """caper.run and the API: stdout/stderr of a run that is not committed
+    are the report's redacted text, whole, both ends of a long one too."""
+    out = go("cat .env; cat .env >&2; head -c 300000 /dev/zero | tr '\\0' a; cat .env",
+             repo, tmp_path)
+    assert not out.committed
+    for stream in (out.stdout, out.stderr):
+        text = stream.text().decode()
+        assert SECRET not in text and "<redacted:dotenv>" in text
+    assert out.stdout.text().decode().endswith("API_TOKEN=<redacted:dotenv>\nDEBUG=1\n")
+    assert "bytes omitted" in out.stdout.text().decode()
+    assert SECRET not in out.output and SECRET not in json.dumps(out.to_json())
+
+
+def test_an_allowed_run_releases_its_output_as_it_was(repo, tmp_path):
+    out = go("cat .env", repo, tmp_path, approver="allow")
+    assert out.committed and SECRET in out.stdout.text().decode()
+
+
+@pytest.mark.parametrize("door", ["cli", "gate"])
+def test_caper_run_json_of_a_blocked_run_prints_no_raw_output(repo, tmp_path, monkeypatch, door):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "nohome"),
+           "CAPER_STATE_DIR": str(tmp_path / "state"), "CAPER_GATE_IDLE": "5"}
+    if door == "gate":
+        env.pop("CAPER_NO_GATE", None)
+    p = subprocess.run([sys.executable, "-m", "caper", "run", "--json", "--approver", "block",
+                        "-c", "cat .env; cat .env >&2"], cwd=repo, env=env, capture_output=True,
+                       timeout=120)
+    try:
+        doc = json.loads(p.stdout)
+        assert ("gate" in doc) == (door == "gate")
+        assert not doc["committed"]
+        assert SECRET not in p.stdout.decode() and SECRET not in p.stderr.decode()
+        assert "<redacted:dotenv>" in doc["stdout"] and "<redacted:dotenv>" in doc["stderr"]
+    finally:
+        if door == "gate":
+            from test_gate import _stop
+            _stop(tmp_path / "state")
