@@ -176,7 +176,8 @@ ssize_t proc_link(pid_t tid, const char *what, char *buf, size_t cap);
  * -EACCES). follow: follow a final symlink, as connect does. */
 int tracee_open(pid_t tid, int dirfd, const char *raw, int follow, int *refused);
 /* The path of the object tracee_open finds, with every symlink resolved, as
- * the host prints it (for a pivoted sandbox: its own view). Length, or -1. */
+ * the host prints it (for a pivoted sandbox: its own view). Length, or -1
+ * with errno set (ENOENT: the name does not exist; EACCES: unsafe to find). */
 ssize_t tracee_real_path(pid_t tid, int dirfd, const char *raw, int follow, char *out, size_t cap);
 /* 1 if the object fd is on a mount of tid's mount namespace. */
 int in_mount_ns_of(pid_t tid, int fd);

@@ -215,8 +215,10 @@ ssize_t tracee_real_path(pid_t tid, int dirfd, const char *raw, int follow, char
 {
     int refused;
     int fd = tracee_open(tid, dirfd, raw, follow, &refused);
-    if (fd < 0)
+    if (fd < 0) {
+        errno = -fd;
         return -1;
+    }
     char self[64];
     snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(self, out, cap - 1);

@@ -48,6 +48,8 @@ struct pending {
     struct ev ev;
     char s[3][CAPER_PATH_MAX + 1];
     int unix_bind;   /* a bind of a unix path: remember it if it succeeds */
+    int dirfd[2];    /* the path arguments as the process wrote them, and their dirfds */
+    char raw[2][CAPER_PATH_MAX + 1];
     char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
 };
 
@@ -76,6 +78,7 @@ struct tracer {
     uint32_t live;
     pid_t init_pid;
     int killed;          /* the sandbox was killed on purpose: end says why */
+    int noise_off;       /* a directory on the way to noise was changed: trace every open */
     struct sock_id *bound;  /* unix sockets bound inside the sandbox */
     struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
     size_t n_bound, cap_bound;
@@ -190,6 +193,8 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
     }
     if (trunc)
         pd->ev.h.info |= CAPER_INFO_TRUNCATED;
+    memcpy(pd->raw[i], raw, sizeof raw);
+    pd->dirfd[i] = dirfd;
     pd->ev.n[i] = resolve(p, dirfd, raw, pd->s[i], &pd->ev.h.info);
     pd->ev.s[i] = pd->s[i];
     uint32_t kind = pd->ev.h.kind;
@@ -434,6 +439,63 @@ static int noise_match(const struct caper_config *c, const char *path, size_t n)
         }
     }
     return 0;
+}
+
+/* Whether dir is a noise directory or above one (or above an exact noise
+ * path): a change there can put another file behind a noise name. */
+static int on_noise_way(const struct caper_config *c, const char *dir)
+{
+    size_t n = strlen(dir);
+    for (uint32_t i = 0; i < c->n_noise; i++) {
+        const char *q = c->noise[i].path;
+        size_t m = strlen(q);
+        if (m >= n && memcmp(q, dir, n) == 0 && (q[n] == '/' || q[n] == '\0' || n == 1))
+            return 1;
+    }
+    return 0;
+}
+
+/* A read-only open is dropped as noise only if what it names is noise by
+ * its text and by what it really is, every symlink resolved inside the
+ * sandbox: a symlink planted under a noise name (ln -s ~/.ssh/id_rsa
+ * /usr/lib/x86_64-linux-gnu/x.so) must not hide a credential read. */
+static int is_noise(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    if (t->noise_off || !noise_match(t->c, pd->s[0], pd->ev.n[0]))
+        return 0;
+    char real[CAPER_PATH_MAX];
+    int follow = !(pd->ev.h.flags & O_NOFOLLOW);
+    ssize_t n = tracee_real_path(p->tid, pd->dirfd[0], pd->raw[0], follow, real, sizeof real);
+    if (n < 0)
+        return errno == ENOENT;  /* the lookup fails: nothing is read */
+    return noise_match(t->c, real, (size_t)n);
+}
+
+/* A call that makes, moves or removes a name (the new name, and a rename's
+ * or a link's source) in a directory on the way to noise turns noise
+ * dropping off for the rest of the run: an open already let through
+ * unstopped could race it. The directory is found as it really is. */
+static void watch_noise_ways(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    for (int i = 0; i < 2 && !t->noise_off; i++) {
+        if (!pd->ev.s[i] || (pd->ev.h.kind == CAPER_EV_SYMLINK && i == 0))
+            continue;
+        char dir[CAPER_PATH_MAX + 1], real[CAPER_PATH_MAX];
+        memcpy(dir, pd->raw[i], sizeof dir);
+        char *slash = strrchr(dir, '/');
+        while (slash && slash > dir && slash[1] == '\0') {  /* "a/b/": the name is b */
+            *slash = '\0';
+            slash = strrchr(dir, '/');
+        }
+        if (!slash)
+            snprintf(dir, sizeof dir, ".");
+        else
+            slash[slash == dir] = '\0';   /* "/x" -> "/" */
+        ssize_t n = tracee_real_path(p->tid, pd->dirfd[i], dir, 1, real, sizeof real);
+        /* Unresolvable (a race, a magic link): assume the worst. */
+        if (n < 0 ? errno != ENOENT : on_noise_way(t->c, real))
+            t->noise_off = 1;
+    }
 }
 
 /* A tracee's file descriptor, duplicated into the tracer (pidfd_getfd needs
@@ -876,9 +938,14 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         break;
     }
 
+    if (t->c->n_noise && !t->noise_off && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
+        (s->kind == CAPER_EV_RENAME || s->kind == CAPER_EV_LINK || s->kind == CAPER_EV_SYMLINK ||
+         s->kind == CAPER_EV_UNLINK || s->kind == CAPER_EV_RMDIR || s->kind == CAPER_EV_MKDIR ||
+         s->kind == CAPER_EV_MKNOD || (s->kind == CAPER_EV_OPEN && (h->flags & O_CREAT))))
+        watch_noise_ways(t, p, pd);
     if (s->kind == CAPER_EV_OPEN && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
         (h->flags & O_ACCMODE) == O_RDONLY && !(h->flags & (O_CREAT | O_TRUNC)) &&
-        noise_match(t->c, pd->s[0], pd->ev.n[0])) {
+        is_noise(t, p, pd)) {
         p->noise++;
         t->r->noise++;
         return;  /* no exit stop: the result of noise does not matter */

@@ -47,6 +47,13 @@ ROUTES = {
     "copied-ssh-directory-elsewhere": ("mv ~/.ssh /tmp/s", "/tmp/s/id_ed25519",
                                        "/tmp/s/id_ed25519"),
     "copied-file": ("cp .env /tmp/c", "/tmp/c", "/tmp/c"),
+    # the tracer drops opens of the loader's libraries unstopped, as noise:
+    # a credential planted under such a name, or reached by '..' through a
+    # symlink planted there, must not pass for one
+    "planted-under-a-noise-name": ('ln -s "$PWD/.env" /lib/x86_64-linux-gnu/libcred.so',
+                                   "/lib/x86_64-linux-gnu/libcred.so", ".env"),
+    "dotdot-through-a-noise-directory": ('mkdir sub && ln -s "$PWD/sub" /lib/x86_64-linux-gnu/D',
+                                         "/lib/x86_64-linux-gnu/D/../.env", ".env"),
 }
 
 
