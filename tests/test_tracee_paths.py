@@ -160,3 +160,67 @@ def test_the_commands_own_sockets_work_by_any_name_inside(tmp_path, name):
     out = run(f"ln -s sub d && cd . && {SYSTEM_PY} attack.py '{name}'", cwd=str(ws),
               approver="block", state_dir=str(tmp_path / "state"))
     assert json.loads(out.stdout.text()) == {"bind": "OK", "connect": "OK", "own_got": "LEAK"}
+
+
+# The same names for a datagram: bind, then sendto and sendmsg to the name.
+DGRAM_ATTACK = r"""
+import errno, json, os, socket, sys
+name = sys.argv[1]
+if len(sys.argv) > 3:
+    os.symlink(sys.argv[3], sys.argv[2])
+os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
+try:
+    os.unlink(name)
+except OSError:
+    pass
+own = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+out = {"bind": "OK"}
+try:
+    own.bind(name)
+except OSError as e:
+    out["bind"] = errno.errorcode.get(e.errno, str(e.errno))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+for call in ("sendto", "sendmsg"):
+    try:
+        if call == "sendto":
+            s.sendto(b"LEAK", name)
+        else:
+            s.sendmsg([b"LEAK"], [], 0, name)
+        out[call] = "OK"
+    except OSError as e:
+        out[call] = errno.errorcode.get(e.errno, str(e.errno))
+own.setblocking(False)
+got = []
+try:
+    while True:
+        got.append(own.recv(16).decode())
+except OSError:
+    pass
+out["own_got"] = got
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_datagram_to_a_name_the_tracer_would_resolve_to_a_host_socket_never_reaches_it(tmp_path,
+                                                                                        route):
+    d = tempfile.mkdtemp(prefix="sec-tracer-")
+    host = os.path.join(d, "h.sock")
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(host)
+    receiver.setblocking(False)
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        (ws / "attack.py").write_text(DGRAM_ATTACK)
+        out = run(_argv(_attacks(host, os.getcwd())[route], str(ws)), cwd=str(ws),
+                  approver="block", state_dir=str(tmp_path / "state"))
+        with pytest.raises(BlockingIOError):
+            got = receiver.recv(16)
+            pytest.fail(f"the host socket received {got!r}")
+        sent = json.loads(out.stdout.text())
+        for call in ("sendto", "sendmsg"):    # refused, or to the command's own socket
+            assert sent[call] != "OK" or sent["own_got"].count("LEAK") == 2, sent
+    finally:
+        receiver.close()
+        shutil.rmtree(d, ignore_errors=True)
