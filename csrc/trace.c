@@ -441,8 +441,8 @@ static int noise_match(const struct caper_config *c, const char *path, size_t n)
     return 0;
 }
 
-/* Whether dir is a noise directory or above one (or above an exact noise
- * path): a change there can put another file behind a noise name. */
+/* Whether dir is above a noise path, is a noise directory or below one: a
+ * change there can put another file behind a noise name. */
 static int on_noise_way(const struct caper_config *c, const char *dir)
 {
     size_t n = strlen(dir);
@@ -450,6 +450,9 @@ static int on_noise_way(const struct caper_config *c, const char *dir)
         const char *q = c->noise[i].path;
         size_t m = strlen(q);
         if (m >= n && memcmp(q, dir, n) == 0 && (q[n] == '/' || q[n] == '\0' || n == 1))
+            return 1;
+        if (c->noise[i].kind == CAPER_NOISE_PREFIX && n > m && memcmp(dir, q, m) == 0 &&
+            dir[m] == '/')
             return 1;
     }
     return 0;

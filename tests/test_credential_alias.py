@@ -133,3 +133,18 @@ def test_caper_run_json_of_a_blocked_run_prints_no_raw_output(repo, tmp_path, mo
         if door == "gate":
             from test_gate import _stop
             _stop(tmp_path / "state")
+
+
+@pytest.mark.parametrize("route", ["symlink", "hard-link", "proc-self-root", "copied-file",
+                                   "planted-under-a-noise-name", "named-in-argv"])
+def test_the_policy_blocks_a_credential_read_by_another_name_then_sent(repo, tmp_path, key_home,
+                                                                      route):
+    """The policy's 'network after a credential read' fires whatever the
+    name, even when the name is also the script's argument (a script named
+    in argv is code; a credential never is)."""
+    setup, name, _ = ROUTES.get(route, ("true", ".env", ".env"))
+    (repo / "exfil.py").write_text(EXFIL)
+    out = go(f"{setup} && {PY} exfil.py '{name.format(repo=repo, home=key_home)}'", repo, tmp_path,
+             home=key_home, approver="policy")
+    assert out.decision == "block" and "credentials leaving" in out.reason, out.reason
+    assert SECRET not in out.reason and SECRET not in out.stdout.text().decode()
