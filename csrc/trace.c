@@ -19,6 +19,7 @@
 #include <sys/un.h>
 #include <sys/user.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -48,6 +49,7 @@ struct pending {
     struct ev ev;
     char s[3][CAPER_PATH_MAX + 1];
     int unix_bind;   /* a bind of a unix path: remember it if it succeeds */
+    int64_t bind_sec; /* CLOCK_REALTIME_COARSE seconds when that bind entered */
     int dirfd[2];    /* the path arguments as the process wrote them, and their dirfds */
     char raw[2][CAPER_PATH_MAX + 1];
     char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
@@ -57,6 +59,7 @@ struct pending {
 struct sock_id {
     dev_t dev;
     ino_t ino;
+    int64_t ctime_sec;   /* when the file was made (for bind, see on_syscall_exit) */
 };
 
 struct proc {
@@ -293,6 +296,7 @@ static int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id 
     if (r == 0) {
         id->dev = st.st_dev;
         id->ino = st.st_ino;
+        id->ctime_sec = st.st_ctim.tv_sec;
     }
     return r;
 }
@@ -970,8 +974,12 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         deny(p->tid, (int)-r);
         return;
     }
-    if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX)
+    if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX) {
         pd->unix_bind = 1;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        pd->bind_sec = now.tv_sec;
+    }
     p->in_call = 1;
 }
 
@@ -1001,7 +1009,12 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         }
     }
     struct sock_id id;
-    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, 0, &id) == 0)
+    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, 0, &id) == 0 &&
+        id.ctime_sec >= pd->bind_sec)
+        /* Looked up by name after the call: another thread may have swapped
+         * a directory on the way meanwhile, for one holding an older socket
+         * (a host socket seen through a read-only bind). The socket this bind
+         * made is no older than the call (a whole-second clock at worst). */
         add_bound(t, &id);
     emit_folded(t, p, &pd->ev);
 }

@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -223,4 +224,30 @@ def test_a_datagram_to_a_name_the_tracer_would_resolve_to_a_host_socket_never_re
             assert sent[call] != "OK" or sent["own_got"].count("LEAK") == 2, sent
     finally:
         receiver.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_directory_swapped_while_the_tracer_looks_a_bind_up_unlocks_no_host_socket(tmp_path):
+    """The tracer looks the socket a bind made up by name after the call; a
+    thread swapping the directory on the way meanwhile made it record the
+    host's socket of that name as bound (within tens of tries, caper
+    trace), and connect the command to it. A socket older than the bind is
+    not the one it made."""
+    from caper.trace import trace
+    d = tempfile.mkdtemp(prefix="sec-tracer-")
+    host = os.path.join(d, "h.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(host)
+    listener.listen(64)
+    listener.settimeout(0.5)
+    time.sleep(1.1)     # the host's socket is from an earlier second than any bind
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        fixture = str(Path(__file__).parent / "fixtures" / "race_bind.py")
+        _, result = trace([SYSTEM_PY, fixture, d, "3000", host], cwd=str(ws), timeout=120).run()
+        assert not _accepted(listener), result.stdout.text()
+        assert b"hits 0" in result.stdout.text(), result.stdout.text() + result.stderr.text()
+    finally:
+        listener.close()
         shutil.rmtree(d, ignore_errors=True)
