@@ -416,7 +416,7 @@ class _Analysis:
     def original(self, path: str) -> str:
         """path as it was named before the run's links and renames put it (or
         a directory above it) there."""
-        for _ in range(MAX_ALIAS_HOPS):
+        for _ in range(MAX_ALIAS_HOPS if self.aliases else 0):
             up = path
             while up not in self.aliases and up not in ("", "/"):
                 up = os.path.dirname(up)
@@ -429,11 +429,13 @@ class _Analysis:
         """(path, kind) of the first of names that is a credential location,
         by itself or by what the run's links and renames made it; None if
         none is."""
+        seen = set()
         for name in names:
             for p in (name, self.original(name)) if name else ():
-                kind = protected.kind(p)
+                kind = None if p in seen else protected.kind(p)
                 if kind:
                     return p, kind
+                seen.add(p)
         return None
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
