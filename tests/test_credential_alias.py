@@ -148,3 +148,30 @@ def test_the_policy_blocks_a_credential_read_by_another_name_then_sent(repo, tmp
              home=key_home, approver="policy")
     assert out.decision == "block" and "credentials leaving" in out.reason, out.reason
     assert SECRET not in out.reason and SECRET not in out.stdout.text().decode()
+
+
+ROOTLESS_ROUTES = {
+    "symlink": ('ln -s "$PWD/.env" e', "e"),
+    "hard-link": ("ln .env h", "h"),
+    "proc-self-root": ("true", "/proc/self/root{repo}/.env"),
+    "symlinked-dir": ("ln -s . d", "d/.env"),
+}
+
+
+@pytest.mark.parametrize("route", ROOTLESS_ROUTES)
+def test_rootless_a_credential_by_another_name_is_redacted_from_a_blocked_runs_output(route):
+    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+    need_rootless_venv()
+    import shutil
+    import tempfile
+    ws, state = tempfile.mkdtemp(prefix="sec-tracer-ws-"), tempfile.mkdtemp(prefix="sec-tracer-st-")
+    try:
+        Path(ws, ".env").write_text(f"API_TOKEN={SECRET}\n")
+        for p in (ws, state, os.path.join(ws, ".env")):
+            os.chown(p, NOBODY, NOBODY)
+        setup, name = ROOTLESS_ROUTES[route]
+        out = run_as_nobody(ws, f"{setup} && cat '{name.format(repo=ws)}'", "block", state)
+        assert SECRET not in out["stdout"] and "<redacted:dotenv>" in out["stdout"], out
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
