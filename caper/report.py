@@ -31,10 +31,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.commit import Change as TreeChange
-from caper.content import FileDetail, RunTree, inspect, read_blob
+from caper.content import FileDetail, RunTree, inspect
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.mountinfo import below
-from caper.secrets import MAX_SECRET_FILE, Protected, Redactor, values_in
+from caper.secrets import Protected, Redactor
 from caper.workspace import GIT_ROUTINE, PathView
 
 REPORT_VERSION = 1
@@ -530,19 +530,6 @@ def _via(e: Event, cred: str, path) -> str | None:
     return path(name) if name and name != cred else None
 
 
-def _credential_values(tree: RunTree, path: str) -> list[str]:
-    """Secret values of the credential file at path as the run saw it: its
-    run version, else the host's, opened without following any symlink (path
-    comes from the command; what it names must not be looked up in caper's
-    own view of the filesystem)."""
-    where = tree.locate(path)
-    for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
-        blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
-        if blob is not None:
-            return values_in(blob.data)
-    return []
-
-
 def _clean(redactor: Redactor, s: str, limit: int, found: set[str] | None = None) -> str:
     """Report text: valid UTF-8, secrets redacted, at most `limit` characters."""
     s = s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
@@ -559,12 +546,12 @@ def _draft(facts: RunFacts) -> _Draft:
     # Values of every credential file the run read (or tried to) are secrets,
     # wherever they show up, and so are those it changed.
     for e, kind, cred in an.protected:
-        redactor.add_values(_credential_values(facts.tree, cred), kind)
+        redactor.add_values(facts.tree.credential_values(cred), kind)
     loc = facts.tree
     for c in facts.changes:
         kind = facts.protected.kind(c.path)
         if kind and c.kind != "deleted":
-            redactor.add_values(_credential_values(loc, c.path), kind)
+            redactor.add_values(loc.credential_values(c.path), kind)
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     uncertain: dict[str, int] = dict(an.uncertain)
@@ -648,7 +635,7 @@ def _draft(facts: RunFacts) -> _Draft:
             kind = "copied:" + sorted(secrets[name])[0]
             an.protected.append((e, kind, name))
             an.procs[e.pid].reads.append((e.seq, name))
-            redactor.add_values(_credential_values(loc, name), kind)
+            redactor.add_values(loc.credential_values(name), kind)
 
     protected_reads = []
     for e, kind, cred in an.protected:
