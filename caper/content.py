@@ -18,7 +18,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 from caper.mountinfo import below
-from caper.secrets import Redactor
+from caper.secrets import MAX_SECRET_FILE, Redactor, values_in
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
 MAX_DIFF_LINES = 400          # kept from a diff before the report's budget trims it
@@ -46,6 +46,18 @@ class RunTree:
             if below(path, prefix):
                 return root, os.path.relpath(path, prefix) if path != prefix else "."
         return None
+
+    def credential_values(self, path: str) -> list[str]:
+        """Secret values of the credential file at path as the run saw it: its
+        run version, else the host's, opened without following any symlink
+        (path comes from the command: what it names must not be looked up in
+        caper's own view of the filesystem)."""
+        where = self.locate(path)
+        for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
+            blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
+            if blob is not None:
+                return values_in(blob.data)
+        return []
 
 
 @dataclass(slots=True)

@@ -61,6 +61,8 @@ class Event:
     info: int = 0
     path: str | None = None     # file events: the object; net events: the address text
     path2: str | None = None    # rename/link/symlink: the new name
+    real: str | None = None     # open: what was opened; rename/link: what path is (symlinks
+                                # resolved inside the sandbox; None when unknown)
     argv: list[str] | None = None
 
     @property
@@ -215,6 +217,9 @@ def decode(buf: bytes | bytearray | memoryview) -> tuple[list[Event], int]:
         elif strs[0] or strs[1]:
             ev.path = os.fsdecode(strs[0]) if (strs[0] or kind != Kind.SYMLINK) else ""
             ev.path2 = os.fsdecode(strs[1]) if strs[1] else None
+            # A file unlinked between the call and the tracer's look is
+            # printed " (deleted)": it had the name before, for matching.
+            ev.real = os.fsdecode(strs[2]).removesuffix(" (deleted)") if strs[2] else None
         out.append(ev)
         pos += reclen
     return out, pos

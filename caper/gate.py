@@ -14,7 +14,11 @@ gate cannot be reached or started it runs the command in its own process,
 with the same result. The gate
 
 - accepts only connections from its own uid (SO_PEERCRED), on a socket in
-  the 0700 state directory;
+  the 0700 state directory, from a process in its own pid and mount
+  namespaces (never one inside a caper sandbox), that sends the token the
+  gate wrote at start in the state directory (0600; a sandbox sees none of
+  the state directory): the uid alone would let anything acting for a
+  sandboxed command with caper's uid drive the gate;
 - runs each request with the caller's cwd, environment (HOME, PATH, the
   config file's location, CAPER_LLM_*) and options, in a thread of its own;
 - rolls a run back instead of committing it when the caller has gone away
@@ -33,6 +37,7 @@ import sys
 import time
 
 SOCKET = "gate.sock"
+TOKEN = "gate.token"
 PROTOCOL = 1
 START_TIMEOUT_S = 10.0
 MAX_REQUEST = 16 << 20
@@ -135,7 +140,8 @@ def request(state_dir: str, payload: dict, start: bool = True) -> dict:
         except OSError as e:
             raise GateUnavailable(f"connect {path}: {e}") from e
     try:
-        s.sendall(json.dumps({**payload, "build": build_id()}).encode() + b"\n")
+        s.sendall(json.dumps({**payload, "build": build_id(), "token": _token(state_dir)}).encode()
+                  + b"\n")
         buf = bytearray()
         while not buf.endswith(b"\n"):
             chunk = s.recv(1 << 20)
@@ -158,6 +164,47 @@ def request(state_dir: str, payload: dict, start: bool = True) -> dict:
     return answer
 
 
+def _token(state_dir: str) -> str:
+    """The running gate's token ("" if unreadable: the gate then refuses)."""
+    try:
+        fd = os.open(os.path.join(state_dir, TOKEN), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def _write_token(state_dir: str) -> str:
+    """A fresh token for this gate, written 0600 in place of any older one."""
+    token = binascii.hexlify(os.urandom(32)).decode()
+    tmp = os.path.join(state_dir, f"{TOKEN}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(state_dir, TOKEN))
+    return token
+
+
+def _same_namespaces(pid: int) -> str | None:
+    """Why peer pid is not a process of the gate's own pid and mount
+    namespaces (a caper sandbox has its own), or None. pid 0: the peer's pid
+    has no number here, so it lives in another pid namespace."""
+    if pid <= 0:
+        return "its pid is not visible from the gate's pid namespace"
+    for ns in ("pid", "mnt"):
+        try:
+            theirs = os.readlink(f"/proc/{pid}/ns/{ns}")
+        except OSError as e:
+            return f"readlink /proc/{pid}/ns/{ns}: {e.strerror}"
+        if theirs != os.readlink(f"/proc/self/ns/{ns}"):
+            return f"it is in another {ns} namespace ({theirs})"
+    return None
+
+
 def _wait_gone(path: str, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -175,6 +222,7 @@ def decode_output(answer: dict) -> tuple[bytes, bytes]:
 # --- the server --------------------------------------------------------------------------------
 
 def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
+    import hmac
     import socket
     import socketserver
     import struct
@@ -199,11 +247,19 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             if uid != me:
                 self._answer({"error": f"refused: uid {uid} is not the gate's owner ({me})"})
                 return
+            why = _same_namespaces(pid)
+            if why:
+                self._answer({"error": f"refused: pid {pid}: {why}"})
+                return
             line = self.rfile.readline(MAX_REQUEST)
             with guard:
                 state["active"] += 1
             try:
                 req = json.loads(line)
+                if not hmac.compare_digest(str(req.get("token", "")).encode(), token.encode()):
+                    self._answer({"error": f"refused: pid {pid} did not send the gate's token "
+                                           f"({os.path.join(state_dir, TOKEN)})"})
+                    return
                 if req.get("build") != mine:
                     self._answer({"stale": True})
                     self.server.stale = True
@@ -263,6 +319,7 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    token = _write_token(state_dir)   # before the socket: a client that connects can read it
     server = Server(path, Handler)
     os.chmod(path, 0o600)
     ino = os.stat(path).st_ino

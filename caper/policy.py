@@ -465,11 +465,12 @@ class _Judge:
     def network(self, n) -> None:
         if n.call == "bind":
             return
-        # The program it runs (a script named in argv) is code, not data it sends.
+        # The program it runs (a script named in argv) is code, not data it
+        # sends; a credential is never the program, whatever argv says.
         argv = set(n.argv or [])
+        creds = [r for r in n.read_before or [] if self._credential(r)]
         reads = [r for r in n.read_before or []
                  if r not in argv and os.path.basename(r) not in argv]
-        creds = [r for r in reads if self._credential(r)]
         if n.family == "unix" and self.r.matches(self.r.escape_sockets, n.address):
             self.add(96, "block", f"it tried the host socket {_q(n.address)}",
                      "a way out of the sandbox", None)

@@ -36,7 +36,7 @@ from caper.content import FileDetail, RunTree, inspect
 from caper.display import quote
 from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.mountinfo import below
-from caper.secrets import Protected, Redactor, read_values
+from caper.secrets import Protected, Redactor
 from caper.workspace import GIT_ROUTINE, PathView
 
 REPORT_VERSION = 1
@@ -73,6 +73,7 @@ NOTES = {
                    "(64 MiB), discarded with it and never committed.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
+MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 
@@ -151,10 +152,12 @@ class NetAttempt(_Model):
 
 
 class ProtectedRead(_Model):
-    path: str
+    path: str                        # the credential file, whatever name the command used
     kind: str
     by: str
     result: str | None = None        # the error, when the open failed
+    via: str | None = None           # the name the command used, when another (a symlink ...)
+    op: str = "open"                 # open | link | rename: a copy of the credential by name
 
 
 class SecretSeen(_Model):
@@ -220,10 +223,17 @@ class Report(_Model):
     # Every changed file that received a secret, by absolute path: for caper
     # itself (the session taints them), not shown, so never cut to fit.
     _secret_files: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+    # The held output, redacted whole (not cut to the report's size): all a
+    # run that is not committed may release of it.
+    _redacted: dict[str, Output] = PrivateAttr(default_factory=dict)
 
     @property
     def secret_files(self) -> dict[str, list[str]]:
         return self._secret_files
+
+    def redacted_output(self, name: str) -> Output:
+        """stdout or stderr as the report shows it: every secret redacted."""
+        return self._redacted[name]
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
@@ -351,8 +361,10 @@ class _Analysis:
         self.procs: dict[int, _Proc] = defaultdict(_Proc)
         self.writers: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the last write
         self.renames: dict[str, str] = {}               # new path -> old path
+        self.aliases: dict[str, str] = {}               # new name -> what it linked or moved
         self.net: list[Event] = []
-        self.protected: list[tuple[Event, str]] = []
+        self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
+        self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -383,11 +395,13 @@ class _Analysis:
             if _writes(e.flags) and e.ok:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
-                kind = facts.protected.kind(e.path)
-                if kind:
-                    self.protected.append((e, kind))
-                if e.ok and (kind or view.inside(e.path)):
-                    p.reads.append((e.seq, e.path))
+                cred = self.credential(facts.protected, e.real, e.path)
+                if cred:
+                    self.protected.append((e, cred[1], cred[0]))
+                if e.ok and (cred or view.inside(e.path)):
+                    p.reads.append((e.seq, cred[0] if cred else e.path))
+                if e.ok and not cred:
+                    self.other_reads.append((e, e.real or e.path))
                 if e.path.startswith("/proc/") and e.path.rsplit("/", 1)[-1] in _STATUS_FILES:
                     self.uncertain["a-process-could-see-it-was-traced"] += 1
                 if _REVEALS_SANDBOX.fullmatch(e.path):
@@ -396,6 +410,15 @@ class _Analysis:
             self.writers[e.path] = (e.pid, e.seq)
         elif k in (Kind.RENAME, Kind.LINK, Kind.SYMLINK) and e.ok and e.path2:
             self.writers[e.path2] = (e.pid, e.seq)
+            if k != Kind.SYMLINK and e.path:
+                # A credential linked or moved elsewhere (or a directory holding
+                # one) is read by that name from now on: the link or rename
+                # itself counts as reading it.
+                cred = self.credential(facts.protected, e.real, e.path)
+                if cred:
+                    self.protected.append((e, cred[1], cred[0]))
+                    p.reads.append((e.seq, cred[0]))
+                self.aliases[e.path2] = self.original(e.real or e.path)
             if k == Kind.RENAME and e.path:
                 self.writers[e.path] = (e.pid, e.seq)
                 self.renames[e.path2] = self.renames.pop(e.path, e.path)
@@ -407,6 +430,31 @@ class _Analysis:
             self.signals.append(e)
         elif k == Kind.LOST:
             self.uncertain["events-lost"] += max(1, e.arg0)
+
+    def original(self, path: str) -> str:
+        """path as it was named before the run's links and renames put it (or
+        a directory above it) there."""
+        for _ in range(MAX_ALIAS_HOPS if self.aliases else 0):
+            up = path
+            while up not in self.aliases and up not in ("", "/"):
+                up = os.path.dirname(up)
+            if up not in self.aliases:
+                break
+            path = self.aliases[up] + path[len(up):]
+        return path
+
+    def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
+        """(path, kind) of the first of names that is a credential location,
+        by itself or by what the run's links and renames made it; None if
+        none is."""
+        seen = set()
+        for name in names:
+            for p in (name, self.original(name)) if name else ():
+                kind = None if p in seen else protected.kind(p)
+                if kind:
+                    return p, kind
+                seen.add(p)
+        return None
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else the nearest
@@ -467,7 +515,7 @@ class _Draft:
     writer_of: dict[str, tuple[int, int]]
     details: dict[str, FileDetail]
     secrets: dict[str, set[str]]
-    protected_reads: list[tuple[int, Event, str]]    # (severity, the open, its kind)
+    protected_reads: list[tuple[int, Event, str, str]]   # (severity, the call, kind, credential)
     net: list[tuple[int, Event, list[str]]]          # (severity, the attempt, reads before)
     out_secrets: dict[str, set[str]]
     held: dict[str, "_Held"]
@@ -485,7 +533,19 @@ def build(facts: RunFacts) -> Report:
     else:
         report = _squeeze(report)
     report._secret_files = {p: sorted(k) for p, k in draft.secrets.items()}
+    report._redacted = {name: h.released(getattr(facts.result, name).omitted)
+                        for name, h in draft.held.items()}
     return report
+
+
+_VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
+
+
+def _via(e: Event, cred: str, path) -> str | None:
+    """The other name of a credential read: what an open named, what a link
+    or rename made."""
+    name = e.path if e.kind == Kind.OPEN else e.path2
+    return path(name) if name and name != cred else None
 
 
 def _clean(redactor: Redactor, s: str, limit: int, found: set[str] | None = None) -> str:
@@ -503,14 +563,13 @@ def _draft(facts: RunFacts) -> _Draft:
     redactor = Redactor()
     # Values of every credential file the run read (or tried to) are secrets,
     # wherever they show up, and so are those it changed.
-    for e, kind in an.protected:
-        redactor.add_values(read_values(e.path), kind)
+    for e, kind, cred in an.protected:
+        redactor.add_values(facts.tree.credential_values(cred), kind)
     loc = facts.tree
     for c in facts.changes:
-        if facts.protected.kind(c.path) and c.kind != "deleted":
-            where = loc.locate(c.path)
-            if where:
-                redactor.add_values(read_values(os.path.join(*where)), facts.protected.kind(c.path))
+        kind = facts.protected.kind(c.path)
+        if kind and c.kind != "deleted":
+            redactor.add_values(loc.credential_values(c.path), kind)
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     uncertain: dict[str, int] = dict(an.uncertain)
@@ -590,10 +649,20 @@ def _draft(facts: RunFacts) -> _Draft:
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
+    # A file the run wrote a secret into holds a credential from then on:
+    # reading it back (cp .env /tmp/x; cat /tmp/x) reads the secret.
+    for e, name in an.other_reads:
+        w = writer_of.get(name)
+        if name in secrets and w and e.seq > w[1]:
+            kind = "copied:" + sorted(secrets[name])[0]
+            an.protected.append((e, kind, name))
+            an.procs[e.pid].reads.append((e.seq, name))
+            redactor.add_values(loc.credential_values(name), kind)
+
     protected_reads = []
-    for e, kind in an.protected:
+    for e, kind, cred in an.protected:
         sev = 85 if e.ok else 70
-        protected_reads.append((sev, e, kind))
+        protected_reads.append((sev, e, kind, cred))
     net = []
     for e in an.net:
         reads = an.read_before(e.pid, e.seq)
@@ -691,9 +760,10 @@ def _render(d: _Draft, lim: Limits) -> Report:
             result="ok" if e.ok else (e.error or "unknown"), count=e.count,
             by=actor(e.pid, e.seq), argv=argv(exe[1]) if exe else None,
             read_before=reads(e.pid, e.seq, rs)))
-    prot = [ProtectedRead(path=path(e.path), kind=kind, by=actor(e.pid, e.seq),
-                          result=None if e.ok else (e.error or "unknown"))
-            for sev, e, kind in sorted(d.protected_reads, key=lambda x: -x[0])[:lim.items]]
+    prot = [ProtectedRead(path=path(cred), kind=kind, by=actor(e.pid, e.seq),
+                          result=None if e.ok else (e.error or "unknown"),
+                          via=_via(e, cred, path), op=e.kind.name.lower())
+            for sev, e, kind, cred in sorted(d.protected_reads, key=lambda x: -x[0])[:lim.items]]
 
     secret_items = [SecretSeen(where=w, kinds=sorted(k)) for w, k in d.out_secrets.items()]
     secret_items += [SecretSeen(where=path(p), kinds=sorted(k)) for p, k in d.secrets.items()]
@@ -838,6 +908,12 @@ class _Held:
         tail = red.cut_ends(red.text(o.tail.decode("utf-8", "replace"), found), True, False, found)
         return cls(o.total, head, tail)
 
+    def released(self, omitted: int) -> Output:
+        """The whole redacted text as an Output, the omitted middle marked."""
+        text = self.head + (f"\n[... {omitted} bytes omitted ...]\n{self.tail}" if self.tail else "")
+        data = text.encode()
+        return Output(data, b"", len(data))
+
     def stream(self, chars: int) -> Stream:
         s = Stream(bytes=self.total)
         if not self.total or not chars:
@@ -945,8 +1021,9 @@ def render_card(r: Report) -> str:
         if n.read_before:
             L.append("    read before: " + ", ".join(map(_q, n.read_before)))
     for p in r.protected_reads:
-        L.append(f"credential read: {_q(p.path)} ({p.kind}) by {_q(p.by)}"
-                 + (f" -> {p.result}" if p.result else ""))
+        L.append(f"credential read: {_q(p.path)} ({p.kind})"
+                 + (f" {_VIA[p.op]} {_q(p.via)}" if p.via else "")
+                 + f" by {_q(p.by)}" + (f" -> {p.result}" if p.result else ""))
     for s in r.secrets:
         L.append(f"secret values in {_q(s.where)}: {', '.join(s.kinds)} (redacted here)")
     for name in ("stdout", "stderr"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -221,21 +220,3 @@ class Redactor:
             if hit and found is not None:
                 found.add(kind)
         return s
-
-
-def read_values(path: str) -> list[str]:
-    """Secret values of a credential file on this host ([] if unreadable)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return []
-    try:
-        st = os.fstat(fd)
-        if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > MAX_SECRET_FILE:
-            return []
-        return values_in(os.read(fd, MAX_SECRET_FILE + 1))
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-

@@ -292,9 +292,12 @@ def baseline(env_key: tuple = ()) -> NoiseProfile:
     for ev in events:
         if ev.kind != Kind.OPEN or not ev.ok or ev.flags & 3 != os.O_RDONLY or not ev.path:
             continue
-        exact.add(ev.path)
-        if _SHARED_LIBRARY.search(os.path.basename(ev.path)):
-            prefixes.add(os.path.dirname(ev.path))  # the loader's library directories
+        # By the name opened and by what it is (/lib -> usr/lib): the tracer
+        # drops an open as noise only if both are noise.
+        for path in {ev.path, ev.real or ev.path}:
+            exact.add(path)
+            if _SHARED_LIBRARY.search(os.path.basename(path)):
+                prefixes.add(os.path.dirname(path))  # the loader's library directories
     return NoiseProfile(exact=frozenset(exact), prefixes=frozenset(prefixes))
 
 

@@ -53,7 +53,7 @@ class RunOutcome:
     decision: str
     reason: str
     exit_code: int | None
-    stdout: Output
+    stdout: Output                  # raw only when committed; else redacted (as the report)
     stderr: Output
     report: "Report | None"          # None: the command was not run (session stopped)
     timings: dict[str, float]
@@ -295,9 +295,14 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                                                     f"Apply it with `caper commit {held}`, or "
                                                     f"drop it with `caper discard {held}`.")
             timings["commit_ms" if committed else "rollback_ms"] = (time.perf_counter() - t) * 1000
+            # Held output is released only with the run: a run that is not
+            # committed (blocked, failed, held for a human) shows what the
+            # report shows, its secrets redacted, at every front door.
+            stdout, stderr = (result.stdout, result.stderr) if committed else \
+                (report.redacted_output("stdout"), report.redacted_output("stderr"))
             return RunOutcome(decision=decision.decision, reason=decision.reason,
-                              exit_code=result.exit_code, stdout=result.stdout,
-                              stderr=result.stderr, report=report, timings=timings,
+                              exit_code=result.exit_code, stdout=stdout,
+                              stderr=stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
                               ask=decision.ask, steps=decision.steps, held=held, notes=notes(report))

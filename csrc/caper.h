@@ -15,11 +15,13 @@ enum caper_event_kind {
     CAPER_EV_PROC_START = 1,  /* a new process or thread: pid, ppid, arg0 = clone flags */
     CAPER_EV_EXEC       = 2,  /* execve: path, argv (NUL separated, bounded) */
     CAPER_EV_PROC_EXIT  = 3,  /* arg0 = exit code (>= 0) or -signal */
-    CAPER_EV_OPEN       = 4,  /* path, flags, mode */
+    CAPER_EV_OPEN       = 4,  /* path, flags, mode; string 3: what a read open opened (the
+                                 fd's path, symlinks resolved) */
     CAPER_EV_UNLINK     = 5,  /* path */
     CAPER_EV_RMDIR      = 6,  /* path */
-    CAPER_EV_RENAME     = 7,  /* path -> path2, flags */
-    CAPER_EV_LINK       = 8,  /* hard link: path (existing) -> path2 (new) */
+    CAPER_EV_RENAME     = 7,  /* path -> path2, flags; string 3: what path really is (symlinks
+                                 resolved inside the sandbox) */
+    CAPER_EV_LINK       = 8,  /* hard link: path (existing) -> path2 (new); string 3 as rename */
     CAPER_EV_SYMLINK    = 9,  /* path2 (new link) holds text path (not resolved) */
     CAPER_EV_TRUNCATE   = 10, /* path, arg0 = length */
     CAPER_EV_CHMOD      = 11, /* path, mode */

@@ -173,5 +173,18 @@ ssize_t tracee_read(pid_t tid, uint64_t addr, void *buf, size_t n);
 size_t path_join_normalize(const char *base, const char *rel, char *out, size_t cap);
 /* readlink of /proc/<tid>/<what>; returns length or -1. */
 ssize_t proc_link(pid_t tid, const char *what, char *buf, size_t cap);
+/* Open (O_PATH) what the tracee tid means by (dirfd, raw), resolved strictly
+ * inside its root: a descriptor, or -errno for the tracee; *refused is set
+ * when the name cannot be resolved safely (the call is then refused,
+ * -EACCES). follow: follow a final symlink, as connect does. */
+int tracee_open(pid_t tid, int dirfd, const char *raw, int follow, int *refused);
+/* The path of the object tracee_open finds, with every symlink resolved, as
+ * the host prints it (for a pivoted sandbox: its own view). Length, or -1
+ * with errno set (ENOENT: the name does not exist; EACCES: unsafe to find). */
+ssize_t tracee_real_path(pid_t tid, int dirfd, const char *raw, int follow, char *out, size_t cap);
+/* 1 if the object fd is on a mount of tid's mount namespace. */
+int in_mount_ns_of(pid_t tid, int fd);
+/* 1 if openat2 with RESOLVE_IN_ROOT works here (Linux 5.6+). */
+int have_openat2(void);
 
 #endif

@@ -61,6 +61,16 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
         r->end = CAPER_END_SETUP_FAILED;
         return -1;
     }
+    /* The tracer resolves the command's paths only with openat2 (trace.c):
+     * without it, no run, rather than one that resolves them in the host. */
+    if (!have_openat2()) {
+        fail_set(&f, CAPER_STEP_CONFIG, ENOSYS,
+                 "openat2(RESOLVE_IN_ROOT): this kernel lacks it (Linux 5.6+ needed)");
+        close(c->event_fd);
+        copy_failure(r, &f);
+        r->end = CAPER_END_SETUP_FAILED;
+        return -1;
+    }
     if (emitter_init(&e, c->event_fd) < 0) {
         fail_set(&f, CAPER_STEP_EMIT, ENOMEM, "malloc(event buffer)");
         close(c->event_fd);

@@ -21,6 +21,7 @@
 #include <sys/un.h>
 #include <sys/user.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -50,6 +51,9 @@ struct pending {
     struct ev ev;
     char s[3][CAPER_PATH_MAX + 1];
     int unix_bind;   /* a bind of a unix path: remember it if it succeeds */
+    int64_t bind_sec; /* CLOCK_REALTIME_COARSE seconds when that bind entered */
+    int dirfd[2];    /* the path arguments as the process wrote them, and their dirfds */
+    char raw[2][CAPER_PATH_MAX + 1];
     char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
 };
 
@@ -57,6 +61,7 @@ struct pending {
 struct sock_id {
     dev_t dev;
     ino_t ino;
+    int64_t ctime_sec;   /* when the file was made (for bind, see on_syscall_exit) */
 };
 
 struct proc {
@@ -79,6 +84,7 @@ struct tracer {
     uint32_t live;
     pid_t init_pid;
     int killed;          /* the sandbox was killed on purpose: end says why */
+    int noise_off;       /* a directory on the way to noise was changed: trace every open */
     struct sock_id *bound;  /* unix sockets bound inside the sandbox */
     struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
     size_t n_bound, cap_bound;
@@ -197,8 +203,22 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
     }
     if (trunc)
         pd->ev.h.info |= CAPER_INFO_TRUNCATED;
+    memcpy(pd->raw[i], raw, sizeof raw);
+    pd->dirfd[i] = dirfd;
     pd->ev.n[i] = resolve(p, dirfd, raw, pd->s[i], &pd->ev.h.info);
     pd->ev.s[i] = pd->s[i];
+    uint32_t kind = pd->ev.h.kind;
+    if (i == 0 && (kind == CAPER_EV_RENAME || kind == CAPER_EV_LINK)) {
+        /* What the source really is (slot 2), every symlink resolved inside
+         * the sandbox: a rename or link of a credential by another name is a
+         * credential read. Taken now: after the call the name is gone. */
+        int follow = kind == CAPER_EV_LINK && (pd->ev.h.flags & AT_SYMLINK_FOLLOW);
+        ssize_t n = tracee_real_path(p->tid, dirfd, raw, follow, pd->s[2], CAPER_PATH_MAX);
+        if (n > 0) {
+            pd->ev.n[2] = (size_t)n;
+            pd->ev.s[2] = pd->s[2];
+        }
+    }
 }
 
 static void take_fd_path(struct proc *p, struct pending *pd, int i, int fd)
@@ -264,29 +284,28 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 
 /* ---- sockets ---------------------------------------------------------------- */
 
-/* The socket file a unix address names, resolved as the process would:
- * through its own root (chroot) and cwd, following symlinks like connect(). */
-/* A unix socket path as the tracee would resolve it: through its root and cwd. */
-static void tracee_path(pid_t tid, const char *raw, char *path, size_t size)
+/* The identity of the unix socket file a tracee names, resolved inside its
+ * root (tracee_open). follow: follow a final symlink (connect, sendto) or
+ * not (the name bind just made). 0, or -errno. */
+static int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id)
 {
-    if (raw[0] == '/')
-        snprintf(path, size, "/proc/%d/root%s", (int)tid, raw);
-    else
-        snprintf(path, size, "/proc/%d/cwd/%s", (int)tid, raw);
-}
-
-static int unix_identity(pid_t tid, const char *raw, struct sock_id *id)
-{
-    char path[CAPER_PATH_MAX];
+    int refused;
+    int fd = tracee_open(tid, AT_FDCWD, raw, follow, &refused);
+    if (fd < 0)
+        return fd;
     struct stat st;
-    tracee_path(tid, raw, path, sizeof path);
-    if (stat(path, &st) < 0)
-        return -errno;
-    if (!S_ISSOCK(st.st_mode))
-        return -ECONNREFUSED;
-    id->dev = st.st_dev;
-    id->ino = st.st_ino;
-    return 0;
+    int r = 0;
+    if (fstat(fd, &st) < 0)
+        r = -errno;
+    else if (!S_ISSOCK(st.st_mode) || !in_mount_ns_of(tid, fd))
+        r = -ECONNREFUSED;
+    close(fd);
+    if (r == 0) {
+        id->dev = st.st_dev;
+        id->ino = st.st_ino;
+        id->ctime_sec = st.st_ctim.tv_sec;
+    }
+    return r;
 }
 
 static int is_bound(struct tracer *t, const struct sock_id *id)
@@ -433,6 +452,66 @@ static int noise_match(const struct caper_config *c, const char *path, size_t n)
     return 0;
 }
 
+/* Whether dir is above a noise path, is a noise directory or below one: a
+ * change there can put another file behind a noise name. */
+static int on_noise_way(const struct caper_config *c, const char *dir)
+{
+    size_t n = strlen(dir);
+    for (uint32_t i = 0; i < c->n_noise; i++) {
+        const char *q = c->noise[i].path;
+        size_t m = strlen(q);
+        if (m >= n && memcmp(q, dir, n) == 0 && (q[n] == '/' || q[n] == '\0' || n == 1))
+            return 1;
+        if (c->noise[i].kind == CAPER_NOISE_PREFIX && n > m && memcmp(dir, q, m) == 0 &&
+            dir[m] == '/')
+            return 1;
+    }
+    return 0;
+}
+
+/* A read-only open is dropped as noise only if what it names is noise by
+ * its text and by what it really is, every symlink resolved inside the
+ * sandbox: a symlink planted under a noise name (ln -s ~/.ssh/id_rsa
+ * /usr/lib/x86_64-linux-gnu/x.so) must not hide a credential read. */
+static int is_noise(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    if (t->noise_off || !noise_match(t->c, pd->s[0], pd->ev.n[0]))
+        return 0;
+    char real[CAPER_PATH_MAX];
+    int follow = !(pd->ev.h.flags & O_NOFOLLOW);
+    ssize_t n = tracee_real_path(p->tid, pd->dirfd[0], pd->raw[0], follow, real, sizeof real);
+    if (n < 0)
+        return errno == ENOENT;  /* the lookup fails: nothing is read */
+    return noise_match(t->c, real, (size_t)n);
+}
+
+/* A call that makes, moves or removes a name (the new name, and a rename's
+ * or a link's source) in a directory on the way to noise turns noise
+ * dropping off for the rest of the run: an open already let through
+ * unstopped could race it. The directory is found as it really is. */
+static void watch_noise_ways(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    for (int i = 0; i < 2 && !t->noise_off; i++) {
+        if (!pd->ev.s[i] || (pd->ev.h.kind == CAPER_EV_SYMLINK && i == 0))
+            continue;
+        char dir[CAPER_PATH_MAX + 1], real[CAPER_PATH_MAX];
+        memcpy(dir, pd->raw[i], sizeof dir);
+        char *slash = strrchr(dir, '/');
+        while (slash && slash > dir && slash[1] == '\0') {  /* "a/b/": the name is b */
+            *slash = '\0';
+            slash = strrchr(dir, '/');
+        }
+        if (!slash)
+            snprintf(dir, sizeof dir, ".");
+        else
+            slash[slash == dir] = '\0';   /* "/x" -> "/" */
+        ssize_t n = tracee_real_path(p->tid, pd->dirfd[i], dir, 1, real, sizeof real);
+        /* Unresolvable (a race, a magic link): assume the worst. */
+        if (n < 0 ? errno != ENOENT : on_noise_way(t->c, real))
+            t->noise_off = 1;
+    }
+}
+
 /* A tracee's file descriptor, duplicated into the tracer (pidfd_getfd needs
  * the same access as ptrace). The same open file description: what the
  * tracer does with it, the tracee's socket does. */
@@ -451,26 +530,30 @@ static int tracee_fd(pid_t tid, uint64_t fd)
 }
 
 /* The unix socket file a tracee names, opened once (O_PATH, following
- * symlinks as connect and sendto do, through the process's own root and cwd)
- * and checked on that descriptor by inode: usable only if a sandbox process
- * bound it, so a symlink or a chroot cannot dress a host socket up as a
- * sandbox one. A host socket is refused (EACCES, reported as refused); a
- * name that is no socket gets the kernel's error. Returns the descriptor,
- * or -errno for the tracee. */
+ * symlinks as connect and sendto do, resolved inside the process's own root,
+ * see tracee_open) and checked on that descriptor: usable only if it is on a
+ * mount of the sandbox and a sandbox process bound that inode, so no name,
+ * symlink or chroot can dress a host socket up as a sandbox one. A host
+ * socket, or a name that cannot be resolved safely, is refused (EACCES,
+ * reported as refused); a name that is no socket gets the kernel's error.
+ * Returns the descriptor, or -errno for the tracee. */
 static int open_checked_socket(struct tracer *t, struct proc *p, struct pending *pd)
 {
-    char path[CAPER_PATH_MAX];
-    tracee_path(p->tid, pd->unix_raw, path, sizeof path);
-    int target = open(path, O_PATH | O_CLOEXEC);
-    if (target < 0)
-        return -errno;
+    int refused;
+    int target = tracee_open(p->tid, AT_FDCWD, pd->unix_raw, 1, &refused);
+    if (target < 0) {
+        if (refused)
+            pd->ev.h.info |= CAPER_INFO_REFUSED;
+        return target;
+    }
     struct stat st;
     int r = target;
     if (fstat(target, &st) < 0) {
         r = -errno;
     } else if (!S_ISSOCK(st.st_mode)) {
         r = -ECONNREFUSED;
-    } else if (!is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
+    } else if (!in_mount_ns_of(p->tid, target) ||
+               !is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
         pd->ev.h.info |= CAPER_INFO_REFUSED;
         r = -EACCES;
     }
@@ -688,7 +771,7 @@ static uint32_t socket_kind(pid_t tid, uint64_t fd)
 static int bound_here(struct tracer *t, struct proc *p, const char *raw)
 {
     struct sock_id id;
-    return unix_identity(p->tid, raw, &id) == 0 && is_bound(t, &id);
+    return unix_identity(p->tid, raw, 1, &id) == 0 && is_bound(t, &id);
 }
 
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
@@ -925,9 +1008,14 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         break;
     }
 
+    if (t->c->n_noise && !t->noise_off && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
+        (s->kind == CAPER_EV_RENAME || s->kind == CAPER_EV_LINK || s->kind == CAPER_EV_SYMLINK ||
+         s->kind == CAPER_EV_UNLINK || s->kind == CAPER_EV_RMDIR || s->kind == CAPER_EV_MKDIR ||
+         s->kind == CAPER_EV_MKNOD || (s->kind == CAPER_EV_OPEN && (h->flags & O_CREAT))))
+        watch_noise_ways(t, p, pd);
     if (s->kind == CAPER_EV_OPEN && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
         (h->flags & O_ACCMODE) == O_RDONLY && !(h->flags & (O_CREAT | O_TRUNC)) &&
-        noise_match(t->c, pd->s[0], pd->ev.n[0])) {
+        is_noise(t, p, pd)) {
         p->noise++;
         t->r->noise++;
         return;  /* no exit stop: the result of noise does not matter */
@@ -949,8 +1037,12 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         deny(p->tid, (int)-r);
         return;
     }
-    if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX)
+    if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX) {
         pd->unix_bind = 1;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        pd->bind_sec = now.tv_sec;
+    }
     p->in_call = 1;
 }
 
@@ -972,8 +1064,24 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         return;  /* the kernel runs it again, and it stops again */
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
+    if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && (pd->ev.h.flags & O_ACCMODE) != O_WRONLY) {
+        /* What was opened (slot 2), whatever name led there: symlinks,
+         * /proc/self/root or cwd, a renamed directory. */
+        char what[32];
+        snprintf(what, sizeof what, "fd/%d", (int)rv);
+        ssize_t n = proc_link(p->tid, what, pd->s[2], CAPER_PATH_MAX);
+        if (n > 0) {
+            pd->ev.n[2] = (size_t)n;
+            pd->ev.s[2] = pd->s[2];
+        }
+    }
     struct sock_id id;
-    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, &id) == 0)
+    if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, 0, &id) == 0 &&
+        id.ctime_sec >= pd->bind_sec)
+        /* Looked up by name after the call: another thread may have swapped
+         * a directory on the way meanwhile, for one holding an older socket
+         * (a host socket seen through a read-only bind). The socket this bind
+         * made is no older than the call (a whole-second clock at worst). */
         add_bound(t, &id);
     emit_folded(t, p, &pd->ev);
 }

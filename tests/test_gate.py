@@ -98,7 +98,8 @@ def test_the_gate_uses_the_callers_environment_and_cwd(env, tmp_path):
 def _raw(state: Path, doc: dict) -> socket.socket:
     s = socket.socket(socket.AF_UNIX)
     s.connect(str(state / gate.SOCKET))
-    s.sendall(json.dumps({**doc, "build": gate.build_id()}).encode() + b"\n")
+    s.sendall(json.dumps({**doc, "build": gate.build_id(),
+                          "token": (state / gate.TOKEN).read_text()}).encode() + b"\n")
     return s
 
 
@@ -150,7 +151,8 @@ def test_a_newer_caper_makes_the_gate_step_aside(env, tmp_path):
     old = _gate_pid(state)
     s = socket.socket(socket.AF_UNIX)
     s.connect(str(state / gate.SOCKET))
-    s.sendall(json.dumps({"build": "0-other"}).encode() + b"\n")
+    s.sendall(json.dumps({"build": "0-other", "token": (state / gate.TOKEN).read_text()}).encode()
+              + b"\n")
     assert json.loads(s.makefile().readline()) == {"stale": True}
     s.close()
     deadline = time.monotonic() + 5

