@@ -119,7 +119,9 @@ def test_with_caper_gone_the_call_does_not_run(agent, installed, project, tmp_pa
         client.run(TASK, project)
     finally:
         model.close()
-    assert model.asked == [HARMFUL]
+    # Gemini refuses the turn itself when its prompt hook cannot start; the
+    # others go on to the tool call, which their shell hook then blocks.
+    assert model.asked == ([] if agent == "gemini" else [HARMFUL])
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
 
 
@@ -137,11 +139,13 @@ def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, pro
     install_caper(client, project)
     install_caper(client, project, "--project")
     seen = [h for h in client.codex_hooks(project) if "caper" in (h.get("command") or "")]
-    assert sorted(h["source"] for h in seen) == ["project", "user"]
+    # Two entries a scope: the shell tool's event and the prompt event.
+    assert sorted(h["source"] for h in seen) == ["project", "project", "user", "user"]
     assert all(h["trustStatus"] == "trusted" and h["enabled"] for h in seen), seen
-    for h in seen:
-        doc = json.loads(Path(h["sourcePath"]).read_text())
-        assert [d for k, d in hooks.codex_entries(h["sourcePath"], doc)] == [h["currentHash"]]
+    for source in {h["sourcePath"] for h in seen}:
+        doc = json.loads(Path(source).read_text())
+        assert sorted(d for k, d in hooks.codex_entries(source, doc)) == \
+            sorted(h["currentHash"] for h in seen if h["sourcePath"] == source)
     assert 'model_provider = "fake"' in config.read_text()
 
 
@@ -307,7 +311,8 @@ def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installe
         hooks_json.write_text(hooks_json.read_text().replace('"timeout": 30', '"timeout": 31'))
         status, text = doctor(client, project)
         assert status == 1 and "is modified" in text and "fix: caper install codex" in text
-        assert [h["trustStatus"] for h in client.codex_hooks(project)] == ["modified"]
+        assert sorted(h["trustStatus"] for h in client.codex_hooks(project)) == \
+            ["modified", "modified"]
     elif agent == "claude-code":
         (client.home / ".claude").mkdir(exist_ok=True)
         (client.home / ".claude" / "settings.json").write_text('{"disableAllHooks": true}')
@@ -346,7 +351,9 @@ def test_gemini_skip_trust_still_runs_the_user_level_hook(installed, project, tm
         client.run(TASK, project, "--skip-trust")
     finally:
         model.close()
-    assert model.asked == [HARMFUL]
+    # Gemini refuses the turn itself when its prompt hook cannot start; the
+    # others go on to the tool call, which their shell hook then blocks.
+    assert model.asked == ([] if agent == "gemini" else [HARMFUL])
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
     [told] = model.results
     assert 'deleted dir "src"' in told, told

@@ -459,11 +459,14 @@ def _event_list(doc: dict, event: str, path: str) -> tuple[dict, list]:
     return hooks, groups
 
 
-def hook_command(agent: Agent, timeout_s: float | None = None) -> str:
-    # `|| exit 2`: if caper cannot even start (Python broken, caper removed),
-    # exit 2 makes the agent block the call; another status would let it run.
+def hook_command(agent: Agent, timeout_s: float | None = None, gate: bool = True) -> str:
+    """gate: the shell tool's hook. `|| exit 2`: if caper cannot even start
+    (Python broken, caper removed), exit 2 makes the agent block the call;
+    another status would let it run. The prompt event's hook has none: a
+    caper that cannot start must not swallow what the user typed (its calls
+    are blocked all the same)."""
     extra = ["--timeout", f"{timeout_s:g}"] if timeout_s is not None else []
-    return shlex.join(caper_command() + ["hook", agent.name] + extra) + " || exit 2"
+    return shlex.join(caper_command() + ["hook", agent.name] + extra) + (" || exit 2" if gate else "")
 
 
 def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
@@ -479,9 +482,11 @@ def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
     path = settings_path(agent, scope, cwd)
     doc = _load(path)
     timeout = agent.timeout if timeout_s is None else max(1, round(timeout_s * agent.per_second))
-    entry = {"type": "command", "command": hook_command(agent, timeout_s), "timeout": timeout}
-    for event, group in ((agent.event, {"matcher": agent.tool, "hooks": [entry]}),
-                         (agent.prompt_event, {"hooks": [entry]})):
+    def entry(gate: bool) -> dict:
+        return {"type": "command", "command": hook_command(agent, timeout_s, gate),
+                "timeout": timeout}
+    for event, group in ((agent.event, {"matcher": agent.tool, "hooks": [entry(True)]}),
+                         (agent.prompt_event, {"hooks": [entry(False)]})):
         hooks, groups = _event_list(doc, event, path)
         hooks[event] = _without_caper(groups, agent) + [group]
     _save(path, doc)
