@@ -286,7 +286,8 @@ def _openat2() -> Check:
 def run(cwd: str | None = None, agents: list[str] | None = None, sandbox: bool = True
         ) -> list[Check]:
     cwd = os.path.abspath(cwd or os.getcwd())
-    checks = [c for name in agents or list(hooks.AGENTS) for c in check_agent(name, cwd)]
+    checks = [c for name in (list(hooks.AGENTS) if agents is None else agents)
+              for c in check_agent(name, cwd)]
     checks += check_state_dir() + check_kernel()
     if sandbox:
         checks += check_gate()

@@ -190,7 +190,7 @@ def test_claude_code_permission_rules_hold_against_the_original_command(
         model.close()
     assert model.asked == ["rm -rf build"], (run.stdout, run.stderr)
     if scope is None:
-        assert not (project / "build").exists()
+        assert not (project / "build").exists(), model.results
         return
     assert (project / "build" / "app").read_text() == "old\n"
     [told] = model.results

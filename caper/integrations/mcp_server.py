@@ -27,10 +27,6 @@ INSTRUCTIONS = (
     "card, and do not retry it unchanged.")
 
 
-class Refused(Exception):
-    """A call the server will not run; its text is for the model."""
-
-
 def root_paths(roots) -> list[str]:
     """The local directories of a roots/list answer (file:// URIs only)."""
     out = []
@@ -43,17 +39,18 @@ def root_paths(roots) -> list[str]:
 
 def workspace_dir(cwd: str, roots: list[str] | None) -> str:
     """The directory a call runs in: absolute, existing, not the root
-    directory, and inside one of the client's roots when it declared any."""
+    directory, and inside one of the client's roots when it declared any;
+    ValueError (its text for the model) otherwise."""
     if not cwd or not os.path.isabs(cwd):
-        raise Refused(f"cwd must be the absolute path of the project, not {cwd!r}")
+        raise ValueError(f"cwd must be the absolute path of the project, not {cwd!r}")
     real = os.path.realpath(cwd)
     if not os.path.isdir(real):
-        raise Refused(f"cwd {cwd!r} is not an existing directory")
+        raise ValueError(f"cwd {cwd!r} is not an existing directory")
     if real == "/":
-        raise Refused("cwd is the root directory: name the project's directory")
+        raise ValueError("cwd is the root directory: name the project's directory")
     if roots is not None and not any(real == r or real.startswith(r.rstrip("/") + "/")
                                      for r in roots):
-        raise Refused(f"cwd {cwd!r} is outside the roots this client declared "
+        raise ValueError(f"cwd {cwd!r} is outside the roots this client declared "
                       f"({', '.join(roots) or 'none'})")
     return real
 
@@ -88,12 +85,14 @@ def build_server():
                              "what it would have done.")
     async def run_command(command: str, cwd: str, ctx: Context, task: str = "") -> CallToolResult:
         try:
-            where = workspace_dir(cwd, await client_roots(ctx))
-        except Refused as e:
-            return result(f"caper did not run this command: {e}", True)
+            roots = await client_roots(ctx)
         except Exception as e:   # the roots could not be read: their limits are unknown
             return result(f"caper did not run this command: the client's roots could not be "
                           f"read ({e})", True)
+        try:
+            where = workspace_dir(cwd, roots)
+        except ValueError as e:
+            return result(f"caper did not run this command: {e}", True)
         try:
             out = await gate.arun(command, task=task or None, cwd=where)
         except Exception as e:   # a failure of caper's is a block, said plainly
