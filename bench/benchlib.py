@@ -32,8 +32,8 @@ def sandbox_alone(ws: str, state: str) -> None:
     """The btrfs floor's sandbox: the overlays a btrfs run of `true` gets
     (the workspace bound at its own path), the native core and the tracer,
     with no report, approver or commit."""
-    from caper.snapshot import OverlaySnapshot
-    from caper.trace import trace
+    from caper.view.overlay import OverlaySnapshot
+    from caper.sandbox.trace import trace
     layers = OverlaySnapshot.create(state, userxattr=False, binds=[(ws, ws)],
                                     work_dirs=[os.environ.get("HOME", "/root"), "/var/tmp"])
     trace("true", cwd=ws, mounts=layers.mounts, new_root=layers.stage,
@@ -51,7 +51,7 @@ def which(name: str) -> str:
 def caper_syscalls() -> list[str]:
     """Names of every syscall in caper's table (csrc/sysent.c), read through
     caper_syscall_name() so the list follows the table."""
-    from caper._native import ffi, lib
+    from caper.sandbox._native import ffi, lib
     names = []
     for nr in range(HIGHEST_SYSNO + 1):
         p = lib.caper_syscall_name(nr)

@@ -91,7 +91,7 @@ def _stop_gates(root: str) -> None:
 
 def _require_native() -> None:
     try:
-        import caper._native  # noqa: F401
+        import caper.sandbox._native  # noqa: F401
     except ImportError as e:  # pragma: no cover - environment problem
         pytest.exit(f"caper's native module is not built ({e}); run "
                     f"`cd {ROOT} && python3 caper_native/build.py` first", returncode=3)
@@ -136,7 +136,7 @@ def bench_env() -> dict[str, str]:
 def noise_warm() -> None:
     """caper's noise baseline is probed once per process; do it before timing."""
     _require_native()
-    from caper.trace import baseline
+    from caper.sandbox.trace import baseline
     baseline()
 
 

@@ -33,7 +33,7 @@ import btrfsutil  # noqa: E402
 from benchlib import fill_workspace, sandbox_alone  # noqa: E402 - puts the checkout on sys.path
 
 import caper  # noqa: E402
-from caper.snapshot import settle  # noqa: E402
+from caper.view.overlay import settle  # noqa: E402
 
 WORKLOADS = {"true": "true", "touch": "touch x"}
 

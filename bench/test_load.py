@@ -34,7 +34,7 @@ def _session(args) -> dict:
     ws, state, name, n = args
     from caper import Gate
     from caper.config import Config
-    from caper.snapshot import settle     # a run's scratch goes on a thread after it answers
+    from caper.view.overlay import settle     # a run's scratch goes on a thread after it answers
     gate = Gate(ws, approver="allow", session=name, config=Config(), state_dir=state)
     walls, bad, fds = [], [], None
     for i in range(n):

@@ -6,7 +6,7 @@
 Variants of every workload (same argv, cwd and environment):
 
     native          subprocess.run, output captured through pipes
-    caper           caper.trace.trace(argv).run() in this process (the API that matters)
+    caper           caper.sandbox.trace.trace(argv).run() in this process (the API that matters)
     caper-cli       python3 -m caper trace --quiet -- argv (adds interpreter start-up)
     strace-f        strace -f -o /dev/null -- argv
     strace-seccomp  strace -f --seccomp-bpf -o /dev/null -e trace=<caper's syscalls> -- argv
@@ -104,8 +104,8 @@ def _runner(variant: str, w: Workload, env: dict, syscall_set, stash: dict) -> C
     if variant == "native":
         return spawn(w.argv)
     if variant == "caper":
-        from caper.events import End
-        from caper.trace import trace
+        from caper.sandbox.events import End
+        from caper.sandbox.trace import trace
 
         def run() -> None:
             events, result = trace(w.argv, cwd=w.cwd, env=env).run()

@@ -43,7 +43,7 @@ def workspace(workdir):
 @pytest.fixture(scope="session")
 def btrfs_workspace(workdir):
     """The same workspace as a subvolume on a loop-mounted btrfs image."""
-    from caper.btrfs import is_subvolume
+    from caper.view.btrfs import is_subvolume
     if not shutil.which("mkfs.btrfs"):
         pytest.skip("mkfs.btrfs missing")
     img, mnt = os.path.join(workdir, "btrfs.img"), os.path.join(workdir, "btrfs")
@@ -107,7 +107,7 @@ def test_run_btrfs(benchmark, request, workdir, workload, variant):
 def test_btrfs_floor(benchmark, workdir, btrfs_workspace, part):
     import btrfsutil
 
-    from caper.snapshot import settle
+    from caper.view.overlay import settle
 
     ws, state = btrfs_workspace, os.path.join(workdir, "caper-state")
     snap = os.path.join(os.path.dirname(ws), ".bench-floor")

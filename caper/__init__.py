@@ -10,6 +10,6 @@ def __getattr__(name: str):
         from caper.transaction import run
         return run
     if name == "Gate":
-        from caper.api import Gate
+        from caper.front.api import Gate
         return Gate
     raise AttributeError(f"module 'caper' has no attribute {name!r}")

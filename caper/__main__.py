@@ -1,3 +1,3 @@
-from caper.cli import main
+from caper.front.cli import main
 
 raise SystemExit(main())

@@ -46,7 +46,7 @@ from typing import Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from caper.errors import ConfigError
-from caper.secrets import ProtectedPattern
+from caper.report.secrets import ProtectedPattern
 
 
 class _Strict(BaseModel):
@@ -63,14 +63,14 @@ class ReportConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    max_memory: int | None = None     # None: caper.limits.DEFAULT_MAX_MEMORY
+    max_memory: int | None = None     # None: caper.sandbox.limits.DEFAULT_MAX_MEMORY
     max_events: int | None = Field(default=None, gt=0)   # None: DEFAULT_MAX_EVENTS
     max_event_bytes: int | None = None                  # None: DEFAULT_MAX_EVENT_BYTES
 
     @field_validator("max_memory", "max_event_bytes", mode="before")
     @classmethod
     def _size(cls, v):
-        from caper.limits import parse_size
+        from caper.sandbox.limits import parse_size
         return None if v is None else parse_size(v)
 
     def trace_kwargs(self) -> dict:

@@ -14,16 +14,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from caper import mountinfo
-from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver,
+from caper.fs import mountinfo
+from caper.judge import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver,
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
-from caper.events import End, Output, RunResult
+from caper.sandbox.events import End, Output, RunResult
 from caper.state import KEPT_S, state_dir as checked_state_dir
-from caper.workspace import find_workspace
+from caper.report.workspace import find_workspace
 
 if TYPE_CHECKING:
-    from caper.report import Report
+    from caper.report.build import Report
     from caper.config import Config
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -104,18 +104,18 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     are tainted for every later run. still_wanted: asked just before a
     commit; False (the caller went away) rolls the run back. on_unsure:
     overrides the configuration's (ask: an unsure run is held for a human,
-    see caper.pending). max_memory: bytes for the whole sandbox (default:
-    config.toml's [limits], else caper.limits.DEFAULT_MAX_MEMORY)."""
+    see caper.held). max_memory: bytes for the whole sandbox (default:
+    config.toml's [limits], else caper.sandbox.limits.DEFAULT_MAX_MEMORY)."""
     from caper.config import load_config
-    from caper.secrets import ProtectedPattern
-    from caper.session import TAINT_KIND, check_session_id, open_sessions
+    from caper.report.secrets import ProtectedPattern
+    from caper.judge.session import TAINT_KIND, check_session_id, open_sessions
 
     config = config or load_config(env=env)
     if on_unsure is not None:
         if on_unsure not in ON_UNSURE:
             raise ConfigError(f"on_unsure must be one of {', '.join(ON_UNSURE)}, not {on_unsure!r}")
         config = config.model_copy(update={"on_unsure": on_unsure})
-    from caper.limits import DEFAULT_MAX_MEMORY, parse_size
+    from caper.sandbox.limits import DEFAULT_MAX_MEMORY, parse_size
     if isinstance(max_memory, str):        # "4G", from a gate request or a caller
         try:
             max_memory = parse_size(max_memory)
@@ -164,18 +164,18 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
          still_wanted: "Callable[[], bool] | None", max_memory: int) -> RunOutcome:
-    from caper.btrfs import (BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume,
+    from caper.view.btrfs import (BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume,
                              recover_btrfs)
-    from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
+    from caper.commit.engine import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
-    from caper.content import RunTree
-    from caper.pending import expire, hold
-    from caper.report import RunFacts, build, notes
-    from caper.secrets import default_patterns, protected_for
-    from caper.limits import DiskGuard
-    from caper.snapshot import (OverlaySnapshot, collect_dead_runs, expire_kept, later,
+    from caper.report.content import RunTree
+    from caper.held import expire, hold
+    from caper.report.build import RunFacts, build, notes
+    from caper.report.secrets import default_patterns, protected_for
+    from caper.sandbox.limits import DiskGuard
+    from caper.view.overlay import (OverlaySnapshot, collect_dead_runs, expire_kept, later,
                                 over_keep_quota)
-    from caper.trace import trace
+    from caper.sandbox.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
     # its changes needs root); everything else, and every other case, overlay.

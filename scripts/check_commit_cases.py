@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Check the commit case matrix: every `CASE(changed, host)` label in
-caper/commit.py has a test in tests/test_commit.py, and every label a test
+caper/commit/engine.py has a test in tests/test_commit.py, and every label a test
 claims exists in the code.  Exit status 1 on any gap.
 
     python3 scripts/check_commit_cases.py
@@ -24,7 +24,7 @@ def labels(path: Path) -> set[tuple[str, str]]:
 def main() -> int:
     code, tests = labels(CODE), labels(TESTS)
     problems = [f"missing test for CASE({a}, {b})" for a, b in sorted(code - tests)]
-    problems += [f"tests claim CASE({a}, {b}), which caper/commit.py does not label"
+    problems += [f"tests claim CASE({a}, {b}), which caper/commit/engine.py does not label"
                  for a, b in sorted(tests - code)]
     for p in problems:
         print(p)

@@ -1,12 +1,12 @@
 """Crash tests' kill switch: run a function in a child that SIGKILLs itself
-at the N-th filesystem step of a commit engine (caper.journal.step)."""
+at the N-th filesystem step of a commit engine (caper.commit.journal.step)."""
 from __future__ import annotations
 
 import os
 import signal
 import traceback
 
-from caper import journal
+from caper.commit import journal
 
 
 class _Killer:

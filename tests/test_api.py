@@ -40,7 +40,7 @@ def test_gate_runs_commits_and_blocks(project, tmp_path):
     assert not bad.committed and bad.decision == "block" and tree(project) == before
     assert '".git"' in bad.reason and '"src"' in bad.reason   # the block, and what else it saw
     # One session: the second run's approver saw the first.
-    from caper.session import open_sessions
+    from caper.judge.session import open_sessions
     with open_sessions(str(tmp_path / "state")) as s:
         assert [h["decision"] for h in s.history(gate.session)] == ["allow", "block"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from caper.config import Config
 from caper.errors import ConfigError
-from caper.snapshot import settle
+from caper.view.overlay import settle
 from caper.transaction import run
 from test_run import tree
 

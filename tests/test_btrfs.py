@@ -1,4 +1,4 @@
-"""caper.btrfs on a real btrfs: a loop-mounted image made once per session.
+"""caper.view.btrfs on a real btrfs: a loop-mounted image made once per session.
 
 Needs root (mount, snapshot ioctls, tree search), the kernel's btrfs,
 mkfs.btrfs and the btrfsutil module; skipped with the reason otherwise.
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-import caper.btrfs as B
-from caper.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
+import caper.view.btrfs as B
+from caper.view.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume, recover_btrfs
 from caper.errors import CaperError
-from caper.snapshot import settle
-from caper.syscalls import RENAME_EXCHANGE, renameat2
+from caper.view.overlay import settle
+from caper.fs.syscalls import RENAME_EXCHANGE, renameat2
 from crash import kill_sweep, killed_at
 
 
@@ -597,8 +597,8 @@ def test_a_btrfs_workspace_does_not_hold_the_command_for_the_coarse_clock(env, t
     """caper's state is elsewhere (ext4 here): the kernel's timestamp floor is
     shown on btrfs in the directory where caper makes its snapshot, so the
     command is not held back (before: ~5 ms of every btrfs run)."""
-    from caper import ctimes
-    from caper.snapshot import OverlaySnapshot
+    from caper.commit import ctimes
+    from caper.view.overlay import OverlaySnapshot
     if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (6, 13):
         pytest.skip("the kernel predates multigrain timestamps")
     state = tmp_path / "state"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from caper.integrations import claude_rules as cr
-from caper.integrations import hooks
+from caper.front import claude_rules as cr
+from caper.front import hooks
 
 
 @pytest.mark.parametrize("pattern, command, hit", [

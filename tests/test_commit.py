@@ -8,7 +8,7 @@ symlink targets, xattrs and mtimes.  No mocks; the crash tests kill the
 committing process for real (SIGKILL) at every filesystem step.
 
 Each test names the cases it covers as `# CASE(<changed>, <host>)`, matching the
-labels in caper/commit.py; scripts/check_commit_cases.py checks the match.
+labels in caper/commit/engine.py; scripts/check_commit_cases.py checks the match.
 """
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from caper import commit as C
-from caper import ctimes, journal, mountinfo
-from caper.commit import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
+from caper.commit import engine as C
+from caper.commit import ctimes
+from caper.commit import journal
+from caper.fs import mountinfo
+from caper.commit.engine import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
 from caper.errors import CaperError
 from crash import kill_sweep, killed_at
 from test_ctimes import wait_for

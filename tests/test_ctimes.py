@@ -1,4 +1,4 @@
-"""The snapshot's conflict threshold (caper.ctimes): a change just before it
+"""The snapshot's conflict threshold (caper.commit.ctimes): a change just before it
 is below it, a change just after it at or above it, on the filesystems at
 hand, without waiting where the kernel's timestamp floor makes waiting
 unnecessary and with the wait where it does not."""
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from caper import ctimes, mountinfo
-from caper.snapshot import settle
+from caper.commit import ctimes
+from caper.fs import mountinfo
+from caper.view.overlay import settle
 
 
 def wait_for(threshold: ctimes.Threshold) -> None:

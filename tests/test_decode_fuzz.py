@@ -10,8 +10,8 @@ import struct
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from caper._native import ffi
-from caper.events import HEADER_SIZE, DecodeError, Event, Kind, decode
+from caper.sandbox._native import ffi
+from caper.sandbox.events import HEADER_SIZE, DecodeError, Event, Kind, decode
 
 EXAMPLES = int(os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", 25)) * 8
 FIELDS = [f for f, _ in ffi.typeof("struct caper_event").fields]

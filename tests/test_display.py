@@ -13,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from caper.approve import Decision
+from caper.judge import Decision
 from caper.display import escape, quote
-from caper.integrations import hooks
+from caper.front import hooks
 from caper.transaction import run
 from conftest import git_project
 

@@ -2,7 +2,7 @@
 clients in tests/test_real_agents.py)."""
 from __future__ import annotations
 
-from caper import doctor
+from caper.front import doctor
 
 
 def test_the_machine_checks_pass_here_and_the_pipeline_runs_once(tmp_path, monkeypatch):

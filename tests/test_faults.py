@@ -24,8 +24,8 @@ SLEEPER = "import time; time.sleep(60)"
 # stage under test and then waits there to be killed.
 CHILD = r"""
 import os, sys, time
-import caper.report, caper.transaction
-from caper.approve import Decision
+import caper.report.build, caper.transaction
+from caper.judge import Decision
 from caper.config import Config
 ws, state, stage, marker, sleeper = sys.argv[1:6]
 
@@ -33,12 +33,12 @@ def arrive():
     open(marker, "w").close()
     time.sleep(60)
 
-real_build = caper.report.build
+real_build = caper.report.build.build
 def slow_build(facts):
     if stage == "report":
         arrive()
     return real_build(facts)
-caper.report.build = slow_build
+caper.report.build.build = slow_build
 
 class SlowApprover:
     name = "slow"
@@ -111,7 +111,7 @@ def test_kill_9_before_the_commit_changes_nothing_and_recover_cleans_up(tmp_path
 
 def test_a_live_run_is_not_collected(tmp_path):
     """collect_dead_runs spares a run whose owner still holds its lock."""
-    from caper.snapshot import OverlaySnapshot, collect_dead_runs
+    from caper.view.overlay import OverlaySnapshot, collect_dead_runs
     snap = OverlaySnapshot.create(str(tmp_path / "state"), userxattr=os.geteuid() != 0)
     try:
         assert collect_dead_runs(str(tmp_path / "state")) == []
@@ -136,7 +136,7 @@ def test_security_md_names_only_tests_that_exist():
 # --- a full disk during the commit, a damaged state directory -----------------------------------
 
 from caper.config import Config  # noqa: E402
-from caper.snapshot import settle  # noqa: E402
+from caper.view.overlay import settle  # noqa: E402
 from caper.transaction import run  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts a small tmpfs")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from caper import gate
+from caper.front import gate
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from caper import gate
+from caper.front import gate
 from test_gate import _stop, caper, env  # noqa: F401  (env is a fixture)
 
 

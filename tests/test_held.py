@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from caper import pending
-from caper.commit import CommitConflict
+from caper import held as pending
+from caper.commit.engine import CommitConflict
 from caper.config import Config
 from caper.errors import ConfigError
 from caper.transaction import run

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from caper.integrations import hooks
+from caper.front import hooks
 from conftest import git_project
 from test_run import tree
 
@@ -182,7 +182,7 @@ def test_the_makefile_that_deletes_the_sources_is_blocked(agent, project, tmp_pa
 
 
 def test_codex_lets_through_only_the_exact_wrapped_command(project, tmp_path):
-    from caper.tasks import new_call
+    from caper.front.tasks import new_call
     state = str(tmp_path / "state")
     os.makedirs(state, mode=0o700)
     call = new_call(state, "sess-1", "make", TASK, "transcript")

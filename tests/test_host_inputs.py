@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from caper import gate, pending
+from caper.front import gate
+from caper import held as pending
 from caper.errors import ConfigError
-from caper.integrations import hooks
+from caper.front import hooks
 from caper.state import state_dir
 from conftest import git_project
 

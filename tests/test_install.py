@@ -54,7 +54,7 @@ def _caper(venv: Path, *args: str, stdin: str = "", path: str | None = None,
 @pytest.mark.slow
 def test_the_wheel_holds_every_package_and_the_native_core(venv):
     py = subprocess.run([str(venv / "bin" / "python"), "-c",
-                         "import caper, caper.integrations.hooks, caper_native._caper, "
+                         "import caper, caper.front.hooks, caper_native._caper, "
                          "importlib.resources as r; print(caper.__file__); "
                          "print(r.files('caper').joinpath('data/policy.toml').is_file())"],
                         cwd=venv.parent, env=CLEAN_ENV, capture_output=True, text=True,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from caper.events import End, Event, Family, Kind, Refusal
-from caper.trace import trace
+from caper.sandbox.events import End, Event, Family, Kind, Refusal
+from caper.sandbox.trace import trace
 from hostprocs import pids_with_cmdline
 
 PY = sys.executable  # not the pyenv shim: a shell script that forks a lot
@@ -650,7 +650,7 @@ print(f"made={{made}}", flush=True)
 
 
 def _pids_cgroup_or_skip():
-    from caper.limits import sandbox_cgroups
+    from caper.sandbox.limits import sandbox_cgroups
     probe = sandbox_cgroups(None, 4)
     probe.remove()
     if probe.pids is None:
@@ -660,7 +660,7 @@ def _pids_cgroup_or_skip():
 def test_the_kernel_refuses_forks_past_the_pids_cgroup(tmp_path):
     """The pids cgroup on its own, without the tracer: the process placed in
     it gets EAGAIN at max_pids + PIDS_MARGIN tasks, and the cgroup says so."""
-    from caper.limits import PIDS_MARGIN, sandbox_cgroups
+    from caper.sandbox.limits import PIDS_MARGIN, sandbox_cgroups
     _pids_cgroup_or_skip()
     cg = sandbox_cgroups(None, 4)
     [procs] = cg.procs
@@ -687,7 +687,7 @@ def test_the_kernel_refuses_forks_past_the_pids_cgroup(tmp_path):
 def test_forks_the_pids_cgroup_refused_end_the_run_at_the_pids_limit(tmp_path, monkeypatch):
     """With no margin, the kernel refuses the command's forks before the
     tracer counts past the limit: the run still ends as PIDS_LIMIT."""
-    from caper import limits
+    from caper.sandbox import limits
     _pids_cgroup_or_skip()
     monkeypatch.setattr(limits, "PIDS_MARGIN", 0)
     events, result = sandbox([PY, "-c", BURST.format(forks=40)], tmp_path, max_pids=8,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from caper import pending
+from caper import held as pending
 from caper.config import Config
 from caper.transaction import run
 from conftest import git_project

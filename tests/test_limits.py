@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from caper.events import End, Kind
-from caper.limits import DEFAULT_MAX_MEMORY, DEFAULT_SHM_SIZE, DiskGuard, parse_size
-from caper.trace import trace
+from caper.sandbox.events import End, Kind
+from caper.sandbox.limits import DEFAULT_MAX_MEMORY, DEFAULT_SHM_SIZE, DiskGuard, parse_size
+from caper.sandbox.trace import trace
 from caper.transaction import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_a_run_past_its_memory_limit_ends_clearly_and_is_blocked(how, ws, tmp_pa
 ROOTLESS_HOG = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from caper.trace import trace
+from caper.sandbox.trace import trace
 t = trace([sys.executable, "-c", sys.argv[2]], cwd="/", timeout=60, max_memory=64 << 20)
 events, r = t.run()
 print(json.dumps({"end": r.end.name, "stdout": r.stdout.text().decode(),
@@ -170,7 +170,7 @@ def test_dev_shm_is_bounded():
 
 
 def test_what_is_left_in_dev_shm_is_said_in_the_report(ws, tmp_path):
-    from caper.report import SHM_DISCARDED
+    from caper.report.build import SHM_DISCARDED
     outcome = run("head -c 3M /dev/zero > /dev/shm/cache", cwd=str(ws), approver="allow",
                   state_dir=str(tmp_path / "state"))
     assert f"{SHM_DISCARDED}: {3 << 20}" in outcome.report.uncertain
@@ -323,8 +323,8 @@ def _make_deep(root: Path, levels: int = 3000) -> None:
 
 @pytest.mark.parametrize("approver", ["block", "allow"])
 def test_a_3000_level_tree_is_blocked_cleanly_and_later_runs_work(approver, ws, tmp_path):
-    from caper.commit import MAX_TREE_DEPTH
-    from caper.snapshot import settle
+    from caper.commit.engine import MAX_TREE_DEPTH
+    from caper.view.overlay import settle
     state = str(tmp_path / "state")
     outcome = run([PY, "-c", DEEP], cwd=str(ws), approver=approver, state_dir=state)
     assert not outcome.committed and outcome.report is not None
@@ -337,7 +337,7 @@ def test_a_3000_level_tree_is_blocked_cleanly_and_later_runs_work(approver, ws, 
 
 
 def test_a_deep_tree_within_the_bound_commits_past_path_max(ws, tmp_path):
-    from caper.snapshot import settle
+    from caper.view.overlay import settle
     state = str(tmp_path / "state")
     name = "d" * 40        # 150 levels of 41 bytes: 6,150 bytes of path, past PATH_MAX
     code = f"import os\nfor i in range(150):\n    os.mkdir({name!r}); os.chdir({name!r})\n" \
@@ -356,7 +356,7 @@ def test_a_deep_tree_within_the_bound_commits_past_path_max(ws, tmp_path):
 
 
 def test_deleting_a_host_tree_past_the_bound_is_refused_not_a_crash(ws, tmp_path):
-    from caper.snapshot import remove_tree
+    from caper.view.overlay import remove_tree
     _make_deep(ws)
     try:
         outcome = run("rm -rf d", cwd=str(ws), approver="allow", state_dir=str(tmp_path / "s"))
@@ -367,7 +367,7 @@ def test_deleting_a_host_tree_past_the_bound_is_refused_not_a_crash(ws, tmp_path
 
 
 def test_dead_runs_of_any_depth_are_collected(tmp_path):
-    from caper.snapshot import collect_dead_runs
+    from caper.view.overlay import collect_dead_runs
     state = tmp_path / "state"
     dead = state / "runs" / "0123456789abcdef"
     dead.mkdir(parents=True)
@@ -469,8 +469,8 @@ def test_setuid_is_shown_and_blocked_rootless():
 def btrfs_ws(tmp_path_factory):
     """A subvolume workspace on a small loop-mounted btrfs (root only)."""
     import shutil
-    from caper import btrfs
-    from caper.snapshot import settle
+    from caper.view import btrfs
+    from caper.view.overlay import settle
     if os.geteuid() != 0 or not shutil.which("mkfs.btrfs") or btrfs.btrfsutil is None:
         pytest.skip("needs root, mkfs.btrfs and btrfsutil")
     base = tmp_path_factory.mktemp("btrfs")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from caper.approve import ApprovalRequest, AutoApprover
+from caper.judge import ApprovalRequest, AutoApprover
 from caper.config import Config, LlmConfig
-from caper.llm import SCHEMA, LlmApprover
-from caper.policy import PolicyApprover
+from caper.judge.llm import SCHEMA, LlmApprover
+from caper.judge.policy import PolicyApprover
 from caper.transaction import run
 from conftest import git_project
 from llm_server import GOOD, LlmServer

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from caper.config import Config
-from caper.policy import declared_by_command
+from caper.judge.policy import declared_by_command
 from caper.transaction import run
 from conftest import git
 from test_run import tree

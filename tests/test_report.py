@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import caper.report
+import caper.report.build
 from caper.config import Config, load_config
 from caper.errors import ConfigError, ReportError
-from caper.report import CAP_BYTES, Report
+from caper.report.build import CAP_BYTES, Report
 from caper.transaction import run
 from conftest import git
 from test_run import tree
@@ -264,7 +264,7 @@ def test_bad_config_is_a_clear_error(tmp_path, text, field):
 def test_a_report_that_cannot_be_built_blocks_and_changes_nothing(repo, tmp_path, monkeypatch):
     def broken(facts):
         raise RuntimeError("report bug")
-    monkeypatch.setattr(caper.report, "build", broken)
+    monkeypatch.setattr(caper.report.build, "build", broken)
     before = tree(repo)
     with pytest.raises(ReportError, match="report bug"):
         go("rm -rf src; echo x > new", repo, tmp_path, approver="allow", config=Config())
@@ -306,7 +306,7 @@ def test_git_classification_of_many_paths_more_than_a_pipe_holds(tmp_path):
     """PathView asks git check-ignore on its stdin while ls-files runs: the
     part of the names that fits in the pipe is written at once, the rest
     when the answer is read. 3,000 long names (~200 KB) go both ways."""
-    from caper.workspace import PathView
+    from caper.report.workspace import PathView
     from conftest import git_project
     ws = git_project(tmp_path / "p", {"src/a.c": "int a;\n", ".gitignore": "build/\n"})
     names = [str(ws / "build" / f"{'o' * 60}{i}.o") for i in range(3000)]

@@ -13,11 +13,11 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from caper.commit import Change
-from caper.content import RunTree
-from caper.events import End, Event, Family, Info, Kind, Output, Refusal, RunResult
-from caper.report import CAP_BYTES, Report, RunFacts, build
-from caper.secrets import MIN_SECRET_LEN, Protected, default_patterns
+from caper.commit.engine import Change
+from caper.report.content import RunTree
+from caper.sandbox.events import End, Event, Family, Info, Kind, Output, Refusal, RunResult
+from caper.report.build import CAP_BYTES, Report, RunFacts, build
+from caper.report.secrets import MIN_SECRET_LEN, Protected, default_patterns
 
 EXAMPLES = int(os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", 25))
 

@@ -21,8 +21,8 @@ NOBODY = 65534
 SCRIPT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from caper.trace import trace
-from caper.events import Kind
+from caper.sandbox.trace import trace
+from caper.sandbox.events import Kind
 cmd = ("echo hi > made-inside; id -u; "
        "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
        "tail -n +3 /proc/net/dev | cut -d: -f1; mount -t tmpfs none /mnt; echo mount=$?")
@@ -193,7 +193,7 @@ def test_every_read_only_bind_is_made_read_only_as_a_whole_tree(tmp_path):
     """Where the kernel can (mount_setattr), every tree the plan binds
     read-only gets its flags recursively, mounts below it or not: a mount
     the host adds below it after the plan is read-only too."""
-    from caper.snapshot import MS_BIND, MS_REC, MS_REMOUNT, MS_RDONLY, OverlaySnapshot, _can_remount_tree
+    from caper.view.overlay import MS_BIND, MS_REC, MS_REMOUNT, MS_RDONLY, OverlaySnapshot, _can_remount_tree
     if not _can_remount_tree():
         pytest.skip("this kernel has no mount_setattr")
     if os.geteuid() != 0:
@@ -302,7 +302,7 @@ def test_a_write_below_a_directory_of_a_foreign_group_says_why_it_failed():
     setgid team directory whose group has no id in the user namespace cannot
     be copied up, so a write there fails with EOVERFLOW ('Value too large
     for defined data type'). The report flags it and caper run says why."""
-    from caper.report import NOTES, WRITES_REFUSED
+    from caper.report.build import NOTES, WRITES_REFUSED
     need_rootless_venv()
     ws, state = tempfile.mkdtemp(prefix="caper-group-"), tempfile.mkdtemp(prefix="caper-state-")
     team = Path(ws, "team")

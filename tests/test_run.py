@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from caper.errors import ConfigError
-from caper.snapshot import settle
-from caper.report import LINKS_SPLIT, NOTES, RENAMES_REFUSED
+from caper.view.overlay import settle
+from caper.report.build import LINKS_SPLIT, NOTES, RENAMES_REFUSED
 from caper.transaction import EXIT_NOT_COMMITTED, run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,7 +217,7 @@ def test_cli_json_and_block_status(ws, state):
 def test_the_cli_parser_built_for_one_subcommand_parses_it_like_the_whole(argv):
     """main() builds only the invoked subcommand's arguments (a hook's
     `caper run` saves ~3 ms): same result as the whole parser."""
-    from caper.cli import build_parser
+    from caper.front.cli import build_parser
     whole = vars(build_parser().parse_args(argv))
     one = vars(build_parser(only=argv[0]).parse_args(argv))
     assert one == whole and whole["cmd"] == argv[0]
@@ -337,7 +337,7 @@ def test_parallel_runs_sharing_a_state_dir_lose_no_commit(tmp_path):
 
 
 def test_the_workspace_is_the_git_top_level_else_the_cwd(tmp_path):
-    from caper.workspace import find_workspace
+    from caper.report.workspace import find_workspace
     repo = tmp_path / "repo"
     (repo / "a" / "b").mkdir(parents=True)
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)

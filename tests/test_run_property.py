@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from caper.snapshot import remove_tree
+from caper.view.overlay import remove_tree
 from caper.transaction import run
 from test_run import tree
 

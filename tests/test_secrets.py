@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from caper.secrets import Protected, ProtectedPattern, Redactor, default_patterns, values_in
+from caper.report.secrets import Protected, ProtectedPattern, Redactor, default_patterns, values_in
 
 HOME = "/home/u"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from caper.approve import Decision
+from caper.judge import Decision
 from caper.config import Config
 from caper.errors import ConfigError
 from caper.transaction import run
@@ -116,7 +116,7 @@ def test_bad_session_ids_are_refused(ws, tmp_path):
 
 def _open_at(args):
     state, start = args
-    from caper.session import Sessions
+    from caper.judge.session import Sessions
     while time.time() < start:      # all at once
         pass
     try:
@@ -143,7 +143,7 @@ def test_a_secret_copied_to_a_long_path_taints_that_exact_file(ws, tmp_path):
     """The taint comes from the builder's own list of files that received
     secrets, not from the report's names, which are shortened and cut to fit
     (240 characters at most): this path is longer."""
-    from caper.session import open_sessions
+    from caper.judge.session import open_sessions
     long = "/".join(["d" * 80] * 3) + "/app.log"
     (ws / long).parent.mkdir(parents=True)
     out = go(ws, f"cat .env >> {long}", "allow", tmp_path)

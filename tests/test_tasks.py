@@ -1,5 +1,5 @@
-"""The task is the user's words and only the user's (caper.tasks,
-caper.integrations.transcripts): it never travels in the command the agent
+"""The task is the user's words and only the user's (caper.front.tasks,
+caper.front.transcripts): it never travels in the command the agent
 controls, repository text injected into the transcript is not the task, the
 user's words are found however far back they are, and no task known is the
 strictest case. Real hooks, real `caper run`, real sandbox.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from caper import tasks
-from caper.integrations import hooks
-from caper.integrations.transcripts import task_from_transcript
+from caper.front import tasks
+from caper.front import hooks
+from caper.front.transcripts import task_from_transcript
 from test_hooks import AGENTS, BIN, TASK, hook_input, project, run_command, run_hook  # noqa: F401
 from test_run import tree
 

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from caper._native import lib
+from caper.sandbox._native import lib
 from caper.errors import STEP_ERRORS, ConfigError, ExecError
-from caper.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
-from caper.trace import Trace, baseline, trace
+from caper.sandbox.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
+from caper.sandbox.trace import Trace, baseline, trace
 from hostprocs import pids_with_cmdline
 
 PY = os.path.realpath(sys.executable)
@@ -140,7 +140,7 @@ def test_writes_are_never_noise(tmp_path):
     target = tmp_path / "lib.so"
     target.write_text("")
     profile = baseline()
-    from caper.trace import NoiseProfile
+    from caper.sandbox.trace import NoiseProfile
     noisy = NoiseProfile(exact=profile.exact | {str(target)}, prefixes=profile.prefixes)
     events, _ = run([PY, "-c", f"open({str(target)!r}).close(); open({str(target)!r}, 'w').close()"],
                     noise=noisy)
@@ -314,7 +314,7 @@ def test_the_sandbox_dies_with_caper(tmp_path):
     PR_SET_PDEATHSIG take every sandbox process with it, daemons included."""
     marker = f"{41 + os.getpid() % 1000}.{time.time_ns() % 10**6:06d}"  # a unique sleep length
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "from caper.trace import trace\n"
+            "from caper.sandbox.trace import trace\n"
             "trace(%r, timeout=120).run()\n") % (
         str(Path(__file__).resolve().parent.parent),
         f"(setsid sleep {marker} &); sleep {marker}")
@@ -358,7 +358,7 @@ def test_the_run_answers_before_its_init_is_reaped_and_leaves_no_zombie(command)
     while the kernel tears its namespaces down (rootless: ~3 ms of every run).
     A background job still stops the answer until it is dead, and a command
     that never started (init still in its vfork) does not hang the run."""
-    from caper.snapshot import settle
+    from caper.view.overlay import settle
     before = set(_zombie_children())         # another test's, if any
     events, result = trace(command, timeout=30).run()
     assert pids_with_cmdline(b"sleep\x000.373") == []   # dead when the run answered

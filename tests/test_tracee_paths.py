@@ -233,7 +233,7 @@ def test_a_directory_swapped_while_the_tracer_looks_a_bind_up_unlocks_no_host_so
     host's socket of that name as bound (within tens of tries, caper
     trace), and connect the command to it. A socket older than the bind is
     not the one it made."""
-    from caper.trace import trace
+    from caper.sandbox.trace import trace
     d = tempfile.mkdtemp(prefix="sec-tracer-")
     host = os.path.join(d, "h.sock")
     listener = socket.socket(socket.AF_UNIX)

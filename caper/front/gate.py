@@ -46,21 +46,19 @@ IDLE_S = float(os.environ.get("CAPER_GATE_IDLE", 900))
 
 def build_id() -> str:
     """Changes whenever caper's code does: the newest mtime of its files."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = [package, os.path.join(os.path.dirname(package), "caper_native")]
     newest = 0
-    for d in (here, os.path.join(os.path.dirname(here), "caper_native")):
+    while dirs:
         try:
-            with os.scandir(d) as it:
+            with os.scandir(dirs.pop()) as it:
                 for e in it:
-                    if e.name.endswith((".py", ".so", ".toml")):
+                    if e.is_dir(follow_symlinks=False) and e.name != "__pycache__":
+                        dirs.append(e.path)
+                    elif e.name.endswith((".py", ".so", ".toml")):
                         newest = max(newest, e.stat().st_mtime_ns)
         except OSError:
             pass
-    try:
-        with os.scandir(os.path.join(here, "data")) as it:
-            newest = max([newest] + [e.stat().st_mtime_ns for e in it])
-    except OSError:
-        pass
     return f"{PROTOCOL}-{newest}"
 
 

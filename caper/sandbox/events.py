@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from caper._native import ffi, lib
+from caper.sandbox._native import ffi, lib
 
 
 def _enum(name: str, prefix: str) -> type[enum.IntEnum]:

@@ -60,7 +60,7 @@ def build_server():
     from mcp.shared.exceptions import NoBackChannelError
     from mcp.types import CallToolResult, ClientCapabilities, RootsCapability, TextContent
 
-    from caper.api import Gate
+    from caper.front.api import Gate
 
     server = MCPServer(name="caper", instructions=INSTRUCTIONS)
     gate = Gate(session=f"mcp-{os.getpid()}")

@@ -37,7 +37,7 @@ import sys
 from caper import __version__
 
 EXIT_CAPER_FAILED = 125
-AGENT_NAMES = ["claude-code", "codex", "gemini"]   # caper/integrations/hooks.py
+AGENT_NAMES = ["claude-code", "codex", "gemini"]   # caper/front/hooks.py
 EXIT_TIMEOUT = 124
 EXIT_LIMIT = 137
 
@@ -63,12 +63,12 @@ def _line(ev) -> str:
 
 def cmd_trace(args, parser) -> int:
     from caper.errors import CaperError
-    from caper.events import End
-    from caper.limits import DEFAULT_MAX_MEMORY
-    from caper.trace import trace
+    from caper.sandbox.events import End
+    from caper.sandbox.limits import DEFAULT_MAX_MEMORY
+    from caper.sandbox.trace import trace
 
     if args.debug_filter:
-        from caper._native import lib
+        from caper.sandbox._native import lib
         lib.caper_dump_filter(2)
     command = _command(args, parser)
     try:
@@ -118,7 +118,7 @@ def cmd_trace(args, parser) -> int:
 def _call_task(args, parser, command, state: str) -> str | None:
     """The task of a hook's call (--call): from its record, which must name
     this session and exactly this command; it serves one run."""
-    from caper.tasks import take_call
+    from caper.front.tasks import take_call
     if args.task is not None:
         parser.error("--call takes the task from the hook's record: no --task with it")
     if not isinstance(command, str) or not args.session:
@@ -129,7 +129,7 @@ def _call_task(args, parser, command, state: str) -> str | None:
 def cmd_run(args, parser) -> int:
     from caper.errors import ConfigError
     from caper.state import state_dir
-    from caper.tasks import TaskRecordError
+    from caper.front.tasks import TaskRecordError
     command = _command(args, parser)
     try:
         state = state_dir()
@@ -139,7 +139,7 @@ def cmd_run(args, parser) -> int:
     except TaskRecordError as e:
         return _failed(args, f"{e}; not run")
     if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
-        from caper import gate
+        from caper.front import gate
         payload = {"command": command, "task": task, "approver": args.approver,
                    "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
                    "workspace": args.workspace and os.path.abspath(args.workspace),
@@ -218,7 +218,7 @@ def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> 
 
 
 def cmd_commit(args, parser) -> int:
-    from caper import pending
+    from caper import held as pending
     from caper.errors import CaperError
     from caper.state import state_dir
     try:
@@ -238,12 +238,12 @@ def cmd_commit(args, parser) -> int:
 
 
 def cmd_hook(args, parser) -> int:
-    from caper.integrations.hooks import hook_main
+    from caper.front.hooks import hook_main
     return hook_main(args.agent, timeout_s=args.timeout)
 
 
 def cmd_install(args, parser) -> int:
-    from caper.integrations import hooks
+    from caper.front import hooks
     scope = "user" if args.user else "project" if args.project else None
     try:
         if args.remove:
@@ -256,13 +256,13 @@ def cmd_install(args, parser) -> int:
     print(f"caper: installed in {path}")
     for line in todo:
         print(f"caper: WARNING: {line}", file=sys.stderr)
-    from caper import doctor     # the rest of what caper needs, each with its fix
+    from caper.front import doctor     # the rest of what caper needs, each with its fix
     print("caper doctor:\n" + doctor.report(doctor.run(agents=[args.agent]))[0])
     return 1 if todo else 0
 
 
 def cmd_doctor(args, parser) -> int:
-    from caper import doctor
+    from caper.front import doctor
     text, status = doctor.report(doctor.run(args.cwd, agents=args.agent,
                                             sandbox=not args.no_sandbox))
     print(text)
@@ -270,13 +270,13 @@ def cmd_doctor(args, parser) -> int:
 
 
 def cmd_mcp(args, parser) -> int:
-    from caper.integrations.mcp_server import main
+    from caper.front.mcp_server import main
     return main()
 
 
 def cmd_serve(args, parser) -> int:
     from caper.errors import ConfigError
-    from caper.gate import IDLE_S, serve
+    from caper.front.gate import IDLE_S, serve
     from caper.state import state_dir
     try:
         state = state_dir(args.state_dir)
@@ -288,7 +288,7 @@ def cmd_serve(args, parser) -> int:
 
 def cmd_session(args, parser) -> int:
     from caper.errors import CaperError
-    from caper.session import check_session_id, open_sessions
+    from caper.judge.session import check_session_id, open_sessions
     from caper.state import state_dir
 
     try:
@@ -310,7 +310,7 @@ def cmd_session(args, parser) -> int:
 
 
 def cmd_demo(args, parser) -> int:
-    from caper.demo import main as demo
+    from caper.front.demo import main as demo
     from caper.errors import CaperError
     try:
         return demo()
@@ -320,10 +320,10 @@ def cmd_demo(args, parser) -> int:
 
 
 def cmd_recover(args, parser) -> int:
-    from caper.btrfs import recover_btrfs
-    from caper.commit import recover
+    from caper.view.btrfs import recover_btrfs
+    from caper.commit.engine import recover
     from caper.errors import CaperError
-    from caper.snapshot import collect_dead_runs
+    from caper.view.overlay import collect_dead_runs
     from caper.state import state_dir
 
     try:
@@ -366,7 +366,7 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                                   "your own words, when you call caper yourself")
     r.add_argument("--call", metavar="ID",
                    help="a hook's call record: the task is the one the hook recorded for this "
-                        "session and exactly this command (caper.tasks)")
+                        "session and exactly this command (caper.front.tasks)")
     r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
                    help="auto (default): policy, then the LLM if configured for what policy is "
                         "unsure of; allow: commit everything; block: preview only")
@@ -471,7 +471,7 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
 
 
 def _size(text: str) -> int:
-    from caper.limits import parse_size
+    from caper.sandbox.limits import parse_size
     try:
         return parse_size(text)
     except ValueError as e:

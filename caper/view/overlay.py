@@ -6,7 +6,7 @@ The overlays are assembled under a staging root inside caper's scratch
 directory, in the sandbox's own mount namespace, and the sandbox then moves
 into that root. The host tree is the lower layer and is never written;
 every write lands in an upper directory under the scratch directory.
-Rollback is deleting the scratch directory; commit is caper.commit.
+Rollback is deleting the scratch directory; commit is caper.commit.engine.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from caper import ctimes, mountinfo
-from caper.commit import Layer, rmtree_at
+from caper.commit import ctimes
+from caper.fs import mountinfo
+from caper.commit.engine import Layer, rmtree_at
 from caper.errors import CaperError, ConfigError, SetupError
 
 # Filesystems whose contents are kernel state, not files: /proc, /sys and
@@ -105,7 +106,7 @@ def _foreign_between(top: str, path: str) -> bool:
 
 @functools.cache
 def _can_remount_tree() -> bool:
-    from caper._native import lib
+    from caper.sandbox._native import lib
     return bool(lib.caper_can_remount_tree())
 
 
@@ -265,8 +266,8 @@ class OverlaySnapshot:
     stage: str
     layers: list[Layer]
     mounts: list[Mount]
-    since_ns: int           # the conflict threshold (caper.ctimes)
-    not_before_ns: int      # 0, or when the command may start (caper.ctimes)
+    since_ns: int           # the conflict threshold (caper.commit.ctimes)
+    not_before_ns: int      # 0, or when the command may start (caper.commit.ctimes)
     hidden: list[str] = field(default_factory=list)
     lock_fd: int = -1       # flocked while this process owns the run (see collect_dead_runs)
 
@@ -366,7 +367,7 @@ class OverlaySnapshot:
 
     def discard_later(self) -> None:
         """discard() after the answer (see later()): deleting what a run
-        wrote, and what its commit replaced (caper.commit's trash), takes
+        wrote, and what its commit replaced (caper.commit.engine's trash), takes
         ~100 us a file where the files are on disk. The scratch stays locked
         until it is gone, so collect_dead_runs spares it."""
         later(self.discard)
@@ -395,7 +396,7 @@ def later(clean_up: Callable[[], None]) -> None:
 def settle() -> None:
     """Wait until every clean-up handed to later() is done, and every
     sandbox's init, still exiting when its run answered, is reaped."""
-    from caper.trace import TRACER_THREAD
+    from caper.sandbox.trace import TRACER_THREAD
     for t in threading.enumerate():
         if t.name in (DISCARD_THREAD, TRACER_THREAD):
             t.join()
@@ -436,7 +437,7 @@ def collect_dead_runs(state_dir: str) -> list[str]:
 
 def expire_kept(state_dir: str, max_age_s: float) -> list[str]:
     """Scratch dirs kept for the user (a conflicting run's version; a held
-    run's, which caper.pending expires sooner) whose mark is older than
+    run's, which caper.held expires sooner) whose mark is older than
     max_age_s: nobody took them."""
     runs = os.path.join(state_dir, "runs")
     try:

@@ -21,7 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from caper.integrations import claude_rules, hooks
+from caper.front import claude_rules
+from caper.front import hooks
 
 OK, WARN, FAIL, INFO = "ok", "WARN", "FAIL", "--"
 VERSION_TIMEOUT_S = 15
@@ -177,9 +178,9 @@ ACTIVE = {"claude-code": _active_claude_code, "codex": _active_codex, "gemini": 
 
 
 def check_state_dir() -> list[Check]:
-    from caper import mountinfo
+    from caper.fs import mountinfo
     from caper.errors import CaperError
-    from caper.snapshot import OverlaySnapshot
+    from caper.view.overlay import OverlaySnapshot
     from caper.state import default_state_dir
     state = default_state_dir()
     try:
@@ -197,7 +198,7 @@ def check_state_dir() -> list[Check]:
 def check_gate() -> list[Check]:
     """A sandboxed `true` through the gate (or in this process with the
     gate off): the whole pipeline once."""
-    from caper import gate
+    from caper.front import gate
     from caper.state import default_state_dir
     where = tempfile.mkdtemp(prefix="caper-doctor-")
     t = time.monotonic()
@@ -254,7 +255,7 @@ def check_kernel() -> list[Check]:
     out.append(Check(OK, "kernel: seccomp filters with SECCOMP_RET_TRACE") if "trace" in actions
                else Check(FAIL, "kernel: seccomp RET_TRACE is not available",
                           "a kernel built with CONFIG_SECCOMP_FILTER"))
-    from caper import limits
+    from caper.sandbox import limits
     cg = limits.sandbox_cgroups(1 << 30, None)
     cg.remove()
     if cg.memory is not None:

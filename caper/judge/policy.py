@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable
 
-from caper.approve import ApprovalRequest, Decision
+from caper.judge import ApprovalRequest, Decision
 from caper.display import quote
-from caper.mountinfo import below
-from caper.report import CHANGES_NOT_SHOWN
-from caper.secrets import Protected, default_patterns, glob_regex, protected_for
-from caper.workspace import GIT_ROUTINE, PathView
+from caper.fs.mountinfo import below
+from caper.report.build import CHANGES_NOT_SHOWN
+from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
+from caper.report.workspace import GIT_ROUTINE, PathView
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
 

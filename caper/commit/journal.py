@@ -1,4 +1,4 @@
-"""Write-ahead journals of the commit engines (caper.commit, caper.btrfs).
+"""Write-ahead journals of the commit engines (caper.commit.engine, caper.view.btrfs).
 
 One record per commit, `<state_dir>/<kind>/<id>.json`, replaced atomically
 and durably (tmp, fsync, rename, fsync dir), with `<id>.lock` held by the

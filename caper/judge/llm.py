@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caper.approve import ApprovalRequest, Decision
+from caper.judge import ApprovalRequest, Decision
 from caper.config import LlmConfig
 
 ANTHROPIC_VERSION = "2023-06-01"

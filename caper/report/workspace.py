@@ -11,8 +11,8 @@ import bisect
 import os
 import subprocess
 
-from caper.mountinfo import below
-from caper.programs import find_program, helper_env, safe_path
+from caper.fs.mountinfo import below
+from caper.fs.programs import find_program, helper_env, safe_path
 
 GIT_TIMEOUT_S = 10
 ARG_BYTES = 128 * 1024   # of pathspecs per git call (ARG_MAX is larger; MAX_ARG_STRLEN per arg)

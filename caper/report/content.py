@@ -17,8 +17,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-from caper.mountinfo import below
-from caper.secrets import MAX_SECRET_FILE, Redactor, values_in
+from caper.fs.mountinfo import below
+from caper.report.secrets import MAX_SECRET_FILE, Redactor, values_in
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
 MAX_DIFF_LINES = 400          # kept from a diff before the report's budget trims it

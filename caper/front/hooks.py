@@ -10,9 +10,9 @@ sees the held output when the effects are approved, or the effect card and
 the block reason (exit status 125) when they are not. The task the run is
 judged against never travels in that command (the agent could edit it):
 the hook records it in caper's state directory under the call's id
-(caper.tasks), from the user's prompt as the agent's prompt event recorded
+(caper.front.tasks), from the user's prompt as the agent's prompt event recorded
 it (UserPromptSubmit, BeforeAgent: the same hook, installed for both
-events), else from the transcript (caper.integrations.transcripts).
+events), else from the transcript (caper.front.transcripts).
 
 - Claude Code (PreToolUse, Bash) and Gemini CLI (BeforeTool,
   run_shell_command) let a hook rewrite the call: the hook answers allow with
@@ -50,7 +50,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from caper.integrations import claude_rules
+from caper.front import claude_rules
 
 MAX_INPUT = 1 << 20            # hook JSON larger than this is refused
 MARK = " hook "                # how install/uninstall recognise caper's entry
@@ -102,7 +102,7 @@ def caper_command() -> list[str]:
 def wrap(command: str, session: str, call: str, ask: bool = False,
          timeout: float | None = None) -> str:
     """The command as caper runs it. The task is not in it: `--call` names
-    the record the hook wrote (caper.tasks), which holds the task the user
+    the record the hook wrote (caper.front.tasks), which holds the task the user
     gave and exactly this command. --brief: the model sees the command's own
     output when it is approved, and the reason and the effect card when not."""
     argv = caper_command() + ["run", "--session", session, "--brief"]
@@ -131,7 +131,7 @@ def is_wrapped(command: str, session: str, state: str) -> str | None:
     """The inner command if `command` has exactly the form `wrap` produces
     for this session and names a call record made for this session and
     exactly this inner command, else None."""
-    from caper.tasks import TaskRecordError, check_call
+    from caper.front.tasks import TaskRecordError, check_call
     rest = caper_args(command)
     if rest is None or rest[:4] != ["run", "--session", session, "--brief"]:
         return None
@@ -152,8 +152,8 @@ def is_wrapped(command: str, session: str, state: str) -> str | None:
 def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
     """The task for a gated call, and where it came from: the prompts the
     agent's prompt event recorded, else the transcript, else none."""
-    from caper.integrations.transcripts import task_from_transcript
-    from caper.tasks import recorded_task
+    from caper.front.transcripts import task_from_transcript
+    from caper.front.tasks import recorded_task
     task = recorded_task(state, session)
     if task:
         return task, "prompt-event"
@@ -266,7 +266,7 @@ def answer(agent: Agent, hook) -> str:
             any(ord(ch) < 32 for ch in session):
         raise ValueError("session_id is missing or malformed")
     from caper.state import state_dir
-    from caper.tasks import new_call
+    from caper.front.tasks import new_call
     state = state_dir()
     inner = is_wrapped(command, session, state)
     if inner is not None and mode(agent) == "resubmit":
@@ -304,7 +304,7 @@ def prompt_answer(agent: Agent, hook: dict) -> str:
     """The agent's prompt event: record what the human typed (a sub-agent's
     prompt is the agent's words, not the user's) and let it through."""
     from caper.state import state_dir
-    from caper.tasks import record_prompt
+    from caper.front.tasks import record_prompt
     session, prompt = hook.get("session_id"), hook.get("prompt")
     if isinstance(session, str) and session and len(session) <= 200 and \
             isinstance(prompt, str) and not hook.get("agent_id"):
@@ -340,7 +340,7 @@ def ask_human(agent: Agent, run_id: str, state: str) -> str:
     escaped: a file name cannot add a line of its own."""
     from caper.display import escape
     from caper.errors import ConfigError
-    from caper.pending import load
+    from caper.held import load
     yours = f"caper held run {run_id} for you: to apply it, run `caper commit {run_id}` in a " \
             f"terminal (`caper discard {run_id}` drops it)"
     if not agent.can_ask:
@@ -425,7 +425,7 @@ def _load(path: str) -> dict:
 
 
 def _save(path: str, doc: dict) -> None:
-    from caper.journal import write_atomic
+    from caper.commit.journal import write_atomic
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # The user's own settings file: the usual mode (umask), and a temporary
     # name no file of theirs is likely to have.
@@ -473,7 +473,7 @@ def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
             timeout_s: float | None = None) -> tuple[str, list[str]]:
     """Merge caper's entries into the agent's settings, for the shell tool's
     event and for the prompt event (which records what the user typed, see
-    caper.tasks), and make them active where the agent asks for more than
+    caper.front.tasks), and make them active where the agent asks for more than
     the entry (Codex's hook trust): the settings file, and what the user must
     still do, loudly (empty if nothing). timeout_s: the hooks' timeout
     (default: the agent's entry's)."""
@@ -590,7 +590,7 @@ def trust_codex_hook(hooks_path: str, doc: dict, scope: str, cwd: str | None) ->
         import tomllib
         if codex_hook_states(tomllib.loads(new), hooks_path, doc) != "trusted":
             raise ValueError(f"{config}: could not record caper's hook as trusted; not touching it")
-        from caper.journal import write_atomic
+        from caper.commit.journal import write_atomic
         os.makedirs(os.path.dirname(config), exist_ok=True)
         write_atomic(config, new.encode(), mode=0o600, tmp=f"{config}.caper-{os.getpid()}")
         parsed = tomllib.loads(new)

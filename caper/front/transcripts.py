@@ -1,5 +1,5 @@
 """The user's own words, from an agent's transcript: the hooks' fallback when
-no prompt event recorded them (caper.tasks).
+no prompt event recorded them (caper.front.tasks).
 
 Only what the human typed counts. Each agent also stores, as "user"
 messages, text the human never wrote, and a repository controls some of it:
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 
-from caper.tasks import task_text
+from caper.front.tasks import task_text
 
 MAX_TRANSCRIPT = 256 << 20
 # Text the agents inject as a "user" message (compared after strip()).

@@ -1,4 +1,4 @@
-"""caper.btrfs: the btrfs backend for the workspace.
+"""caper.view.btrfs: the btrfs backend for the workspace.
 
     snap = BtrfsSnapshot.create(workspace, state_dir)   # writable snapshot, a hidden sibling
     ...  the sandbox bind-mounts snap.path at the workspace path and runs the command ...
@@ -66,12 +66,12 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterable
 
-from caper import mountinfo
-from caper.commit import Change, file_type, privileges
+from caper.fs import mountinfo
+from caper.commit.engine import Change, file_type, privileges
 from caper.errors import CaperError
-from caper.journal import Journal, fsync_dir, step
+from caper.commit.journal import Journal, fsync_dir, step
 from caper.state import KEPT_S
-from caper.syscalls import RENAME_EXCHANGE, renameat2
+from caper.fs.syscalls import RENAME_EXCHANGE, renameat2
 
 try:
     import btrfsutil  # PyPI btrfsutil==6.10 (Debian 12: libbtrfsutil 6.2)

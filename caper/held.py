@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from caper.errors import ConfigError
-from caper.journal import write_atomic
+from caper.commit.journal import write_atomic
 from caper.state import inside
 
 PENDING_DIR = "pending"
@@ -102,7 +102,7 @@ def _check(state_dir: str, run_id: str, h: Held) -> None:
 
 
 def discard(state_dir: str, run_id: str) -> None:
-    from caper.snapshot import remove_tree
+    from caper.view.overlay import remove_tree
     h = load(state_dir, run_id)
     remove_tree(h.scratch)
     try:
@@ -115,7 +115,7 @@ def discard(state_dir: str, run_id: str) -> None:
 def apply(state_dir: str, run_id: str) -> tuple[int | None, bytes, bytes]:
     """Commit a held run (under the workspace lock); return the command's exit
     status and held output. A conflict leaves it held."""
-    from caper.commit import CommitIncomplete, Layer, commit, recover
+    from caper.commit.engine import CommitIncomplete, Layer, commit, recover
     from caper.transaction import workspace_lock
     h = load(state_dir, run_id)
     recover(state_dir)

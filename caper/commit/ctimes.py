@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from caper import mountinfo
+from caper.fs import mountinfo
 
 CLOCK_REALTIME_COARSE = 5  # linux/time.h; the os module does not name it
 SECOND_NS = 1_000_000_000

@@ -18,7 +18,7 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from caper import mountinfo
+from caper.fs import mountinfo
 
 # What one run may use, unless the caller or config.toml ([limits]) says
 # otherwise. Memory: half of the machine, at most 8 GiB.

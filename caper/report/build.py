@@ -31,13 +31,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from caper.commit import Change as TreeChange
-from caper.content import FileDetail, RunTree, inspect
+from caper.commit.engine import Change as TreeChange
+from caper.report.content import FileDetail, RunTree, inspect
 from caper.display import quote
-from caper.events import Event, Family, Info, Kind, Output, Refusal, RunResult
-from caper.mountinfo import below
-from caper.secrets import Protected, Redactor
-from caper.workspace import GIT_ROUTINE, PathView
+from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
+from caper.fs.mountinfo import below
+from caper.report.secrets import Protected, Redactor
+from caper.report.workspace import GIT_ROUTINE, PathView
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096

@@ -1,6 +1,6 @@
-"""caper.trace: run a command in the sandbox and stream what it does.
+"""caper.sandbox.trace: run a command in the sandbox and stream what it does.
 
-    with caper.trace.trace(["make"], cwd="/src") as t:
+    with caper.sandbox.trace.trace(["make"], cwd="/src") as t:
         for event in t:          # typed events, while the command runs
             ...
     t.result                     # how it ended, held output, counts
@@ -18,18 +18,18 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-from caper._native import ffi, lib
+from caper.sandbox._native import ffi, lib
 from caper.errors import ConfigError, from_native
-from caper.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_MEMORY,
+from caper.sandbox.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_MEMORY,
                           DEFAULT_SHM_SIZE, Cgroups, DiskGuard, sandbox_cgroups)
-from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
+from caper.sandbox.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
 if TYPE_CHECKING:
-    from caper.snapshot import Mount
+    from caper.view.overlay import Mount
 
 DEFAULT_TIMEOUT_S = 600.0
 # The thread that runs the native tracer, and then reaps the sandbox's init
-# after the caller has its result (caper.snapshot.settle waits for it).
+# after the caller has its result (caper.view.overlay.settle waits for it).
 TRACER_THREAD = "caper-tracer"
 DEFAULT_MAX_PIDS = 1024
 DEFAULT_ARGV_MAX = 1024        # bytes of argv kept per exec event

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from caper.mountinfo import below
+from caper.fs.mountinfo import below
 
 FALLBACK_PATH = "/usr/local/bin:/usr/bin:/bin"
 

@@ -1,4 +1,4 @@
-"""caper.commit: apply the overlay upper dirs of an approved run to the real tree.
+"""caper.commit.engine: apply the overlay upper dirs of an approved run to the real tree.
 
     plan = plan_changes(layers)                       # read-only: what commit would do
     result = commit(layers, state_dir=..., since_ns=snapshot_ns, exclude=[scratch])
@@ -66,11 +66,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from caper import mountinfo
-from caper.ctimes import changed_since
+from caper.fs import mountinfo
+from caper.commit.ctimes import changed_since
 from caper.errors import CaperError
-from caper.journal import Journal, fsync_dir, step
-from caper.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
+from caper.commit.journal import Journal, fsync_dir, step
+from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
 
 __all__ = [
     "Layer", "Change", "CommitResult", "CommitError", "CommitConflict", "CommitIncomplete",
@@ -707,7 +707,7 @@ class _Planner:
 
     # -- helpers
     def _conflict(self, hp: str, st: os.stat_result) -> None:
-        # CASE(*, changed-on-host): ctime at/after the snapshot (caper.ctimes)
+        # CASE(*, changed-on-host): ctime at/after the snapshot (caper.commit.ctimes)
         if self.since is not None and changed_since(st.st_ctime_ns, self.since):
             self.plan.conflicts.append(hp)
 
@@ -1426,7 +1426,7 @@ class _Recovery:
 class _Trash:
     """Where finish() puts the old versions: a directory beside the upper,
     in the run's scratch, which caper deletes after it has answered
-    (caper.snapshot). Deleting files that are on disk costs ~100 us each on
+    (caper.view.overlay). Deleting files that are on disk costs ~100 us each on
     some filesystems, and the user's tree is clean as soon as they are
     renamed away. Not an old version with a hard link elsewhere: unlinking
     it later would change the ctime of a host file after the commit, which
@@ -1514,7 +1514,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
     """Apply the upper dirs of `layers` to the host tree, all or nothing.
 
     The overlays must be unmounted (no process may still write to the upper
-    dirs).  `since_ns`: the snapshot time (see caper.snapshot); a host path
+    dirs).  `since_ns`: the snapshot time (see caper.view.overlay); a host path
     the run changed whose ctime is at or after it raises CommitConflict.
     `exclude`: host paths never touched (state_dir is always excluded).
 

@@ -6,9 +6,9 @@ interface.
 
 - `allow`: commit everything (a safety net that still records what happened).
 - `block`: preview: show what would change, commit nothing (like `try -n`).
-- `policy`: the offline judge of observed effects (caper/policy.py); it may
+- `policy`: the offline judge of observed effects (caper/judge/policy.py); it may
   be *unsure*.
-- `llm`: an LLM judge (caper/llm.py), configured in config.toml.
+- `llm`: an LLM judge (caper/judge/llm.py), configured in config.toml.
 - `auto` (the default): policy where it is sure; the LLM, if configured, for
   the rest; else `on_unsure` (block, allow, or ask a human where the host can).
 """
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Literal, Mapping, Protocol
 
 if TYPE_CHECKING:
     from caper.config import Config
-    from caper.report import Report
-    from caper.secrets import Protected
+    from caper.report.build import Report
+    from caper.report.secrets import Protected
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +129,11 @@ def get_approver(name_or_approver: "str | Approver", config: "Config | None" = N
     if name not in APPROVERS:
         raise ConfigError(f"unknown approver {name!r}; known: {', '.join(APPROVERS)}")
     from caper.config import Config
-    from caper.policy import PolicyApprover
+    from caper.judge.policy import PolicyApprover
     config = config or Config()
     if name == "policy":
         return PolicyApprover(config.policy)
-    from caper.llm import LlmApprover
+    from caper.judge.llm import LlmApprover
     llm = LlmApprover.from_config(config.llm, None if env is None else dict(env))
     if name == "llm":
         if llm is None:

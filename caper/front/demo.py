@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 from caper.config import Config
-from caper.programs import find_program
+from caper.fs.programs import find_program
 from caper.transaction import run
 
 TASK = "clean the build artifacts and recompile"
@@ -52,7 +52,7 @@ def _project(root: str, files: dict[str, str]) -> str:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(text)
-    # By absolute path, never from the project directory (caper.programs).
+    # By absolute path, never from the project directory (caper.fs.programs).
     git, make = (find_program(p, os.environ.get("PATH"), avoid=(root,)) or p
                  for p in ("git", "make"))
     git = [git, "-c", "user.email=demo@caper", "-c", "user.name=demo"]

@@ -1,0 +1,1 @@
+"""Apply an approved run's changes to the real tree, journaled, or undo them; recover after a crash."""

@@ -1,0 +1,1 @@
+"""The bounded effect report: what a command did, small enough to judge."""
