@@ -5,8 +5,15 @@
   |   + UnsupportedKernelError   a kernel feature caper needs is missing here
   + ExecError                 the command could not be executed (not found, not executable)
   + TraceError                the tracer lost control of the sandbox (it was killed)
+  |   + DecodeError           a record on the event pipe is malformed (the C side broke its contract)
   + ConfigError               caper was called with bad arguments (or a bad config file)
   + ReportError               the effect report could not be built (the run is blocked)
+  + ApproverError             an approver gave no usable verdict (becomes a fail-closed block)
+  + CommitError               the commit was refused, or failed and was undone
+  |   + CommitConflict        the host changed paths the run also changed; nothing touched
+  |   + CommitIncomplete      the undo (or the clean-up) failed: the journal is kept for recover
+  + BtrfsError                a btrfs operation failed
+      + BtrfsConflict         the workspace changed after the snapshot; nothing touched
 
 Native failures arrive as a step code plus errno; `from_native` maps each
 step to its class in one place, and a test checks that every step is mapped.
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+from typing import Iterable
 
 
 class CaperError(Exception):
@@ -42,12 +50,58 @@ class TraceError(CaperError):
     """The tracer lost control of the sandbox; the sandbox was killed."""
 
 
+class DecodeError(TraceError):
+    """A record on the event pipe is malformed (the C side broke its contract)."""
+
+
 class ConfigError(CaperError):
     """caper was called with bad arguments."""
 
 
 class ReportError(CaperError):
     """The effect report could not be built: without evidence, no approval."""
+
+
+class ApproverError(CaperError):
+    """Why an approver gave no usable verdict (becomes a fail-closed block)."""
+
+
+class CommitError(CaperError):
+    """The commit was refused, or failed and was undone: the host tree is unchanged."""
+
+
+class CommitConflict(CommitError):
+    """The host changed, during the run, paths the run also changed.
+
+    Raised before anything is touched; the upper dirs are left as they are."""
+
+    def __init__(self, message: str, paths: Iterable[str] = ()):
+        super().__init__(message, step="conflict")
+        self.paths = list(paths)
+
+
+class CommitIncomplete(CommitError):
+    """The commit did not end cleanly: the undo after a failure failed (`applied`
+    False), or the cleanup after the applied mark failed (`applied` True: the
+    changes stand).  The journal is kept; `recover(state_dir)` completes it."""
+
+    def __init__(self, message: str, journal: str, applied: bool):
+        super().__init__(message, step="commit")
+        self.journal = journal
+        self.applied = applied
+
+
+class BtrfsError(CaperError):
+    """A btrfs operation failed (the message names the call, the object and errno)."""
+
+
+class BtrfsConflict(BtrfsError):
+    """The workspace changed after the snapshot was taken; nothing was touched.
+    `.paths`: the workspace paths that changed."""
+
+    def __init__(self, message: str, paths: Iterable[str] = ()):
+        super().__init__(message, step="conflict")
+        self.paths = list(paths)
 
 
 # caper_step names (without CAPER_STEP_) -> exception class.

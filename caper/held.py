@@ -21,9 +21,12 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
-from caper.errors import ConfigError
+from caper.changes import Layer
+from caper.commit.engine import CommitIncomplete, commit, recover
 from caper.commit.journal import write_atomic
-from caper.state import inside
+from caper.errors import ConfigError
+from caper.state import inside, workspace_lock
+from caper.view.overlay import remove_tree
 
 PENDING_DIR = "pending"
 MAX_AGE_S = 24 * 3600
@@ -102,7 +105,6 @@ def _check(state_dir: str, run_id: str, h: Held) -> None:
 
 
 def discard(state_dir: str, run_id: str) -> None:
-    from caper.view.overlay import remove_tree
     h = load(state_dir, run_id)
     remove_tree(h.scratch)
     try:
@@ -115,8 +117,6 @@ def discard(state_dir: str, run_id: str) -> None:
 def apply(state_dir: str, run_id: str) -> tuple[int | None, bytes, bytes]:
     """Commit a held run (under the workspace lock); return the command's exit
     status and held output. A conflict leaves it held."""
-    from caper.commit.engine import CommitIncomplete, Layer, commit, recover
-    from caper.transaction import workspace_lock
     h = load(state_dir, run_id)
     recover(state_dir)
     with workspace_lock(state_dir, h.workspace):

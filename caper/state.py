@@ -11,9 +11,12 @@ root and are not writable by others or another group (unless sticky, like
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import stat
-from typing import Mapping
+from contextlib import contextmanager
+from typing import Iterator, Mapping
 
 from caper.errors import ConfigError
 
@@ -86,3 +89,17 @@ def inside(state: str, path: object) -> str:
         raise ConfigError(f"a record in {state} names {path!r}, which is not inside the state "
                           "directory; refusing it", step="state")
     return path
+
+
+@contextmanager
+def workspace_lock(state_dir: str, workspace: str) -> Iterator[None]:
+    """Runs on one workspace take turns; runs on different ones go in parallel."""
+    locks = os.path.join(state_dir, "locks")
+    os.makedirs(locks, mode=0o700, exist_ok=True)
+    name = hashlib.sha256(os.fsencode(workspace)).hexdigest()[:24] + ".lock"
+    fd = os.open(os.path.join(locks, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -6,45 +6,35 @@ block: nothing of the run reaches the host.
 """
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from caper.commit.engine import CommitConflict, CommitError, CommitIncomplete, commit, plan_changes
+from caper.config import Config, load_config
+from caper.errors import BtrfsError, CaperError, ConfigError, ReportError
 from caper.fs import mountinfo
-from caper.judge import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver,
-                           resolve_unsure)
-from caper.errors import CaperError, ConfigError, ReportError, SetupError
-from caper.sandbox.events import End, Output, RunResult
-from caper.state import KEPT_S, state_dir as checked_state_dir
+from caper.held import hold
+from caper.judge import ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
+from caper.judge.session import TAINT_KIND, check_session_id, open_sessions
+from caper.report.build import Report, RunFacts, build, notes
+from caper.report.content import RunTree
+from caper.report.secrets import ProtectedPattern, default_patterns, protected_for
 from caper.report.workspace import find_workspace
-
-if TYPE_CHECKING:
-    from caper.report.build import Report
-    from caper.config import Config
+from caper.sandbox.events import End, Output, RunResult
+from caper.sandbox.limits import DiskGuard
+from caper.sandbox.trace import trace
+from caper.state import KEPT_S, state_dir as checked_state_dir, workspace_lock
+from caper.upkeep import tidy
+from caper.view.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume
+from caper.view.overlay import OverlaySnapshot, later, over_keep_quota
 
 DEFAULT_TIMEOUT_S = 600.0
 BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
-
-
-@contextmanager
-def workspace_lock(state_dir: str, workspace: str) -> Iterator[None]:
-    """Runs on one workspace take turns; runs on different ones go in parallel."""
-    locks = os.path.join(state_dir, "locks")
-    os.makedirs(locks, mode=0o700, exist_ok=True)
-    name = hashlib.sha256(os.fsencode(workspace)).hexdigest()[:24] + ".lock"
-    fd = os.open(os.path.join(locks, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -106,9 +96,6 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     overrides the configuration's (ask: an unsure run is held for a human,
     see caper.held). max_memory: bytes for the whole sandbox (default:
     config.toml's [limits], else caper.sandbox.limits.DEFAULT_MAX_MEMORY)."""
-    from caper.config import load_config
-    from caper.report.secrets import ProtectedPattern
-    from caper.judge.session import TAINT_KIND, check_session_id, open_sessions
 
     config = config or load_config(env=env)
     if on_unsure is not None:
@@ -164,18 +151,6 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
          still_wanted: "Callable[[], bool] | None", max_memory: int) -> RunOutcome:
-    from caper.view.btrfs import (BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvolume,
-                             recover_btrfs)
-    from caper.commit.engine import (CommitConflict, CommitError, CommitIncomplete, commit,
-                              plan_changes, recover)
-    from caper.report.content import RunTree
-    from caper.held import expire, hold
-    from caper.report.build import RunFacts, build, notes
-    from caper.report.secrets import default_patterns, protected_for
-    from caper.sandbox.limits import DiskGuard
-    from caper.view.overlay import (OverlaySnapshot, collect_dead_runs, expire_kept, later,
-                                over_keep_quota)
-    from caper.sandbox.trace import trace
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
     # its changes needs root); everything else, and every other case, overlay.
@@ -185,11 +160,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         raise ConfigError(f"--backend btrfs: {workspace} is not a btrfs subvolume "
                           "(or btrfsutil is not installed)")
 
-    recover(state_dir)  # an interrupted commit is finished or undone first
-    recover_btrfs(state_dir)
-    collect_dead_runs(state_dir)   # scratch of runs killed before they finished
-    expire(state_dir)   # held runs nobody applied
-    expire_kept(state_dir, KEPT_S)   # conflicting runs' versions nobody took
+    tidy(state_dir)  # interrupted commits first; then dead, expired and kept scratch
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
         entries = mountinfo.read()

@@ -34,7 +34,8 @@ from caper.commit import engine as C
 from caper.commit import ctimes
 from caper.commit import journal
 from caper.fs import mountinfo
-from caper.commit.engine import Change, CommitConflict, CommitError, Layer, commit, plan_changes, recover
+from caper.changes import Change, Layer
+from caper.commit.engine import CommitConflict, CommitError, commit, plan_changes, recover
 from caper.errors import CaperError
 from crash import kill_sweep, killed_at
 from test_ctimes import wait_for

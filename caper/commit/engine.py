@@ -66,9 +66,10 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from caper.changes import CREATED, DELETED, META, MODIFIED, REPLACED, Change, Layer, file_type
 from caper.fs import mountinfo
 from caper.commit.ctimes import changed_since
-from caper.errors import CaperError
+from caper.errors import CaperError, CommitConflict, CommitError, CommitIncomplete
 from caper.commit.journal import Journal, fsync_dir, step
 from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
 
@@ -92,15 +93,9 @@ MAX_TREE_DEPTH = 256
 
 # unit operations
 CREATE, REPLACE, DELETE = "create", "replace", "delete"
-# Change kinds
-CREATED, MODIFIED, DELETED, REPLACED, META = "created", "modified", "deleted", "replaced", "meta"
 
 _OVERLAY_PREFIXES = ("trusted.overlay.", "user.overlay.")
 _UNMANAGED_XATTRS = ("security.selinux",)      # labels belong to the host policy
-_FTYPES = {
-    stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo",
-    stat.S_IFSOCK: "socket", stat.S_IFCHR: "chardev", stat.S_IFBLK: "blockdev",
-}
 
 
 # Measurement seams: every lstat and directory listing goes through these
@@ -110,55 +105,6 @@ _scandir = os.scandir
 
 
 # --- public types ---------------------------------------------------------------
-
-class CommitError(CaperError):
-    """The commit was refused, or failed and was undone: the host tree is unchanged."""
-
-
-class CommitConflict(CommitError):
-    """The host changed, during the run, paths the run also changed.
-
-    Raised before anything is touched; the upper dirs are left as they are."""
-
-    def __init__(self, message: str, paths: Sequence[str] = ()):
-        super().__init__(message, step="conflict")
-        self.paths = list(paths)
-
-
-class CommitIncomplete(CommitError):
-    """The commit did not end cleanly: the undo after a failure failed (`applied`
-    False), or the cleanup after the applied mark failed (`applied` True: the
-    changes stand).  The journal is kept; `recover(state_dir)` completes it."""
-
-    def __init__(self, message: str, journal: str, applied: bool):
-        super().__init__(message, step="commit")
-        self.journal = journal
-        self.applied = applied
-
-
-@dataclass(frozen=True)
-class Layer:
-    mount_point: str   # absolute host path the overlay covered, e.g. "/" or "/work/ws"
-    upper: str         # the overlay's upper dir (absolute host path)
-    userxattr: bool    # True: markers are user.overlay.*; False: trusted.overlay.*
-
-
-@dataclass(frozen=True)
-class Change:
-    """One change of the host tree, for reports.
-
-    kind: created | modified | deleted | replaced (the type changed) | meta
-    (only mode/owner/xattrs/times).  ftype: the new type (the old one for
-    deleted): file | dir | symlink | fifo | socket.  `entries` counts what a
-    deleted directory held."""
-    path: str
-    kind: str
-    ftype: str
-    old_ftype: str | None = None
-    detail: str = ""
-    entries: int = 0
-    privileges: tuple[str, ...] = ()  # of the new version: setuid, setgid, capabilities
-
 
 @dataclass
 class CommitResult:
@@ -186,10 +132,6 @@ def _mount_points() -> set[str]:
         return {m.point for m in mountinfo.read()}
     except OSError:
         return set()
-
-
-def file_type(mode: int) -> str:
-    return _FTYPES.get(stat.S_IFMT(mode), "other")
 
 
 def _is_whiteout(st: os.stat_result) -> bool:

@@ -320,16 +320,13 @@ def cmd_demo(args, parser) -> int:
 
 
 def cmd_recover(args, parser) -> int:
-    from caper.view.btrfs import recover_btrfs
-    from caper.commit.engine import recover
     from caper.errors import CaperError
-    from caper.view.overlay import collect_dead_runs
     from caper.state import state_dir
+    from caper.upkeep import tidy
 
     try:
         state = state_dir(args.state_dir)
-        done = recover(state) + recover_btrfs(state)
-        done += [f"removed the scratch of a run that died: {p}" for p in collect_dead_runs(state)]
+        done = tidy(state)
     except CaperError as e:
         print(f"caper: recover failed: {e}", file=sys.stderr)
         return 1

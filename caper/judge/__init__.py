@@ -1,9 +1,5 @@
 """Approvers: given what a command did, decide whether its run counts.
 
-An approver has strictly less power than the agent: it reads evidence and
-returns a verdict, nothing else. `decide(request) -> Decision` is the whole
-interface.
-
 - `allow`: commit everything (a safety net that still records what happened).
 - `block`: preview: show what would change, commit nothing (like `try -n`).
 - `policy`: the offline judge of observed effects (caper/judge/policy.py); it may
@@ -15,47 +11,17 @@ interface.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal, Mapping, Protocol
+from dataclasses import dataclass, replace
+from typing import Mapping
 
-if TYPE_CHECKING:
-    from caper.config import Config
-    from caper.report.build import Report
-    from caper.report.secrets import Protected
+from caper.config import Config
+from caper.errors import ConfigError
+from caper.judge.base import ON_UNSURE, ApprovalRequest, Approver, Decision, resolve_unsure
+from caper.judge.llm import LlmApprover
+from caper.judge.policy import PolicyApprover
 
-
-@dataclass(frozen=True, slots=True)
-class ApprovalRequest:
-    """Everything an approver may see. All of it is evidence, never instructions."""
-    command: str
-    task: str | None
-    report: "Report"
-    history: tuple[dict, ...] = ()   # this session's recent reviews, oldest first
-    cwd: str | None = None
-    workspace: str | None = None
-    home: str | None = None
-    protected: "Protected | None" = None   # the run's credential locations (defaults, config, tainted)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    decision: Literal["allow", "block", "unsure"]
-    reason: str
-    confidence: float = 1.0
-    approver: str = ""
-    boundary: str | None = None      # the line the effects cross, when blocked
-    ask: bool = False                # the approver wants a human to decide
-    steps: tuple[str, ...] = field(default=())   # who was asked, in order, with ms
-
-    @property
-    def allowed(self) -> bool:
-        return self.decision == "allow"
-
-
-class Approver(Protocol):
-    name: str
-
-    def decide(self, request: ApprovalRequest) -> Decision: ...
+__all__ = ["APPROVERS", "ON_UNSURE", "AllowApprover", "ApprovalRequest", "Approver", "AutoApprover",
+           "BlockApprover", "Decision", "get_approver", "resolve_unsure"]
 
 
 @dataclass(frozen=True)
@@ -73,9 +39,6 @@ class BlockApprover:
     def decide(self, request: ApprovalRequest) -> Decision:
         return Decision("block", "preview only: the block approver commits nothing",
                         approver=self.name)
-
-
-ON_UNSURE = ("block", "allow", "ask")
 
 
 class AutoApprover:
@@ -100,27 +63,14 @@ class AutoApprover:
         return replace(resolve_unsure(first, self.on_unsure), steps=steps)
 
 
-def resolve_unsure(d: Decision, on_unsure: str) -> Decision:
-    """An unsure verdict where nobody else can judge: on_unsure decides."""
-    if d.decision != "unsure":
-        return d
-    if on_unsure == "allow":
-        return replace(d, decision="allow", reason=f"unsure, allowed by on_unsure=allow: {d.reason}")
-    return replace(d, decision="block", ask=on_unsure == "ask",
-                   reason=f"unsure ({d.reason}); "
-                          + ("a human should decide" if on_unsure == "ask" else
-                             "blocked by on_unsure=block: nobody else is configured to judge"))
-
-
 APPROVERS = ("auto", "policy", "llm", "allow", "block")
 
 
-def get_approver(name_or_approver: "str | Approver", config: "Config | None" = None,
-                 env: "Mapping[str, str] | None" = None) -> "Approver":
+def get_approver(name_or_approver: str | Approver, config: Config | None = None,
+                 env: Mapping[str, str] | None = None) -> Approver:
     """env: the caller's environment (the LLM's CAPER_LLM_* settings)."""
     if not isinstance(name_or_approver, str):
         return name_or_approver
-    from caper.errors import ConfigError
     name = name_or_approver
     if name == "allow":
         return AllowApprover()
@@ -128,12 +78,9 @@ def get_approver(name_or_approver: "str | Approver", config: "Config | None" = N
         return BlockApprover()
     if name not in APPROVERS:
         raise ConfigError(f"unknown approver {name!r}; known: {', '.join(APPROVERS)}")
-    from caper.config import Config
-    from caper.judge.policy import PolicyApprover
     config = config or Config()
     if name == "policy":
         return PolicyApprover(config.policy)
-    from caper.judge.llm import LlmApprover
     llm = LlmApprover.from_config(config.llm, None if env is None else dict(env))
     if name == "llm":
         if llm is None:

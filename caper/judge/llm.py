@@ -19,8 +19,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from caper.judge import ApprovalRequest, Decision
+from caper.judge.base import ApprovalRequest, Decision
 from caper.config import LlmConfig
+from caper.errors import ApproverError
 
 ANTHROPIC_VERSION = "2023-06-01"
 MAX_TOKENS = 400
@@ -83,10 +84,6 @@ def _evidence(request: ApprovalRequest, max_history: int) -> str:
     return json.dumps(doc, ensure_ascii=True)
 
 
-class LlmError(Exception):
-    """Why the LLM gave no usable verdict (becomes a fail-closed block)."""
-
-
 class LlmApprover:
     name = "llm"
 
@@ -101,7 +98,7 @@ class LlmApprover:
     def decide(self, request: ApprovalRequest) -> Decision:
         try:
             v = self.verdict(request)
-        except LlmError as e:
+        except ApproverError as e:
             return Decision("block", f"the LLM approver failed ({e}); the failure is not "
                                      "evidence that the command is unsafe",
                             confidence=0.0, approver=self.name)
@@ -118,15 +115,15 @@ class LlmApprover:
                 else:
                     raw = self._openai(client, user)
         except httpx.TimeoutException as e:
-            raise LlmError(f"no answer within {self.cfg.timeout_s:g} s ({type(e).__name__})") from e
+            raise ApproverError(f"no answer within {self.cfg.timeout_s:g} s ({type(e).__name__})") from e
         except httpx.HTTPError as e:
-            raise LlmError(f"{type(e).__name__}: {e}") from e
+            raise ApproverError(f"{type(e).__name__}: {e}") from e
         try:
             return Verdict.model_validate(raw)
         except ValidationError as e:
             errs = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'answer'}: {x['msg']}"
                              for x in e.errors()[:3])
-            raise LlmError(f"the answer does not fit the verdict schema: {errs}") from e
+            raise ApproverError(f"the answer does not fit the verdict schema: {errs}") from e
 
     # -- OpenAI-compatible chat completions --
     _FORMATS = (
@@ -156,17 +153,17 @@ class LlmApprover:
                 failures.append(f"{fmt['type']}: HTTP {r.status_code}")
                 continue
             if r.status_code != 200:
-                raise LlmError(f"HTTP {r.status_code} from {url}"
+                raise ApproverError(f"HTTP {r.status_code} from {url}"
                                + (f" (after {', '.join(failures)})" if failures else ""))
             self._accepted[url] = i
             msg = _get(_json(r), "choices", 0, "message")
             if msg.get("refusal"):
-                raise LlmError(f"the model refused: {str(msg['refusal'])[:200]}")
+                raise ApproverError(f"the model refused: {str(msg['refusal'])[:200]}")
             content = msg.get("content")
             if not isinstance(content, str):
-                raise LlmError("the answer has no text content")
+                raise ApproverError("the answer has no text content")
             return _json_text(content)
-        raise LlmError("no response format was accepted")   # pragma: no cover - loop returns
+        raise ApproverError("no response format was accepted")   # pragma: no cover - loop returns
 
     # -- Anthropic messages, forced tool call --
     def _anthropic(self, client, user: str) -> dict:
@@ -182,17 +179,17 @@ class LlmApprover:
                 "tool_choice": {"type": "tool", "name": TOOL_NAME}}
         r = client.post(url, json=body, headers=headers)
         if r.status_code != 200:
-            raise LlmError(f"HTTP {r.status_code} from {url}")
+            raise ApproverError(f"HTTP {r.status_code} from {url}")
         doc = _json(r)
         if doc.get("stop_reason") == "refusal":
-            raise LlmError("the model refused")
+            raise ApproverError("the model refused")
         for block in doc.get("content") or []:
             if isinstance(block, dict) and block.get("type") == "tool_use" and \
                     block.get("name") == TOOL_NAME:
                 if not isinstance(block.get("input"), dict):
-                    raise LlmError("the tool call has no input object")
+                    raise ApproverError("the tool call has no input object")
                 return block["input"]
-        raise LlmError(f"no {TOOL_NAME} tool call in the answer "
+        raise ApproverError(f"no {TOOL_NAME} tool call in the answer "
                        f"(stop_reason {doc.get('stop_reason')!r})")
 
 
@@ -200,9 +197,9 @@ def _json(r) -> dict:
     try:
         doc = r.json()
     except ValueError as e:
-        raise LlmError(f"the response is not JSON ({e})") from e
+        raise ApproverError(f"the response is not JSON ({e})") from e
     if not isinstance(doc, dict):
-        raise LlmError("the response is not a JSON object")
+        raise ApproverError("the response is not a JSON object")
     return doc
 
 
@@ -211,9 +208,9 @@ def _get(doc, *path):
         try:
             doc = doc[p]
         except (KeyError, IndexError, TypeError):
-            raise LlmError(f"the response lacks {'.'.join(map(str, path))}") from None
+            raise ApproverError(f"the response lacks {'.'.join(map(str, path))}") from None
     if not isinstance(doc, dict):
-        raise LlmError(f"{'.'.join(map(str, path))} is not an object")
+        raise ApproverError(f"{'.'.join(map(str, path))} is not an object")
     return doc
 
 
@@ -225,7 +222,7 @@ def _json_text(content: str) -> dict:
     try:
         doc = json.loads(text)
     except ValueError as e:
-        raise LlmError(f"the answer is not JSON ({e.__class__.__name__}: {str(e)[:80]})") from e
+        raise ApproverError(f"the answer is not JSON ({e.__class__.__name__}: {str(e)[:80]})") from e
     if not isinstance(doc, dict):
-        raise LlmError("the answer is not a JSON object")
+        raise ApproverError("the answer is not a JSON object")
     return doc

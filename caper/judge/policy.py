@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable
 
-from caper.judge import ApprovalRequest, Decision
 from caper.display import quote
+from caper.judge.base import ApprovalRequest, Decision
 from caper.fs.mountinfo import below
 from caper.report.build import CHANGES_NOT_SHOWN
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for

@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from caper.commit.engine import Change as TreeChange
+from caper.changes import Change
 from caper.report.content import FileDetail, RunTree, inspect
 from caper.display import quote
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
@@ -324,7 +324,7 @@ class RunFacts:
     command: str
     events: list[Event]
     result: RunResult
-    changes: list[TreeChange]
+    changes: list[Change]
     workspace: str
     tree: RunTree
     protected: Protected

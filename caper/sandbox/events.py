@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from caper.errors import DecodeError
 from caper.sandbox._native import ffi, lib
 
 
@@ -38,10 +39,6 @@ _FILE = (Kind.OPEN, Kind.UNLINK, Kind.RMDIR, Kind.RENAME, Kind.LINK, Kind.SYMLIN
 _PROTOCOLS = {(1, 6): "tcp", (1, 0): "stream", (2, 17): "udp", (2, 0): "dgram", (2, 1): "icmp",
               (3, 1): "icmp", (2, 58): "icmpv6", (3, 58): "icmpv6", (3, 0): "raw",
               (5, 0): "seqpacket", (1, 262): "mptcp"}
-
-
-class DecodeError(ValueError):
-    """A record on the event pipe is malformed (the C side broke its contract)."""
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from caper.sandbox._native import ffi, lib
 from caper.errors import ConfigError, from_native
@@ -24,13 +24,20 @@ from caper.sandbox.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, D
                           DEFAULT_SHM_SIZE, Cgroups, DiskGuard, sandbox_cgroups)
 from caper.sandbox.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 
-if TYPE_CHECKING:
-    from caper.view.overlay import Mount
-
 DEFAULT_TIMEOUT_S = 600.0
 # The thread that runs the native tracer, and then reaps the sandbox's init
 # after the caller has its result (caper.view.overlay.settle waits for it).
 TRACER_THREAD = "caper-tracer"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One mount(2) call for the native core (struct caper_mount)."""
+    source: str | None
+    target: str
+    fstype: str | None
+    data: str | None
+    flags: int
 DEFAULT_MAX_PIDS = 1024
 DEFAULT_ARGV_MAX = 1024        # bytes of argv kept per exec event
 DEFAULT_OUTPUT_HEAD = 64 * 1024
@@ -76,7 +83,7 @@ class Trace:
                  userns: bool | None = None, argv_max: int = DEFAULT_ARGV_MAX,
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
                  share_cpu: bool = True,
-                 mounts: Sequence["Mount"] = (), new_root: str | None = None,
+                 mounts: Sequence[Mount] = (), new_root: str | None = None,
                  not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None,
                  shm_size: int = DEFAULT_SHM_SIZE, max_events: int = DEFAULT_MAX_EVENTS,
                  max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):

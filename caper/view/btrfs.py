@@ -64,12 +64,13 @@ import stat
 import struct
 import time
 from dataclasses import replace
-from typing import Callable, Iterable
+from typing import Iterable
 
 from caper.fs import mountinfo
-from caper.commit.engine import Change, file_type, privileges
-from caper.errors import CaperError
-from caper.commit.journal import Journal, fsync_dir, step
+from caper.changes import Change, file_type
+from caper.commit.engine import privileges
+from caper.errors import BtrfsConflict, BtrfsError
+from caper.commit.journal import Journal, step
 from caper.state import KEPT_S
 from caper.fs.syscalls import RENAME_EXCHANGE, renameat2
 
@@ -87,17 +88,6 @@ JOURNAL_VERSION = 1
 
 # --- errors --------------------------------------------------------------------------------
 
-class BtrfsError(CaperError):
-    """A btrfs operation failed (the message names the call, the object and errno)."""
-
-
-class BtrfsConflict(BtrfsError):
-    """The workspace changed after the snapshot was taken; nothing was touched.
-    `.paths`: the workspace paths that changed."""
-
-    def __init__(self, message: str, paths: Iterable[str] = ()):
-        super().__init__(message, step="conflict")
-        self.paths = list(paths)
 
 
 def _oserr(call: str, obj: str, e: OSError) -> BtrfsError:

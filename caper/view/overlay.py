@@ -22,8 +22,11 @@ from typing import Callable, Sequence
 
 from caper.commit import ctimes
 from caper.fs import mountinfo
-from caper.commit.engine import Layer, rmtree_at
+from caper.changes import Layer
+from caper.commit.engine import rmtree_at
 from caper.errors import CaperError, ConfigError, SetupError
+from caper.sandbox._native import lib
+from caper.sandbox.trace import TRACER_THREAD, Mount
 
 # Filesystems whose contents are kernel state, not files: /proc, /sys and
 # /dev are rebuilt by the native core, the rest are never overlaid.
@@ -52,16 +55,6 @@ class HostMount:
     mount_point: str
     fstype: str
     read_only: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    """One mount(2) call for the native core (struct caper_mount)."""
-    source: str | None
-    target: str
-    fstype: str | None
-    data: str | None
-    flags: int
 
 
 def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
@@ -106,7 +99,6 @@ def _foreign_between(top: str, path: str) -> bool:
 
 @functools.cache
 def _can_remount_tree() -> bool:
-    from caper.sandbox._native import lib
     return bool(lib.caper_can_remount_tree())
 
 
@@ -396,7 +388,6 @@ def later(clean_up: Callable[[], None]) -> None:
 def settle() -> None:
     """Wait until every clean-up handed to later() is done, and every
     sandbox's init, still exiting when its run answered, is reaped."""
-    from caper.sandbox.trace import TRACER_THREAD
     for t in threading.enumerate():
         if t.name in (DISCARD_THREAD, TRACER_THREAD):
             t.join()
