@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE = ROOT / "caper" / "commit.py"
+CODE = ROOT / "caper" / "commit" / "engine.py"
 TESTS = ROOT / "tests" / "test_commit.py"
 LABEL = re.compile(r"CASE\(\s*([a-z*][a-z*-]*)\s*,\s*([a-z*][a-z*-]*)\s*\)")
 

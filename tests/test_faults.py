@@ -24,7 +24,7 @@ SLEEPER = "import time; time.sleep(60)"
 # stage under test and then waits there to be killed.
 CHILD = r"""
 import os, sys, time
-import caper.report.build, caper.transaction
+import caper.transaction
 from caper.judge import Decision
 from caper.config import Config
 ws, state, stage, marker, sleeper = sys.argv[1:6]
@@ -33,12 +33,12 @@ def arrive():
     open(marker, "w").close()
     time.sleep(60)
 
-real_build = caper.report.build.build
+real_build = caper.transaction.build
 def slow_build(facts):
     if stage == "report":
         arrive()
     return real_build(facts)
-caper.report.build.build = slow_build
+caper.transaction.build = slow_build
 
 class SlowApprover:
     name = "slow"

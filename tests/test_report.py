@@ -264,7 +264,7 @@ def test_bad_config_is_a_clear_error(tmp_path, text, field):
 def test_a_report_that_cannot_be_built_blocks_and_changes_nothing(repo, tmp_path, monkeypatch):
     def broken(facts):
         raise RuntimeError("report bug")
-    monkeypatch.setattr(caper.report.build, "build", broken)
+    monkeypatch.setattr(caper.transaction, "build", broken)
     before = tree(repo)
     with pytest.raises(ReportError, match="report bug"):
         go("rm -rf src; echo x > new", repo, tmp_path, approver="allow", config=Config())
