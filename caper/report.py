@@ -56,6 +56,16 @@ LINKS_SPLIT = "hard-linked-files-written-through-one-name"
 # belongs to an owner or group without an id in the user namespace, and
 # overlayfs cannot copy it up.
 WRITES_REFUSED = "writes-refused-by-the-user-namespace"
+# An open of a device node failed (every mount but caper's own /dev is nodev:
+# natively it would have reached the device), or reached one that is not of
+# caper's /dev (null, zero, full, random, urandom, tty, the sandbox's ptys).
+DEVICE_OPENS = "device-nodes-opened-or-tried"
+_OWN_DEVICES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)}
+_PTY_MAJORS = range(136, 144)     # Unix98 pty slaves (devices.txt)
+
+
+def _own_device(rdev: int) -> bool:
+    return (os.major(rdev), os.minor(rdev)) in _OWN_DEVICES or os.major(rdev) in _PTY_MAJORS
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 NOTES = {
@@ -69,6 +79,10 @@ NOTES = {
                     "it was below a directory whose owner or group has no id in the user "
                     "namespace of unprivileged caper (a setgid team directory, say), which the "
                     "overlay cannot copy into the sandbox. caper run as root has no such limit.",
+    DEVICE_OPENS: "the command opened, or tried to open, a device node that is not one of the "
+                  "sandbox's own (null, zero, full, random, urandom, tty, ptys): every other mount "
+                  "in the sandbox is nodev, so such an open fails there (EACCES); natively it "
+                  "would reach the real device.",
     SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
                    "(64 MiB), discarded with it and never committed.",
 }
@@ -380,6 +394,8 @@ class _Analysis:
             p.execs.append((e.seq, e.path or "", e.argv or []))
         elif k == Kind.OPEN and e.path:
             acc = e.flags & 3
+            if e.info & Info.DEVICE and not (e.ok and _own_device(e.arg1)):
+                self.uncertain[DEVICE_OPENS] += 1
             if _writes(e.flags) and e.ok:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:

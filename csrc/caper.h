@@ -15,7 +15,7 @@ enum caper_event_kind {
     CAPER_EV_PROC_START = 1,  /* a new process or thread: pid, ppid, arg0 = clone flags */
     CAPER_EV_EXEC       = 2,  /* execve: path, argv (NUL separated, bounded) */
     CAPER_EV_PROC_EXIT  = 3,  /* arg0 = exit code (>= 0) or -signal */
-    CAPER_EV_OPEN       = 4,  /* path, flags, mode */
+    CAPER_EV_OPEN       = 4,  /* path, flags, mode; arg1 = st_rdev with CAPER_INFO_DEVICE */
     CAPER_EV_UNLINK     = 5,  /* path */
     CAPER_EV_RMDIR      = 6,  /* path */
     CAPER_EV_RENAME     = 7,  /* path -> path2, flags */
@@ -106,7 +106,9 @@ enum caper_info {
     CAPER_INFO_TRUNCATED      = 2, /* a string was cut at its bound */
     CAPER_INFO_UNREADABLE     = 4, /* a string could not be read from the tracee */
     CAPER_INFO_REFUSED        = 8, /* caper refused the call; result is the errno it returned */
-    CAPER_INFO_FD_PATH        = 16 /* path was found from a file descriptor, not a string */
+    CAPER_INFO_FD_PATH        = 16, /* path was found from a file descriptor, not a string */
+    CAPER_INFO_DEVICE         = 32  /* an open reached a device node (or was refused at
+                                       one); arg1 is its st_rdev */
 };
 
 /* caper_config.flags */

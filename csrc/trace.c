@@ -948,6 +948,41 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     p->in_call = 1;
 }
 
+/* Whether an open reached a device node, and which: the opened file by its
+ * fd, or, for a failed open (nodev answers EACCES), the path looked up in
+ * the tracee's root. Both only look (stat, O_PATH): no driver runs. */
+static int device_of(pid_t tid, int64_t rv, const char *path, dev_t *rdev)
+{
+    char at[64];
+    struct stat st;
+    if (rv >= 0) {
+        snprintf(at, sizeof at, "/proc/%d/fd/%d", (int)tid, (int)rv);
+        if (stat(at, &st) < 0)
+            return 0;
+    } else {
+        if (rv == -ENOENT || rv == -ENOTDIR || path[0] != '/')
+            return 0;  /* the common failures: nothing there to be a device */
+        snprintf(at, sizeof at, "/proc/%d/root", (int)tid);
+        int root = open(at, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0)
+            return 0;
+        struct open_how how = { .flags = O_PATH | O_CLOEXEC,
+                                .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+        int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof how);
+        close(root);
+        if (fd < 0)
+            return 0;
+        int ok = fstat(fd, &st) == 0;
+        close(fd);
+        if (!ok)
+            return 0;
+    }
+    if (!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode))
+        return 0;
+    *rdev = st.st_rdev;
+    return 1;
+}
+
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -962,6 +997,12 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         return;  /* the kernel runs it again, and it stops again */
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
+    dev_t rdev;
+    if (pd->ev.h.kind == CAPER_EV_OPEN && pd->ev.n[0] &&
+        device_of(p->tid, rv, pd->s[0], &rdev)) {
+        pd->ev.h.info |= CAPER_INFO_DEVICE;
+        pd->ev.h.arg1 = (int64_t)rdev;
+    }
     struct sock_id id;
     if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, &id) == 0)
         add_bound(t, &id);

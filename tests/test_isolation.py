@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -178,6 +179,7 @@ def test_dns_lookups_reach_no_resolver_and_are_reported(tmp_path):
         pytest.skip("no non-loopback nameserver in /etc/resolv.conf")
     code = """
 import socket
+import stat
 try:
     print(socket.getaddrinfo("caper-dns-test.example.com", 80))
 except socket.gaierror as e:
@@ -221,6 +223,7 @@ def test_sandbox_loopback_works_for_its_own_servers(tmp_path):
     """lo is up inside: a server the command starts itself is reachable."""
     code = """
 import socket
+import stat
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 c = socket.create_connection(srv.getsockname())
 conn, _ = srv.accept(); c.sendall(b"ping"); print(conn.recv(4).decode())
@@ -916,3 +919,118 @@ def test_host_processes_roots_and_fds_are_out_of_reach(tmp_path):
         f"cat /proc/{host}/environ >/dev/null 2>&1 && echo environ-visible; echo done", tmp_path)
     assert stdout(result).split() == ["done"]
     assert not target.exists()
+
+
+# ---- device nodes and FIFOs on host filesystems ------------------------------
+
+DEVICE_PROBE = """
+for n in null zero; do
+  if printf x > "$n" 2>/dev/null; then echo "write-$n=OK"; else echo "write-$n=FAIL"; fi
+  if head -c 4 "$n" >/dev/null 2>&1; then echo "read-$n=OK"; else echo "read-$n=FAIL"; fi
+done
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["root", "rootless"])
+def test_a_device_node_on_a_host_filesystem_opens_no_device(tmp_path, userns):
+    """A device node outside /dev (a chroot or container tree, anything
+    mknod'd) opened the real device from a blocked run: the overlays of host
+    filesystems were not nodev, and the command keeps CAP_DAC_OVERRIDE. Here
+    the harmless null (1:3) and zero (1:5) stand in for kmsg or a disk: an
+    open for reading or writing now fails, the report flags the attempt, and
+    the node itself is unchanged."""
+    from caper.report import DEVICE_OPENS, NOTES
+    from caper.transaction import run
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make the device nodes")
+    if userns:   # a directory uid 65534 can reach (pytest's own is root's alone)
+        from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+        need_rootless_venv()
+        tmp_path = Path(tempfile.mkdtemp(prefix="caper-devnode-"))
+        os.chmod(tmp_path, 0o755)
+    ws = tmp_path / "chroot"
+    ws.mkdir()
+    for name, minor in (("null", 3), ("zero", 5)):
+        os.mknod(ws / name, 0o20666, os.makedev(1, minor))
+        os.chmod(ws / name, 0o666)                 # past the umask: rootless may open it too
+    if userns:
+        os.chown(ws, NOBODY, NOBODY)
+        state = tmp_path / "state"
+        state.mkdir()
+        os.chown(state, NOBODY, NOBODY)
+        try:
+            out = run_as_nobody(ws, DEVICE_PROBE, "block", state)
+        finally:
+            shutil.rmtree(tmp_path, ignore_errors=True)
+        text, notes = out["stdout"], out["notes"]
+    else:
+        outcome = run(DEVICE_PROBE, cwd=str(ws), workspace=str(ws), approver="block",
+                      state_dir=str(tmp_path / "state"))
+        text, notes = outcome.stdout.text().decode(), list(outcome.notes)
+        assert any(u.startswith(DEVICE_OPENS) for u in outcome.report.uncertain), \
+            outcome.report.uncertain
+    got = dict(l.split("=") for l in text.split())
+    assert got == {f"{op}-{n}": "FAIL" for op in ("write", "read") for n in ("null", "zero")}, text
+    assert NOTES[DEVICE_OPENS] in notes
+    if not userns:
+        for name, minor in (("null", 3), ("zero", 5)):
+            st = os.lstat(ws / name)
+            assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, minor)
+
+
+def test_every_planned_mount_is_nodev_and_nosuid(tmp_path):
+    """The plan's side of the test above: each overlay, bind and tmpfs of a
+    snapshot (root and rootless plans) carries MS_NODEV | MS_NOSUID, a bind
+    by the remount that follows it. Only caper's /dev (the native core's)
+    holds devices."""
+    from caper.snapshot import MS_BIND, MS_NODEV, MS_NOSUID, MS_REMOUNT, OverlaySnapshot
+    for userxattr in (False, True):
+        snap = OverlaySnapshot.create(str(tmp_path / f"state{userxattr}"), userxattr=userxattr)
+        try:
+            final: dict[str, int] = {}
+            for m in snap.mounts:
+                if m.flags & MS_BIND and not m.flags & MS_REMOUNT:
+                    final.setdefault(m.target, 0)      # flags come with the remount
+                else:
+                    final[m.target] = m.flags
+            bare = [t for t, f in final.items() if f & (MS_NODEV | MS_NOSUID) != MS_NODEV | MS_NOSUID]
+            assert not bare, bare
+        finally:
+            snap.discard()
+
+
+def test_the_report_never_opens_a_host_fifo_at_a_path_the_run_rewrote(tmp_path):
+    """The report read the host's version of every changed path (for the
+    diff) with a plain non-blocking open: where the host holds a FIFO, that
+    open released a host writer waiting on it (and for a device node, ran
+    its driver). The host version is now looked at by O_PATH first and
+    opened only if it is a regular file."""
+    from caper.transaction import run
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    fifo = ws / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"echo released > {fifo}"])
+    try:
+        # Wait (bounded) until the writer sits in its open of the FIFO.
+        for _ in range(500):
+            try:
+                call = Path(f"/proc/{writer.pid}/syscall").read_text().split()[0]
+            except (OSError, IndexError):
+                call = ""
+            if call in ("2", "257") and Path(f"/proc/{writer.pid}/wchan").read_text() != "0":
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the host writer never blocked in its open of the FIFO")
+        out = run("rm pipe; echo data > pipe", cwd=str(ws), workspace=str(ws), approver="block",
+                  state_dir=str(tmp_path / "state"))
+        assert not out.committed
+        assert [c for c in out.report.changes if c.path.endswith("pipe")], out.report.changes
+        assert writer.poll() is None, "caper opened the host FIFO: its writer was released"
+    finally:
+        # Release the writer ourselves (a reader), then reap it.
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer.wait(timeout=10)
+        os.close(fd)
+
