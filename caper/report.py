@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import re
+import signal
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -66,6 +67,12 @@ _PTY_MAJORS = range(136, 144)     # Unix98 pty slaves (devices.txt)
 
 def _own_device(rdev: int) -> bool:
     return (os.major(rdev), os.minor(rdev)) in _OWN_DEVICES or os.major(rdev) in _PTY_MAJORS
+# A process died of a signal whose default action dumps core: in the sandbox
+# no dump is written (RLIMIT_CORE is 1, csrc/ns.c); natively one would be.
+CRASHES = "processes-killed-by-a-core-dumping-signal"
+_CORE_SIGNALS = frozenset(s.value for s in (
+    signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE,
+    signal.SIGSEGV, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 NOTES = {
@@ -83,6 +90,9 @@ NOTES = {
                   "sandbox's own (null, zero, full, random, urandom, tty, ptys): every other mount "
                   "in the sandbox is nodev, so such an open fails there (EACCES); natively it "
                   "would reach the real device.",
+    CRASHES: "a process of the command crashed (SIGSEGV, SIGABRT or another signal that dumps "
+             "core): the sandbox writes no core dump and starts no crash handler "
+             "(RLIMIT_CORE = 1); natively the system's would have run.",
     SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
                    "(64 MiB), discarded with it and never committed.",
 }
@@ -421,6 +431,8 @@ class _Analysis:
             self.refused.append(e)
         elif k == Kind.SIGNAL:
             self.signals.append(e)
+        elif k == Kind.PROC_EXIT and -e.arg0 in _CORE_SIGNALS:
+            self.uncertain[CRASHES] += 1
         elif k == Kind.LOST:
             self.uncertain["events-lost"] += max(1, e.arg0)
 

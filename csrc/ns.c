@@ -169,6 +169,19 @@ static _Noreturn void run_command(const struct caper_config *c, int status_fd, i
         fail_set(&f, CAPER_STEP_RLIMIT, errno, "setrlimit(RLIMIT_RTPRIO/RLIMIT_NICE, 0)");
         die_inside(status_fd, &f, 127);
     }
+    /* No core dump, not even to a pipe: with a core_pattern of "|helper"
+     * (systemd-coredump, apport) the kernel runs the helper on the host, as
+     * root, for any crash, and a soft limit of 0 only reaches the helper as
+     * an argument; 1 is the value for which the kernel skips pipes too
+     * (core(5)). Last of the limits and just before drop_caps: it overrides
+     * whatever was set before (the caller's limits, carried in), and without
+     * CAP_SYS_RESOURCE nothing after can raise it. A hard limit of 0 that
+     * this user may not raise (rootless) stays 0: no file dump either. */
+    struct rlimit one = { 1, 1 };
+    if (setrlimit(RLIMIT_CORE, &one) < 0 && setrlimit(RLIMIT_CORE, &zero) < 0) {
+        fail_set(&f, CAPER_STEP_RLIMIT, errno, "setrlimit(RLIMIT_CORE, 1)");
+        die_inside(status_fd, &f, 127);
+    }
     if (drop_caps(&f) < 0)
         die_inside(status_fd, &f, 127);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {

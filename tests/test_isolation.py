@@ -1034,3 +1034,44 @@ def test_the_report_never_opens_a_host_fifo_at_a_path_the_run_rewrote(tmp_path):
         writer.wait(timeout=10)
         os.close(fd)
 
+
+CRASH_PROBE = """
+ulimit -c unlimited 2>/dev/null && echo raised=yes || echo raised=no
+grep '^Max core file size' /proc/self/limits | tr -s ' ' | cut -d' ' -f5,6 | tr ' ' / | sed 's/^/limit=/'
+sh -c 'kill -SEGV $$'
+sh -c 'kill -ABRT $$'
+ls core* 2>/dev/null | sed 's/^/dump=/'
+echo done=1
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["root", "rootless"])
+def test_a_crash_writes_no_core_dump_and_is_reported(tmp_path, userns):
+    """A crash in the sandbox started the host's core handler (core_pattern
+    "|systemd-coredump ..." or apport runs on the host, as root, with the
+    process's memory) or left a dump: the command now starts with
+    RLIMIT_CORE = 1 soft and hard, for which the kernel writes no dump and
+    runs no pipe, and cannot raise it; each crash is flagged in the report."""
+    from caper.report import CRASHES, NOTES
+    from caper.transaction import run
+    if userns:
+        from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+        need_rootless_venv()
+        base = Path(tempfile.mkdtemp(prefix="caper-core-"))
+        try:
+            os.chmod(base, 0o755)
+            for d in ("ws", "state"):
+                (base / d).mkdir()
+                os.chown(base / d, NOBODY, NOBODY)
+            out = run_as_nobody(base / "ws", CRASH_PROBE, "block", base / "state")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        text, notes = out["stdout"], out["notes"]
+    else:
+        outcome = run(CRASH_PROBE, cwd=str(tmp_path), workspace=str(tmp_path), approver="block",
+                      state_dir=str(tmp_path / "state"))
+        text, notes = outcome.stdout.text().decode(), list(outcome.notes)
+        assert f"{CRASHES}: 2" in outcome.report.uncertain, outcome.report.uncertain
+    got = dict(l.split("=", 1) for l in text.split())
+    assert got == {"raised": "no", "limit": "1/1", "done": "1"}, text
+    assert NOTES[CRASHES] in notes
