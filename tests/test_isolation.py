@@ -1075,3 +1075,54 @@ def test_a_crash_writes_no_core_dump_and_is_reported(tmp_path, userns):
     got = dict(l.split("=", 1) for l in text.split())
     assert got == {"raised": "no", "limit": "1/1", "done": "1"}, text
     assert NOTES[CRASHES] in notes
+
+
+# ---- host-global kernel resources ----------------------------------------------
+
+WRITABLE_PROBE = r"""
+import os
+for top in ("/proc", "/sys"):
+    for root, dirs, files in os.walk(top):
+        if root == "/proc":   # the sandbox's own processes are theirs to write
+            dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+        for name in files:
+            p = os.path.join(root, name)
+            try:
+                if os.path.islink(p) or not os.lstat(p).st_mode & 0o222:
+                    continue
+                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))   # opened only, never written
+                print(p)
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["plain", "userns"])
+def test_no_host_wide_knob_below_proc_or_sys_is_writable(tmp_path, userns):
+    """The class behind /proc/pressure (PSI triggers: kernel pollers that
+    count against the whole host): every file below /proc and /sys that has
+    a write bit, outside the sandbox's own process directories, opens for
+    writing as nothing but an error. Walked, not listed, so that a knob a
+    newer kernel adds shows up here."""
+    events, result = sandbox([PY, "-c", WRITABLE_PROBE], tmp_path, timeout=120, userns=userns)
+    assert result.exit_code == 0, stderr(result)
+    assert stdout(result).split() == [], stdout(result)
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["plain", "userns"])
+def test_the_sandbox_takes_a_bounded_number_of_ptys(tmp_path, userns):
+    """kernel.pty.max is one count for every devpts instance: an unbounded
+    sandbox could take all the host's shareable ptys (3072) for its whole
+    timeout. Its devpts has max=48."""
+    code = """
+import errno, os
+fds = []
+try:
+    for _ in range(100):
+        fds.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    print("got", len(fds), "OK")
+except OSError as e:
+    print("got", len(fds), errno.errorcode[e.errno])
+"""
+    events, result = sandbox([PY, "-c", code], tmp_path, userns=userns)
+    assert stdout(result).split() == ["got", "48", "ENOSPC"], stdout(result) + stderr(result)
