@@ -73,6 +73,9 @@ CRASHES = "processes-killed-by-a-core-dumping-signal"
 _CORE_SIGNALS = frozenset(s.value for s in (
     signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE,
     signal.SIGSEGV, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
+# An exec's argv changed between the tracer's check and the kernel's copy
+# (another thread rewrote it): the report shows what the kernel ran.
+ARGV_CHANGED = "exec-arguments-changed-after-the-check"
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 NOTES = {
@@ -93,6 +96,9 @@ NOTES = {
     CRASHES: "a process of the command crashed (SIGSEGV, SIGABRT or another signal that dumps "
              "core): the sandbox writes no core dump and starts no crash handler "
              "(RLIMIT_CORE = 1); natively the system's would have run.",
+    ARGV_CHANGED: "a program's arguments were rewritten by another thread while caper checked "
+                  "its exec: the report shows the arguments the kernel ran, read from the new "
+                  "program before it started; a native run would race the same way.",
     SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
                    "(64 MiB), discarded with it and never committed.",
 }
@@ -402,6 +408,8 @@ class _Analysis:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
+            if e.info & Info.ARGV_CHANGED:
+                self.uncertain[ARGV_CHANGED] += 1
         elif k == Kind.OPEN and e.path:
             acc = e.flags & 3
             if e.info & Info.DEVICE and not (e.ok and _own_device(e.arg1)):

@@ -107,8 +107,10 @@ enum caper_info {
     CAPER_INFO_UNREADABLE     = 4, /* a string could not be read from the tracee */
     CAPER_INFO_REFUSED        = 8, /* caper refused the call; result is the errno it returned */
     CAPER_INFO_FD_PATH        = 16, /* path was found from a file descriptor, not a string */
-    CAPER_INFO_DEVICE         = 32  /* an open reached a device node (or was refused at
+    CAPER_INFO_DEVICE         = 32, /* an open reached a device node (or was refused at
                                        one); arg1 is its st_rdev */
+    CAPER_INFO_ARGV_CHANGED   = 64  /* exec: the argv the kernel ran (the event's) is not
+                                       the one read when the call was checked */
 };
 
 /* caper_config.flags */

@@ -1126,3 +1126,32 @@ except OSError as e:
 """
     events, result = sandbox([PY, "-c", code], tmp_path, userns=userns)
     assert stdout(result).split() == ["got", "48", "ENOSPC"], stdout(result) + stderr(result)
+
+
+def test_programs_run_shows_the_argv_the_kernel_executed(tmp_path, cfixture):
+    """execve's argv was read at the seccomp stop, but the kernel copies it
+    later (after resolving the program's path, which a chain of long
+    symlinks makes slow): another thread could rewrite it in between, and
+    "programs run" showed a harmless script while the shell ran another
+    (here ~40% of tries). The argv is now read again at the exec event,
+    from the new image before it runs; a change is flagged."""
+    from caper.report import ARGV_CHANGED
+    from caper.transaction import run
+    exe = cfixture("exec_argv_swap", "-O2", "-pthread")
+    swaps = 0
+    for i in range(12):                          # bounded; a swap wins in about 2 of 5
+        ws = tmp_path / f"ws{i}"
+        ws.mkdir()
+        shutil.copy(exe, ws / "build")
+        out = run("./build", cwd=str(ws), workspace=str(ws), approver="block",
+                  state_dir=str(tmp_path / "state"))
+        ran = out.stdout.text().decode().strip()
+        assert ran in ("ran=as-checked", "ran=swapped"), ran + out.stderr.text().decode()
+        [shown] = [e.argv[-1] for e in out.report.processes.execs if e.argv[:2] == ["sh", "-c"]]
+        assert shown.split()[1] == ran, (shown, ran)
+        flagged = ARGV_CHANGED in out.report.uncertain
+        assert not flagged or ran == "ran=swapped", out.report.uncertain
+        swaps += flagged
+        if swaps == 2:
+            break
+    assert swaps, "no swap after the check won in 12 tries: the test did not exercise the race"
