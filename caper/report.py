@@ -67,6 +67,8 @@ _PTY_MAJORS = range(136, 144)     # Unix98 pty slaves (devices.txt)
 
 def _own_device(rdev: int) -> bool:
     return (os.major(rdev), os.minor(rdev)) in _OWN_DEVICES or os.major(rdev) in _PTY_MAJORS
+
+
 # A process died of a signal whose default action dumps core: in the sandbox
 # no dump is written (RLIMIT_CORE is 1, csrc/ns.c); natively one would be.
 CRASHES = "processes-killed-by-a-core-dumping-signal"
