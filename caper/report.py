@@ -57,9 +57,10 @@ LINKS_SPLIT = "hard-linked-files-written-through-one-name"
 # belongs to an owner or group without an id in the user namespace, and
 # overlayfs cannot copy it up.
 WRITES_REFUSED = "writes-refused-by-the-user-namespace"
-# An open of a device node failed (every mount but caper's own /dev is nodev:
-# natively it would have reached the device), or reached one that is not of
-# caper's /dev (null, zero, full, random, urandom, tty, the sandbox's ptys).
+# An open of a device node was refused (EACCES: every mount but caper's own
+# /dev is nodev; natively it would have reached the device), or reached one
+# that is not of caper's /dev (null, zero, full, random, urandom, tty, the
+# sandbox's ptys). /dev/tty's ENXIO (no controlling terminal) is not one.
 DEVICE_OPENS = "device-nodes-opened-or-tried"
 _OWN_DEVICES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)}
 _PTY_MAJORS = range(136, 144)     # Unix98 pty slaves (devices.txt)
@@ -414,7 +415,7 @@ class _Analysis:
                 self.uncertain[ARGV_CHANGED] += 1
         elif k == Kind.OPEN and e.path:
             acc = e.flags & 3
-            if e.info & Info.DEVICE and not (e.ok and _own_device(e.arg1)):
+            if e.info & Info.DEVICE and (e.result == -errno.EACCES or not _own_device(e.arg1)):
                 self.uncertain[DEVICE_OPENS] += 1
             if _writes(e.flags) and e.ok:
                 self.writers[e.path] = (e.pid, e.seq)
