@@ -1131,15 +1131,16 @@ except OSError as e:
 def test_programs_run_shows_the_argv_the_kernel_executed(tmp_path, cfixture):
     """execve's argv was read at the seccomp stop, but the kernel copies it
     later (after resolving the program's path, which a chain of long
-    symlinks makes slow): another thread could rewrite it in between, and
-    "programs run" showed a harmless script while the shell ran another
-    (here ~40% of tries). The argv is now read again at the exec event,
-    from the new image before it runs; a change is flagged."""
+    symlinks makes slow): another thread could rewrite it in between (the
+    fixture does once the tracer's read has faulted the script's page in),
+    and "programs run" showed a harmless script while the shell ran another.
+    The argv is now read again at the exec event, from the new image before
+    it runs; a change is flagged."""
     from caper.report import ARGV_CHANGED
     from caper.transaction import run
     exe = cfixture("exec_argv_swap", "-O2", "-pthread")
     swaps = 0
-    for i in range(12):                          # bounded; a swap wins in about 2 of 5
+    for i in range(6):                           # bounded; here the swap wins every time
         ws = tmp_path / f"ws{i}"
         ws.mkdir()
         shutil.copy(exe, ws / "build")
@@ -1154,4 +1155,4 @@ def test_programs_run_shows_the_argv_the_kernel_executed(tmp_path, cfixture):
         swaps += flagged
         if swaps == 2:
             break
-    assert swaps, "no swap after the check won in 12 tries: the test did not exercise the race"
+    assert swaps, "no swap after the check won in 6 tries: the test did not exercise the race"
