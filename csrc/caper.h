@@ -16,7 +16,8 @@ enum caper_event_kind {
     CAPER_EV_EXEC       = 2,  /* execve: path, argv (NUL separated, bounded) */
     CAPER_EV_PROC_EXIT  = 3,  /* arg0 = exit code (>= 0) or -signal */
     CAPER_EV_OPEN       = 4,  /* path, flags, mode; string 3: what a read open opened (the
-                                 fd's path, symlinks resolved) */
+                                 fd's path, symlinks resolved); arg1 = st_rdev with
+                                 CAPER_INFO_DEVICE */
     CAPER_EV_UNLINK     = 5,  /* path */
     CAPER_EV_RMDIR      = 6,  /* path */
     CAPER_EV_RENAME     = 7,  /* path -> path2, flags; string 3: what path really is (symlinks
@@ -109,7 +110,11 @@ enum caper_info {
     CAPER_INFO_TRUNCATED      = 2, /* a string was cut at its bound */
     CAPER_INFO_UNREADABLE     = 4, /* a string could not be read from the tracee */
     CAPER_INFO_REFUSED        = 8, /* caper refused the call; result is the errno it returned */
-    CAPER_INFO_FD_PATH        = 16 /* path was found from a file descriptor, not a string */
+    CAPER_INFO_FD_PATH        = 16, /* path was found from a file descriptor, not a string */
+    CAPER_INFO_DEVICE         = 32, /* an open reached a device node (or was refused at
+                                       one); arg1 is its st_rdev */
+    CAPER_INFO_ARGV_CHANGED   = 64  /* exec: the argv the kernel ran (the event's) is not
+                                       the one read when the call was checked */
 };
 
 /* caper_config.flags */

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #define MNT_SAFE (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+#define PTY_MAX "48"   /* ptys of the sandbox's devpts */
 
 #ifndef SYS_mount_setattr
 #define SYS_mount_setattr 442
@@ -96,8 +97,13 @@ static int setup_proc(const char *root, struct caper_failure *f)
     char p[CAPER_PATH_MAX];
     if (do_mount(f, CAPER_STEP_MOUNT_PROC, "proc", at(p, root, "/proc"), "proc", MNT_SAFE, NULL) < 0)
         return -1;
+    /* Everything below /proc that is the host kernel's, not a process's, and
+     * has something writable (tests/test_isolation.py walks /proc for what
+     * is left): pressure takes PSI triggers, kernel pollers that count
+     * against the whole host; mtrr and driver/ are hardware. */
     static const char *const knobs[] = {
         "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
+        "/proc/pressure", "/proc/mtrr", "/proc/driver",
     };
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
         if (make_readonly(f, CAPER_STEP_MOUNT_PROC, at(p, root, knobs[i])) < 0)
@@ -149,8 +155,12 @@ static int setup_dev(const char *root, const int fds[NNODES], uint64_t shm_size,
         fail_set(f, CAPER_STEP_MOUNT_DEV, errno, "mkdir(%s)", p);
         return -1;
     }
+    /* max=: the ptys of every devpts instance count against the one global
+     * kernel.pty.max (4096, 1024 of them kept for the host's own instance);
+     * unbounded, one run could take all the rest from containers, other
+     * sandboxes and terminals. A few dozen cover terminals, expect and tests. */
     if (do_mount(f, CAPER_STEP_MOUNT_DEV, "devpts", at(p, root, "/dev/pts"), "devpts",
-                 MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+                 MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,max=" PTY_MAX) < 0)
         return -1;
     /* A tmpfs is memory, half of RAM by default: bounded in bytes and inodes
      * (its pages also count against the run's memory cgroup). */

@@ -170,6 +170,19 @@ static _Noreturn void run_command(const struct caper_config *c, int status_fd, i
         fail_set(&f, CAPER_STEP_RLIMIT, errno, "setrlimit(RLIMIT_RTPRIO/RLIMIT_NICE, 0)");
         die_inside(status_fd, &f, 127);
     }
+    /* No core dump, not even to a pipe: with a core_pattern of "|helper"
+     * (systemd-coredump, apport) the kernel runs the helper on the host, as
+     * root, for any crash, and a soft limit of 0 only reaches the helper as
+     * an argument; 1 is the value for which the kernel skips pipes too
+     * (core(5)). Last of the limits and just before drop_caps: it overrides
+     * whatever was set before (the caller's limits, carried in), and without
+     * CAP_SYS_RESOURCE nothing after can raise it. A hard limit of 0 that
+     * this user may not raise (rootless) stays 0: no file dump either. */
+    struct rlimit one = { 1, 1 };
+    if (setrlimit(RLIMIT_CORE, &one) < 0 && setrlimit(RLIMIT_CORE, &zero) < 0) {
+        fail_set(&f, CAPER_STEP_RLIMIT, errno, "setrlimit(RLIMIT_CORE, 1)");
+        die_inside(status_fd, &f, 127);
+    }
     if (drop_caps(&f) < 0)
         die_inside(status_fd, &f, 127);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
@@ -185,11 +198,37 @@ static _Noreturn void run_command(const struct caper_config *c, int status_fd, i
     die_inside(status_fd, &f, 127);
 }
 
+/* Close every descriptor from 3 up but those in keep (any order; -1: none). */
+static int close_all_but(const int *keep, int n)
+{
+    unsigned lo = 3;
+    for (;;) {
+        unsigned next = ~0u;  /* the lowest kept fd at or above lo */
+        for (int i = 0; i < n; i++)
+            if (keep[i] >= 0 && (unsigned)keep[i] >= lo && (unsigned)keep[i] < next)
+                next = (unsigned)keep[i];
+        if (next > lo && syscall(SYS_close_range, lo, next == ~0u ? ~0u : next - 1, 0) < 0)
+            return -1;
+        if (next == ~0u)
+            return 0;
+        lo = next + 1;
+    }
+}
+
 static _Noreturn void run_init(const struct caper_config *c, int sync_fd, int status_fd,
                                int out_fd, int err_fd)
 {
     struct caper_failure f = { 0 };
     char go;
+    /* Init is a fork of a threaded caller (the gate serves many runs): it
+     * holds every descriptor the caller had open at the clone, other runs'
+     * workspace and scratch flocks among them, and would keep those
+     * workspaces locked for as long as this sandbox lives. */
+    const int keep[] = { sync_fd, status_fd, out_fd, err_fd, c->stdin_fd };
+    if (close_all_but(keep, sizeof keep / sizeof keep[0]) < 0) {
+        fail_set(&f, CAPER_STEP_CLONE, errno, "close_range(inherited fds)");
+        die_inside(status_fd, &f, 126);
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* EOF: the tracer died before seizing us. */
     if (read(sync_fd, &go, 1) != 1)

@@ -1046,6 +1046,41 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     p->in_call = 1;
 }
 
+/* Whether an open reached a device node, and which: the opened file by its
+ * fd, or, for a failed open (nodev answers EACCES), the path looked up in
+ * the tracee's root. Both only look (stat, O_PATH): no driver runs. */
+static int device_of(pid_t tid, int64_t rv, const char *path, dev_t *rdev)
+{
+    char at[64];
+    struct stat st;
+    if (rv >= 0) {
+        snprintf(at, sizeof at, "/proc/%d/fd/%d", (int)tid, (int)rv);
+        if (stat(at, &st) < 0)
+            return 0;
+    } else {
+        if (rv == -ENOENT || rv == -ENOTDIR || path[0] != '/')
+            return 0;  /* the common failures: nothing there to be a device */
+        snprintf(at, sizeof at, "/proc/%d/root", (int)tid);
+        int root = open(at, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (root < 0)
+            return 0;
+        struct open_how how = { .flags = O_PATH | O_CLOEXEC,
+                                .resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+        int fd = (int)syscall(SYS_openat2, root, path, &how, sizeof how);
+        close(root);
+        if (fd < 0)
+            return 0;
+        int ok = fstat(fd, &st) == 0;
+        close(fd);
+        if (!ok)
+            return 0;
+    }
+    if (!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode))
+        return 0;
+    *rdev = st.st_rdev;
+    return 1;
+}
+
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -1074,6 +1109,12 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
             pd->ev.n[2] = (size_t)n;
             pd->ev.s[2] = pd->s[2];
         }
+    }
+    dev_t rdev;
+    if (pd->ev.h.kind == CAPER_EV_OPEN && pd->ev.n[0] &&
+        device_of(p->tid, rv, pd->s[0], &rdev)) {
+        pd->ev.h.info |= CAPER_INFO_DEVICE;
+        pd->ev.h.arg1 = (int64_t)rdev;
     }
     struct sock_id id;
     if (pd->unix_bind && rv == 0 && unix_identity(p->tid, pd->unix_raw, 0, &id) == 0 &&
@@ -1124,25 +1165,81 @@ static void on_new_child(struct tracer *t, struct proc *p, int event)
 /* A non-leader thread's exec makes it the leader: it reappears under the
  * leader's tid. The process keeps the leader's identity (parent, whether it
  * is the command); the execing thread's call in progress moves over. */
+/* Whether the kernel's argv k differs from the one checked, c, by more than
+ * an interpreter explains: for a "#!" script or a binfmt_misc program the
+ * kernel puts the interpreter (and its argument, and the script's path) in
+ * place of argv[0], so c without its first string must end k, and k has more
+ * strings. Copies cut at the bound are not compared: the event says "cut". */
+static int argv_changed(const char *k, size_t kn, const char *c, size_t cn)
+{
+    if (kn == cn && memcmp(k, c, kn) == 0)
+        return 0;
+    const char *tail = memchr(c, 0, cn);
+    if (!tail)
+        return 1;
+    tail++;
+    size_t tn = cn - (size_t)(tail - c), ks = 0, cs = 0;
+    for (size_t i = 0; i < kn; i++)
+        ks += k[i] == 0;
+    for (size_t i = 0; i < cn; i++)
+        cs += c[i] == 0;
+    return !(ks > cs && kn > tn && k[kn - tn - 1] == 0 && memcmp(k + kn - tn, tail, tn) == 0);
+}
+
+/* The argv the kernel did execute, read at the exec event from the new
+ * image's own stack (/proc/<pid>/cmdline): no instruction of it has run and
+ * no other thread is left, so nothing can have changed it. The copy taken at
+ * the seccomp stop may differ: another thread sharing the memory can rewrite
+ * the strings after the tracer read them and before the kernel copies them
+ * (which comes after the program's path is resolved, and a slow path widens
+ * that window to milliseconds). The event carries the kernel's argv, and a
+ * difference no interpreter explains is marked. */
+static void take_executed_argv(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    char path[64], more;
+    size_t cap = t->c->argv_max ? t->c->argv_max : 1024;
+    if (cap > CAPER_PATH_MAX)
+        cap = CAPER_PATH_MAX;
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)p->tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : pread(fd, pd->s[2], cap, 0);
+    int longer = n == (ssize_t)cap && pread(fd, &more, 1, (off_t)cap) == 1;
+    if (fd >= 0)
+        close(fd);
+    if (n < 0) {
+        pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        return;
+    }
+    if (!longer && !(pd->ev.h.info & CAPER_INFO_TRUNCATED) &&
+        argv_changed(pd->s[2], (size_t)n, pd->s[1], pd->ev.n[1]))
+        pd->ev.h.info |= CAPER_INFO_ARGV_CHANGED;
+    memcpy(pd->s[1], pd->s[2], (size_t)n);
+    pd->ev.n[1] = (size_t)n;
+    pd->ev.h.info = (pd->ev.h.info & ~(uint32_t)CAPER_INFO_TRUNCATED) |
+                    (longer ? CAPER_INFO_TRUNCATED : 0);
+}
+
 static void on_exec(struct tracer *t, struct proc *leader)
 {
     unsigned long former = 0;
     ptrace(PT_GETEVENTMSG, leader->tid, 0, &former);
     struct proc *thread = find(t, (pid_t)former);
-    if (!thread || thread == leader)
-        return;
-    falloc_done(t, leader);  /* its call, if any, ended with its thread */
-    struct pending *pend = leader->pend;
-    leader->pend = thread->pend;
-    thread->pend = pend;
-    leader->in_call = thread->in_call;
-    thread->in_call = 0;
-    if (leader->in_call) {
-        leader->pend->ev.h.pid = (uint32_t)leader->tid;
-        leader->pend->ev.h.ppid = (uint32_t)leader->ppid;
+    if (thread && thread != leader) {
+        falloc_done(t, leader);  /* its call, if any, ended with its thread */
+        struct pending *pend = leader->pend;
+        leader->pend = thread->pend;
+        thread->pend = pend;
+        leader->in_call = thread->in_call;
+        thread->in_call = 0;
+        if (leader->in_call) {
+            leader->pend->ev.h.pid = (uint32_t)leader->tid;
+            leader->pend->ev.h.ppid = (uint32_t)leader->ppid;
+        }
+        leader->noise += thread->noise;
+        destroy(t, thread);
     }
-    leader->noise += thread->noise;
-    destroy(t, thread);
+    if (leader->in_call && leader->pend->ev.h.kind == CAPER_EV_EXEC)
+        take_executed_argv(t, leader, leader->pend);
 }
 
 static void on_death(struct tracer *t, struct proc *p, int status)

@@ -117,6 +117,48 @@ def test_a_run_whose_caller_went_away_is_rolled_back(env, tmp_path):
     assert p.returncode == 0 and (ws / "fine").exists()
 
 
+def _wait_for_process(cmdline: bytes) -> None:
+    from hostprocs import pids_with_cmdline
+    for _ in range(3000):                       # bounded: 30 s on a loaded machine
+        if pids_with_cmdline(cmdline):
+            return
+        time.sleep(0.01)
+    pytest.fail(f"no process {cmdline!r} appeared")
+
+
+def test_a_long_run_does_not_hold_another_workspaces_lock(env, tmp_path):
+    """Runs are threads of the gate, and each sandbox's init is a fork of it:
+    init inherited every descriptor the gate had open, other runs' workspace
+    flocks included, and held them until its own sandbox ended. A run in
+    workspace A that started while a run held workspace B's lock kept B
+    locked after that run was done: the next run in B waited for A. Init now
+    closes all but its own pipes right after the clone."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    assert caper(env, b, "--approver", "block", "-c", "true").returncode == 125   # gate up
+    tag = str(os.getpid())
+    run = lambda ws, cmd: subprocess.Popen([sys.executable, "-m", "caper", "run", "--approver",
+                                            "block", "-c", cmd], cwd=ws, env=env,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    b_first = run(b, f"sleep 8.{tag}")           # holds B's workspace lock while it runs
+    long_a = None
+    try:
+        _wait_for_process(f"sleep\0{'8.' + tag}".encode())
+        long_a = run(a, f"sleep 60.{tag}")
+        _wait_for_process(f"sleep\0{'60.' + tag}".encode())
+        # A's sandbox was made while the first B run held its lock (else the test proves nothing).
+        assert b_first.poll() is None, "the first run in B ended before A's sandbox started"
+        assert b_first.wait(timeout=60) == 125
+        assert caper(env, b, "--approver", "block", "-c", "true").returncode == 125
+        assert long_a.poll() is None, "the next run in B waited for A's sandbox to end"
+    finally:
+        for p in (b_first, long_a):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid (setpriv)")
 def test_only_the_owner_may_use_the_gate(env, tmp_path):
     # The state dir is 0700 in real use; here the way is opened on purpose

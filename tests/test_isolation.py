@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -184,6 +185,7 @@ def test_dns_lookups_reach_no_resolver_and_are_reported(tmp_path):
         pytest.skip("no non-loopback nameserver in /etc/resolv.conf")
     code = """
 import socket
+import stat
 try:
     print(socket.getaddrinfo("caper-dns-test.example.com", 80))
 except socket.gaierror as e:
@@ -227,6 +229,7 @@ def test_sandbox_loopback_works_for_its_own_servers(tmp_path):
     """lo is up inside: a server the command starts itself is reachable."""
     code = """
 import socket
+import stat
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 c = socket.create_connection(srv.getsockname())
 conn, _ = srv.accept(); c.sendall(b"ping"); print(conn.recv(4).decode())
@@ -997,3 +1000,240 @@ def test_host_processes_roots_and_fds_are_out_of_reach(tmp_path):
         f"cat /proc/{host}/environ >/dev/null 2>&1 && echo environ-visible; echo done", tmp_path)
     assert stdout(result).split() == ["done"]
     assert not target.exists()
+
+
+# ---- device nodes and FIFOs on host filesystems ------------------------------
+
+DEVICE_PROBE = """
+for n in null zero; do
+  if printf x > "$n" 2>/dev/null; then echo "write-$n=OK"; else echo "write-$n=FAIL"; fi
+  if head -c 4 "$n" >/dev/null 2>&1; then echo "read-$n=OK"; else echo "read-$n=FAIL"; fi
+done
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["root", "rootless"])
+def test_a_device_node_on_a_host_filesystem_opens_no_device(tmp_path, userns):
+    """A device node outside /dev (a chroot or container tree, anything
+    mknod'd) opened the real device from a blocked run: the overlays of host
+    filesystems were not nodev, and the command keeps CAP_DAC_OVERRIDE. Here
+    the harmless null (1:3) and zero (1:5) stand in for kmsg or a disk: an
+    open for reading or writing now fails, the report flags the attempt, and
+    the node itself is unchanged."""
+    from caper.report.build import DEVICE_OPENS, NOTES
+    from caper.transaction import run
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make the device nodes")
+    if userns:   # a directory uid 65534 can reach (pytest's own is root's alone)
+        from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+        need_rootless_venv()
+        tmp_path = Path(tempfile.mkdtemp(prefix="caper-devnode-"))
+        os.chmod(tmp_path, 0o755)
+    ws = tmp_path / "chroot"
+    ws.mkdir()
+    for name, minor in (("null", 3), ("zero", 5)):
+        os.mknod(ws / name, 0o20666, os.makedev(1, minor))
+        os.chmod(ws / name, 0o666)                 # past the umask: rootless may open it too
+    if userns:
+        os.chown(ws, NOBODY, NOBODY)
+        state = tmp_path / "state"
+        state.mkdir()
+        os.chown(state, NOBODY, NOBODY)
+        try:
+            out = run_as_nobody(ws, DEVICE_PROBE, "block", state)
+        finally:
+            shutil.rmtree(tmp_path, ignore_errors=True)
+        text, notes = out["stdout"], out["notes"]
+    else:
+        outcome = run(DEVICE_PROBE, cwd=str(ws), workspace=str(ws), approver="block",
+                      state_dir=str(tmp_path / "state"))
+        text, notes = outcome.stdout.text().decode(), list(outcome.notes)
+        assert any(u.startswith(DEVICE_OPENS) for u in outcome.report.uncertain), \
+            outcome.report.uncertain
+    got = dict(l.split("=") for l in text.split())
+    assert got == {f"{op}-{n}": "FAIL" for op in ("write", "read") for n in ("null", "zero")}, text
+    assert NOTES[DEVICE_OPENS] in notes
+    if not userns:
+        for name, minor in (("null", 3), ("zero", 5)):
+            st = os.lstat(ws / name)
+            assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, minor)
+
+
+def test_every_planned_mount_is_nodev_and_nosuid(tmp_path):
+    """The plan's side of the test above: each overlay, bind and tmpfs of a
+    snapshot (root and rootless plans) carries MS_NODEV | MS_NOSUID, a bind
+    by the remount that follows it. Only caper's /dev (the native core's)
+    holds devices."""
+    from caper.view.overlay import MS_BIND, MS_NODEV, MS_NOSUID, MS_REMOUNT, OverlaySnapshot
+    for userxattr in (False, True):
+        snap = OverlaySnapshot.create(str(tmp_path / f"state{userxattr}"), userxattr=userxattr)
+        try:
+            final: dict[str, int] = {}
+            for m in snap.mounts:
+                if m.flags & MS_BIND and not m.flags & MS_REMOUNT:
+                    final.setdefault(m.target, 0)      # flags come with the remount
+                else:
+                    final[m.target] = m.flags
+            bare = [t for t, f in final.items() if f & (MS_NODEV | MS_NOSUID) != MS_NODEV | MS_NOSUID]
+            assert not bare, bare
+        finally:
+            snap.discard()
+
+
+def test_the_report_never_opens_a_host_fifo_at_a_path_the_run_rewrote(tmp_path):
+    """The report read the host's version of every changed path (for the
+    diff) with a plain non-blocking open: where the host holds a FIFO, that
+    open released a host writer waiting on it (and for a device node, ran
+    its driver). The host version is now looked at by O_PATH first and
+    opened only if it is a regular file."""
+    from caper.transaction import run
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    fifo = ws / "pipe"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"echo released > {fifo}"])
+    try:
+        # Wait (bounded) until the writer sits in its open of the FIFO.
+        for _ in range(500):
+            try:
+                call = Path(f"/proc/{writer.pid}/syscall").read_text().split()[0]
+            except (OSError, IndexError):
+                call = ""
+            if call in ("2", "257") and Path(f"/proc/{writer.pid}/wchan").read_text() != "0":
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the host writer never blocked in its open of the FIFO")
+        out = run("rm pipe; echo data > pipe", cwd=str(ws), workspace=str(ws), approver="block",
+                  state_dir=str(tmp_path / "state"))
+        assert not out.committed
+        assert [c for c in out.report.changes if c.path.endswith("pipe")], out.report.changes
+        assert writer.poll() is None, "caper opened the host FIFO: its writer was released"
+    finally:
+        # Release the writer ourselves (a reader), then reap it.
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        writer.wait(timeout=10)
+        os.close(fd)
+
+
+CRASH_PROBE = """
+ulimit -c unlimited 2>/dev/null && echo raised=yes || echo raised=no
+grep '^Max core file size' /proc/self/limits | tr -s ' ' | cut -d' ' -f5,6 | tr ' ' / | sed 's/^/limit=/'
+sh -c 'kill -SEGV $$'
+sh -c 'kill -ABRT $$'
+ls core* 2>/dev/null | sed 's/^/dump=/'
+echo done=1
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["root", "rootless"])
+def test_a_crash_writes_no_core_dump_and_is_reported(tmp_path, userns):
+    """A crash in the sandbox started the host's core handler (core_pattern
+    "|systemd-coredump ..." or apport runs on the host, as root, with the
+    process's memory) or left a dump: the command now starts with
+    RLIMIT_CORE = 1 soft and hard, for which the kernel writes no dump and
+    runs no pipe, and cannot raise it; each crash is flagged in the report."""
+    from caper.report.build import CRASHES, NOTES
+    from caper.transaction import run
+    if userns:
+        from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+        need_rootless_venv()
+        base = Path(tempfile.mkdtemp(prefix="caper-core-"))
+        try:
+            os.chmod(base, 0o755)
+            for d in ("ws", "state"):
+                (base / d).mkdir()
+                os.chown(base / d, NOBODY, NOBODY)
+            out = run_as_nobody(base / "ws", CRASH_PROBE, "block", base / "state")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        text, notes = out["stdout"], out["notes"]
+    else:
+        outcome = run(CRASH_PROBE, cwd=str(tmp_path), workspace=str(tmp_path), approver="block",
+                      state_dir=str(tmp_path / "state"))
+        text, notes = outcome.stdout.text().decode(), list(outcome.notes)
+        assert f"{CRASHES}: 2" in outcome.report.uncertain, outcome.report.uncertain
+    got = dict(l.split("=", 1) for l in text.split())
+    assert got == {"raised": "no", "limit": "1/1", "done": "1"}, text
+    assert NOTES[CRASHES] in notes
+
+
+# ---- host-global kernel resources ----------------------------------------------
+
+WRITABLE_PROBE = r"""
+import os
+for top in ("/proc", "/sys"):
+    for root, dirs, files in os.walk(top):
+        if root == "/proc":   # the sandbox's own processes are theirs to write
+            dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+        for name in files:
+            p = os.path.join(root, name)
+            try:
+                if os.path.islink(p) or not os.lstat(p).st_mode & 0o222:
+                    continue
+                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))   # opened only, never written
+                print(p)
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["plain", "userns"])
+def test_no_host_wide_knob_below_proc_or_sys_is_writable(tmp_path, userns):
+    """The class behind /proc/pressure (PSI triggers: kernel pollers that
+    count against the whole host): every file below /proc and /sys that has
+    a write bit, outside the sandbox's own process directories, opens for
+    writing as nothing but an error. Walked, not listed, so that a knob a
+    newer kernel adds shows up here."""
+    events, result = sandbox([PY, "-c", WRITABLE_PROBE], tmp_path, timeout=120, userns=userns)
+    assert result.exit_code == 0, stderr(result)
+    assert stdout(result).split() == [], stdout(result)
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["plain", "userns"])
+def test_the_sandbox_takes_a_bounded_number_of_ptys(tmp_path, userns):
+    """kernel.pty.max is one count for every devpts instance: an unbounded
+    sandbox could take all the host's shareable ptys (3072) for its whole
+    timeout. Its devpts has max=48."""
+    code = """
+import errno, os
+fds = []
+try:
+    for _ in range(100):
+        fds.append(os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY))
+    print("got", len(fds), "OK")
+except OSError as e:
+    print("got", len(fds), errno.errorcode[e.errno])
+"""
+    events, result = sandbox([PY, "-c", code], tmp_path, userns=userns)
+    assert stdout(result).split() == ["got", "48", "ENOSPC"], stdout(result) + stderr(result)
+
+
+def test_programs_run_shows_the_argv_the_kernel_executed(tmp_path, cfixture):
+    """execve's argv was read at the seccomp stop, but the kernel copies it
+    later (after resolving the program's path, which a chain of long
+    symlinks makes slow): another thread could rewrite it in between (the
+    fixture does once the tracer's read has faulted the script's page in),
+    and "programs run" showed a harmless script while the shell ran another.
+    The argv is now read again at the exec event, from the new image before
+    it runs; a change is flagged."""
+    from caper.report.build import ARGV_CHANGED
+    from caper.transaction import run
+    exe = cfixture("exec_argv_swap", "-O2", "-pthread")
+    swaps = 0
+    for i in range(6):                           # bounded; here the swap wins every time
+        ws = tmp_path / f"ws{i}"
+        ws.mkdir()
+        shutil.copy(exe, ws / "build")
+        out = run("./build", cwd=str(ws), workspace=str(ws), approver="block",
+                  state_dir=str(tmp_path / "state"))
+        ran = out.stdout.text().decode().strip()
+        assert ran in ("ran=as-checked", "ran=swapped"), ran + out.stderr.text().decode()
+        [shown] = [e.argv[-1] for e in out.report.processes.execs if e.argv[:2] == ["sh", "-c"]]
+        assert shown.split()[1] == ran, (shown, ran)
+        flagged = ARGV_CHANGED in out.report.uncertain
+        assert not flagged or ran == "ran=swapped", out.report.uncertain
+        swaps += flagged
+        if swaps == 2:
+            break
+    assert swaps, "no swap after the check won in 6 tries: the test did not exercise the race"

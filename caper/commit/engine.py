@@ -71,7 +71,7 @@ from caper.fs import mountinfo
 from caper.commit.ctimes import changed_since
 from caper.errors import CaperError, CommitConflict, CommitError, CommitIncomplete
 from caper.commit.journal import Journal, fsync_dir, step
-from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
+from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, open_regular, renameat2, syncfs
 
 __all__ = [
     "Layer", "Change", "CommitResult", "CommitError", "CommitConflict", "CommitIncomplete",
@@ -835,7 +835,7 @@ class _Planner:
     def _same_bytes(self, lp, u, hrel, name) -> bool:
         a = os.open(u[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=lp.up.fd(u[:-1]))
         try:
-            b = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=lp.host.fd(hrel))
+            b = open_regular(name, lp.host.fd(hrel))   # swapped for a FIFO or device: not opened
         except OSError:
             os.close(a)
             return False

@@ -1,8 +1,11 @@
-"""System calls the os module lacks, shared by the commit engines."""
+"""System calls the os module lacks, and safe opens, shared by the commit engines
+and the report."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import stat
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -25,3 +28,18 @@ def syncfs(fd: int) -> None:
     if _libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def open_regular(name: str, dir_fd: int) -> int:
+    """A read-only fd on name (below dir_fd, the last component not followed)
+    if it is a regular file; OSError (EINVAL) for anything else. The object
+    is looked at by an O_PATH fd first, which opens nothing: opening a FIFO,
+    even non-blocking, releases a writer waiting on the host, and opening a
+    device runs its driver (a watchdog arms, a tape rewinds on close)."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", name)
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)

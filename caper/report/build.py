@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import re
+import signal
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -56,6 +57,28 @@ LINKS_SPLIT = "hard-linked-files-written-through-one-name"
 # belongs to an owner or group without an id in the user namespace, and
 # overlayfs cannot copy it up.
 WRITES_REFUSED = "writes-refused-by-the-user-namespace"
+# An open of a device node was refused (EACCES: every mount but caper's own
+# /dev is nodev; natively it would have reached the device), or reached one
+# that is not of caper's /dev (null, zero, full, random, urandom, tty, the
+# sandbox's ptys). /dev/tty's ENXIO (no controlling terminal) is not one.
+DEVICE_OPENS = "device-nodes-opened-or-tried"
+_OWN_DEVICES = {(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)}
+_PTY_MAJORS = range(136, 144)     # Unix98 pty slaves (devices.txt)
+
+
+def _own_device(rdev: int) -> bool:
+    return (os.major(rdev), os.minor(rdev)) in _OWN_DEVICES or os.major(rdev) in _PTY_MAJORS
+
+
+# A process died of a signal whose default action dumps core: in the sandbox
+# no dump is written (RLIMIT_CORE is 1, csrc/ns.c); natively one would be.
+CRASHES = "processes-killed-by-a-core-dumping-signal"
+_CORE_SIGNALS = frozenset(s.value for s in (
+    signal.SIGQUIT, signal.SIGILL, signal.SIGTRAP, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE,
+    signal.SIGSEGV, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGSYS))
+# An exec's argv changed between the tracer's check and the kernel's copy
+# (another thread rewrote it): the report shows what the kernel ran.
+ARGV_CHANGED = "exec-arguments-changed-after-the-check"
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 NOTES = {
@@ -69,6 +92,16 @@ NOTES = {
                     "it was below a directory whose owner or group has no id in the user "
                     "namespace of unprivileged caper (a setgid team directory, say), which the "
                     "overlay cannot copy into the sandbox. caper run as root has no such limit.",
+    DEVICE_OPENS: "the command opened, or tried to open, a device node that is not one of the "
+                  "sandbox's own (null, zero, full, random, urandom, tty, ptys): every other mount "
+                  "in the sandbox is nodev, so such an open fails there (EACCES); natively it "
+                  "would reach the real device.",
+    CRASHES: "a process of the command crashed (SIGSEGV, SIGABRT or another signal that dumps "
+             "core): the sandbox writes no core dump and starts no crash handler "
+             "(RLIMIT_CORE = 1); natively the system's would have run.",
+    ARGV_CHANGED: "a program's arguments were rewritten by another thread while caper checked "
+                  "its exec: the report shows the arguments the kernel ran, read from the new "
+                  "program before it started; a native run would race the same way.",
     SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
                    "(64 MiB), discarded with it and never committed.",
 }
@@ -390,8 +423,12 @@ class _Analysis:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
+            if e.info & Info.ARGV_CHANGED:
+                self.uncertain[ARGV_CHANGED] += 1
         elif k == Kind.OPEN and e.path:
             acc = e.flags & 3
+            if e.info & Info.DEVICE and (e.result == -errno.EACCES or not _own_device(e.arg1)):
+                self.uncertain[DEVICE_OPENS] += 1
             if _writes(e.flags) and e.ok:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
@@ -428,6 +465,8 @@ class _Analysis:
             self.refused.append(e)
         elif k == Kind.SIGNAL:
             self.signals.append(e)
+        elif k == Kind.PROC_EXIT and -e.arg0 in _CORE_SIGNALS:
+            self.uncertain[CRASHES] += 1
         elif k == Kind.LOST:
             self.uncertain["events-lost"] += max(1, e.arg0)
 

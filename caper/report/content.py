@@ -4,8 +4,9 @@ and row counts of SQLite databases, and the secrets found in new content.
 
 The run's version of a file lives in caper's scratch space (an overlay upper
 layer, a btrfs snapshot), which the command wrote: it is opened one
-component at a time without following symlinks, and only regular files are
-read. The host's version is the user's own file, read as it is.
+component at a time without following symlinks. The host's version is the
+user's own file. Either is opened only once an O_PATH look shows a regular
+file: where the run left a file, the host may hold a FIFO or a device node.
 """
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import os
 import sqlite3
 import stat
 import time
-import urllib.parse
 from dataclasses import dataclass, field
 
 from caper.fs.mountinfo import below
 from caper.report.secrets import MAX_SECRET_FILE, Redactor, values_in
+from caper.fs.syscalls import open_regular
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
 MAX_DIFF_LINES = 400          # kept from a diff before the report's budget trims it
@@ -81,8 +82,7 @@ def _open_beneath(root: str, rel: str) -> int:
             fd = nfd
         if not parts:
             return os.dup(fd)
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                       dir_fd=fd)
+        return open_regular(parts[-1], fd)
     finally:
         os.close(fd)
 
@@ -151,11 +151,16 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
     head = read_blob(root, rel, len(SQLITE_MAGIC))
     if head is None or head.data != SQLITE_MAGIC:
         return None
-    path = os.path.join(root, rel)
-    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + "?mode=ro&immutable=1"
+    try:
+        fd = _open_beneath(root, rel)
+    except OSError:
+        return None
+    # By the fd: the name may have become something else since the check.
+    uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=0)
     except sqlite3.Error:
+        os.close(fd)
         return None
     deadline = time.monotonic() + SQLITE_DEADLINE_S
     con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
@@ -175,6 +180,7 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
         return None
     finally:
         con.close()
+        os.close(fd)
 
 
 def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,

@@ -107,6 +107,8 @@ class Event:
             d["argv"] = self.argv
         if self.kind == Kind.OPEN:
             d["flags"] = open_flags(self.flags)
+            if self.info & Info.DEVICE:
+                d["device"] = f"{os.major(self.arg1)}:{os.minor(self.arg1)}"
         if self.kind in (Kind.CHMOD, Kind.MKDIR, Kind.MKNOD) or (
                 self.kind == Kind.OPEN and self.flags & os.O_CREAT):
             d["mode"] = oct(self.mode & 0o7777)

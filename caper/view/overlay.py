@@ -48,6 +48,12 @@ MS_NOEXEC = 8
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
+# Every mount of the sandbox but caper's own /dev: a device node or setuid
+# file on a host filesystem (a chroot or container tree, anything mknod'd)
+# opens no real device and grants nothing. The command keeps CAP_DAC_OVERRIDE,
+# so only nodev stands between it and such a node. (In a user namespace the
+# kernel adds nodev itself; the flags say so for root too.)
+SAFE = MS_NOSUID | MS_NODEV
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +139,7 @@ class _Planner:
             tree = self.mounts_below(path) or _can_remount_tree()
             self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
             self.mounts.append(Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
-                                     | MS_NOSUID | MS_NODEV | (MS_REC if tree else 0)))
+                                     | SAFE | (MS_REC if tree else 0)))
             return
         n = len(self.layers)
         upper = os.path.join(self.scratch, f"layer{n}", "upper")
@@ -147,7 +153,7 @@ class _Planner:
         # metadata-only copy-ups, no index. (userxattr implies all three.)
         opts += ["userxattr"] if self.userxattr else ["redirect_dir=off", "index=off",
                                                         "metacopy=off"]
-        self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), 0))
+        self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), SAFE))
         self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr))
 
     def _match_root(self, lower: str, upper: str) -> None:
@@ -171,7 +177,7 @@ class _Planner:
         points = {m.mount_point: m for m in host}
         self._split("/", points)
         self.mounts.append(Mount(None, self.stage, None, None,
-                                 MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV))
+                                 MS_BIND | MS_REMOUNT | MS_RDONLY | SAFE))
 
     def mounts_below(self, path: str) -> bool:
         """A mount lies strictly below path (a pseudo filesystem's too): an
@@ -342,9 +348,11 @@ class OverlaySnapshot:
                 plan.own_layer(path, entries, state_real)
         for source, path in binds:
             plan.mounts.append(Mount(source, stage + path, None, None, MS_BIND))
+            plan.mounts.append(Mount(None, stage + path, None, None, MS_BIND | MS_REMOUNT | SAFE
+                                     | (MS_REC if _can_remount_tree() else 0)))
         # caper's own state (other runs' pending changes) is not the command's business.
         plan.mounts.append(Mount("tmpfs", stage + state_real, "tmpfs", "size=4k,mode=0",
-                                 MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC))
+                                 MS_RDONLY | SAFE | MS_NOEXEC))
         return cls(scratch=scratch, stage=stage, layers=plan.layers, mounts=plan.mounts,
                    since_ns=threshold.since_ns, not_before_ns=threshold.not_before_ns,
                    hidden=[state_real])
