@@ -269,6 +269,12 @@ def cmd_recover(args, parser) -> int:
         print(line)
     if not done:
         print("caper: nothing to recover", file=sys.stderr)
+    # "<id>: FAILED, ... kept": that commit's paths stay as they are (later
+    # runs that touch them are refused); the caller must know.
+    failed = [line for line in done if line.partition(": ")[2].startswith("FAILED")]
+    if failed:
+        print(f"caper: {len(failed)} interrupted commit(s) could not be recovered", file=sys.stderr)
+        return 1
     return 0
 
 

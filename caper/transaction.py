@@ -199,6 +199,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         timings["snapshot_ms"] = (time.perf_counter() - t) * 1000
         kept: str | None = None   # a conflicting run's changes, left for the user
         committed = workspace_swapped = False
+        commit_notes: tuple[str, ...] = ()
         try:
             t = time.perf_counter()
             tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
@@ -243,8 +244,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     if workspace_changes:  # an unchanged snapshot is just dropped
                         bsnap.swap()
                         workspace_swapped = True
-                    commit(snap.layers, state_dir=state_dir, since_ns=snap.since_ns,
-                           exclude=hidden)
+                    commit_notes = tuple(commit(snap.layers, state_dir=state_dir,
+                                                since_ns=snap.since_ns, exclude=hidden).notes)
                     committed = True
                 except BtrfsConflict as e:
                     kept = bsnap.path
@@ -258,6 +259,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
                     committed = e.applied
+                    commit_notes = (str(e),)
                     if not e.applied:
                         decision = _not_committed(e, workspace_swapped)
                 except CommitError as e:  # undone: nothing changed
@@ -276,7 +278,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                               stderr=result.stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
-                              ask=decision.ask, steps=decision.steps, held=held, notes=notes(report))
+                              ask=decision.ask, steps=decision.steps, held=held,
+                              notes=notes(report) + commit_notes)
         finally:
             if kept == snap.scratch:
                 snap.keep()
