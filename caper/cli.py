@@ -111,15 +111,17 @@ def cmd_trace(args, parser) -> int:
 
 
 def cmd_run(args, parser) -> int:
+    from caper.inherit import Caller
     command = _command(args, parser)
+    caller = Caller.here(shell=args.shell)     # what the command inherits, gate or not
     if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
         from caper import gate
         from caper.state import default_state_dir
         payload = {"command": command, "task": args.task, "approver": args.approver,
-                   "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
+                   "backend": args.backend, "timeout": args.timeout,
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
-                   "env": dict(os.environ)}
+                   "caller": caller.to_json()}
         try:
             answer = gate.request(default_state_dir(), payload)
         except gate.GateUnavailable as e:
@@ -140,7 +142,7 @@ def cmd_run(args, parser) -> int:
     try:
         outcome = run(command, task=args.task, approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure)
+                      on_unsure=args.on_unsure, caller=caller)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -298,7 +300,10 @@ def _columns() -> int:
 
 
 def _args_run(r: argparse.ArgumentParser) -> None:
-    r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
+    r.add_argument("-c", metavar="STRING", help="run STRING with SHELL -c (see --shell)")
+    r.add_argument("--shell", metavar="SHELL",
+                   help="the shell that runs -c STRING (default /bin/sh, as sh -c and "
+                        "system(3); the agents' hooks give bash, their tools' shell)")
     r.add_argument("--task", help="what the user asked for (evidence for the approver)")
     r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
                    help="auto (default): policy, then the LLM if configured for what policy is "

@@ -135,6 +135,8 @@ def request(state_dir: str, payload: dict, start: bool = True) -> dict:
     if not buf.endswith(b"\n"):
         raise GateUnavailable("the gate closed the connection without an answer")
     answer = json.loads(buf)
+    if answer.get("decline"):
+        raise GateUnavailable(f"the gate declined: {answer['decline']}")
     if answer.get("stale"):
         if not start:
             raise GateUnavailable("the gate runs an older caper; it is exiting")
@@ -160,6 +162,75 @@ def decode_output(answer: dict) -> tuple[bytes, bytes]:
 
 # --- the server --------------------------------------------------------------------------------
 
+LIFE_LOCK = "gate.life"
+SO_PEERPIDFD = 77          # Linux 6.5; Python 3.11's socket module does not name it
+
+
+def _hold_life_lock(state_dir: str, path: str) -> int | None:
+    """The lock a gate holds for its whole life: one gate per state
+    directory, and only its holder binds or unlinks the socket. A gate on
+    its way out (idle) still holds it for a moment: wait for it, unless a
+    gate answers on the socket meanwhile. Returns the lock's fd (kept open
+    until exit), or None."""
+    fd = os.open(os.path.join(state_dir, LIFE_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        try:
+            _connect(path).close()
+            break                          # a live gate serves
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    os.close(fd)
+    return None
+
+
+def _elsewhere(conn, pid: int) -> str | None:
+    """Why the caller does not live where the gate does (another mount, user
+    or pid namespace, another root), or None. A command the gate runs sees
+    the gate's filesystem: a caller elsewhere must run its command in its
+    own process. Race-free: the peer's pidfd (SO_PEERPIDFD, else
+    pidfd_open of its pid) is still alive after /proc/<pid> was opened, so
+    that directory is the caller's, not a later process's with its pid."""
+    import signal
+    import socket
+    import struct
+    if pid <= 0:
+        return "the caller is in another pid namespace"
+    try:
+        try:
+            pidfd = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+        except OSError:          # before Linux 6.5: the pid, checked alive below
+            pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        return f"the caller's process cannot be checked (pidfd: {e.strerror})"
+    try:
+        proc = os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+            for ns in ("mnt", "user", "pid"):
+                theirs, mine = os.stat(f"ns/{ns}", dir_fd=proc), os.stat(f"/proc/self/ns/{ns}")
+                if (theirs.st_dev, theirs.st_ino) != (mine.st_dev, mine.st_ino):
+                    return f"the caller is in another {ns} namespace"
+            theirs, mine = os.stat("root", dir_fd=proc), os.stat("/")
+            if (theirs.st_dev, theirs.st_ino) != (mine.st_dev, mine.st_ino):
+                return "the caller has another root directory (chroot)"
+        finally:
+            os.close(proc)
+        signal.pidfd_send_signal(pidfd, 0)
+    except OSError as e:
+        return f"the caller's process cannot be checked ({e.strerror})"
+    finally:
+        os.close(pidfd)
+    return None
+
 def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import socket
     import socketserver
@@ -167,6 +238,7 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import threading
 
     from caper.errors import CaperError
+    from caper.inherit import Caller
     from caper.transaction import run
 
     os.umask(0o077)
@@ -184,6 +256,10 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                 socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if uid != me:
                 self._answer({"error": f"refused: uid {uid} is not the gate's owner ({me})"})
+                return
+            elsewhere = _elsewhere(conn, pid)
+            if elsewhere:
+                self._answer({"decline": elsewhere})
                 return
             line = self.rfile.readline(MAX_REQUEST)
             with guard:
@@ -214,12 +290,17 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                         conn.setblocking(True)
                 except OSError:
                     return False
+            caller = Caller.from_json(req["caller"])
+            why = caller.not_reproducible()
+            if why:
+                return {"decline": f"{why}: run it in the caller's process"}
             try:
                 out = run(req["command"], task=req.get("task"), approver=req.get("approver", "auto"),
                           workspace=req.get("workspace"), backend=req.get("backend", "auto"),
-                          timeout=float(req.get("timeout", 600)), cwd=req["cwd"],
-                          env=dict(req["env"]), state_dir=state_dir, session=req.get("session"),
-                          still_wanted=still_wanted, on_unsure=req.get("on_unsure"))
+                          timeout=float(req.get("timeout", 600)), cwd=caller.cwd,
+                          env=caller.env, state_dir=state_dir, session=req.get("session"),
+                          still_wanted=still_wanted, on_unsure=req.get("on_unsure"),
+                          caller=caller)
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
             return {"outcome": out.to_json(),
@@ -238,12 +319,10 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
         daemon_threads = True
         stale = False
 
-    try:
-        _connect(path).close()
-        print(f"caper serve: a gate already listens on {path}", file=sys.stderr)
+    life = _hold_life_lock(state_dir, path)
+    if life is None:
+        print(f"caper serve: a gate already serves {state_dir}", file=sys.stderr)
         return 0
-    except OSError:
-        pass
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -271,4 +350,5 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                 os.unlink(path)
         except OSError:
             pass
+        os.close(life)                        # only now may the next gate bind
     return 0

@@ -22,8 +22,10 @@ from caper._native import ffi, lib
 from caper.errors import ConfigError, from_native
 from caper.limits import DiskGuard, MemoryCgroup, memory_cgroup
 from caper.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
+from caper.inherit import DEFAULT_SHELL
 
 if TYPE_CHECKING:
+    from caper.inherit import Caller
     from caper.snapshot import Mount
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -52,8 +54,8 @@ def _env_list(env: Mapping[str, str] | None) -> list[bytes]:
     return [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
 
 
-def _argv(command: Sequence[str] | str) -> list[bytes]:
-    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+def _argv(command: Sequence[str] | str, shell: str) -> list[bytes]:
+    argv = [shell, "-c", command] if isinstance(command, str) else list(command)
     if not argv:
         raise ConfigError("empty command")
     out = []
@@ -76,9 +78,12 @@ class Trace:
                  output_head: int = DEFAULT_OUTPUT_HEAD, output_tail: int = DEFAULT_OUTPUT_TAIL,
                  share_cpu: bool = True,
                  mounts: Sequence["Mount"] = (), new_root: str | None = None,
-                 not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None):
+                 not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None,
+                 caller: "Caller | None" = None):
+        """caller: the context the command inherits (caper.inherit), where this
+        process is not the caller's own; None: this process's."""
         self._keep: list = []  # cffi objects that must outlive the native call
-        self.argv = _argv(command)
+        self.argv = _argv(command, caller.shell if caller else DEFAULT_SHELL)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
         if not os.path.isdir(cwd):
             raise ConfigError(f"working directory does not exist: {cwd}")
@@ -135,6 +140,7 @@ class Trace:
             cfg.disk_path = self._cstr(os.fsencode(disk_guard.path))
             cfg.disk_min_free = disk_guard.min_free
             cfg.disk_min_inodes = disk_guard.min_inodes
+        cfg.caller = self._caller(caller) if caller is not None else ffi.NULL
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
         self.result: RunResult | None = None
@@ -143,6 +149,25 @@ class Trace:
         self._thread: threading.Thread | None = None
         self._returned = threading.Event()     # caper_run is done; init may still be reaped
         self._read_fd = -1
+
+    def _caller(self, caller: "Caller"):
+        k = ffi.new("struct caper_caller *")
+        k.umask, k.nice = caller.umask, caller.nice
+        lims = ffi.new("struct caper_rlimit[]", max(1, len(caller.rlimits)))
+        for i, (r, cur, hard) in enumerate(caller.rlimits):
+            lims[i].resource, lims[i].cur, lims[i].max = r, cur, hard
+        k.rlimits, k.n_rlimits = lims, len(caller.rlimits)
+        # Root only (a user namespace has setgroups denied), and only where
+        # they differ: the same groups are the ones this process passes on.
+        if os.geteuid() == 0 and (caller.gid, caller.groups) != (os.getegid(),
+                                                                 tuple(sorted(os.getgroups()))):
+            groups = ffi.new("uint32_t[]", max(1, len(caller.groups)))
+            for i, g in enumerate(caller.groups):
+                groups[i] = g
+            k.set_groups, k.gid, k.groups, k.n_groups = 1, caller.gid, groups, len(caller.groups)
+            self._keep.append(groups)
+        self._keep += [k, lims]
+        return k
 
     def _cstr(self, b: bytes):
         c = ffi.new("char[]", b)

@@ -19,6 +19,7 @@ from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_a
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
+from caper.inherit import Caller
 from caper.state import KEPT_S, default_state_dir
 from caper.workspace import find_workspace
 
@@ -96,7 +97,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
         session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
-        on_unsure: str | None = None) -> RunOutcome:
+        on_unsure: str | None = None, caller: "Caller | None" = None) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
@@ -104,7 +105,9 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     are tainted for every later run. still_wanted: asked just before a
     commit; False (the caller went away) rolls the run back. on_unsure:
     overrides the configuration's (ask: an unsure run is held for a human,
-    see caper.pending)."""
+    see caper.pending). caller: the context the command inherits
+    (caper.inherit: umask, limits, groups, the shell of a command string);
+    None: this process's, with cwd and env as given."""
     from caper.config import load_config
     from caper.secrets import ProtectedPattern
     from caper.session import TAINT_KIND, check_session_id, open_sessions
@@ -131,6 +134,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     timings: dict[str, float] = {}
     run_env = os.environ if env is None else env
     home = run_env.get("HOME")
+    caller = caller or Caller.here(cwd=cwd, env=dict(run_env))
 
     with open_sessions(state_dir) as sessions:
         if session is not None:
@@ -143,7 +147,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         # Files an earlier approved run wrote secrets into are credentials too.
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
         outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
-                       state_dir, tuple(history), config, tainted, home, timings, still_wanted)
+                       state_dir, tuple(history), config, tainted, home, timings, still_wanted,
+                       caller)
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
             sessions.record(session, text, verdict, outcome.approver, outcome.reason)
@@ -155,7 +160,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
 def _run(command, text: str, task, judge, workspace: str, backend: str, timeout: float,
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
-         still_wanted: "Callable[[], bool] | None") -> RunOutcome:
+         still_wanted: "Callable[[], bool] | None", caller: "Caller") -> RunOutcome:
     from caper.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume, recover_btrfs
     from caper.commit import (CommitConflict, CommitError, CommitIncomplete, commit,
                               plan_changes, recover)
@@ -202,7 +207,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         commit_notes: tuple[str, ...] = ()
         try:
             t = time.perf_counter()
-            tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
+            tr = trace(command, cwd=cwd, env=env, caller=caller, timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage, not_before_ns=snap.not_before_ns,
                        disk_guard=DiskGuard.for_state_dir(state_dir))
             events, result = tr.run()

@@ -93,7 +93,8 @@ enum caper_step {
     CAPER_STEP_RLIMIT        = 19,
     CAPER_STEP_CONFIG        = 20,
     CAPER_STEP_MOUNT_ROOT    = 21,
-    CAPER_STEP_PIVOT_ROOT    = 22
+    CAPER_STEP_PIVOT_ROOT    = 22,
+    CAPER_STEP_CALLER        = 23  /* giving the command its caller's context (caper_caller) */
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
@@ -138,6 +139,27 @@ struct caper_mount {
     uint64_t flags;
 };
 
+/* One resource limit of the caller's (getrlimit). */
+struct caper_rlimit {
+    uint32_t resource;           /* RLIMIT_* */
+    uint32_t pad;
+    uint64_t cur;
+    uint64_t max;
+};
+/* The process attributes a command inherits from caper's caller, for a run
+ * in another process than the caller's (the gate): set in the command's
+ * process just before exec, before caper's own limits. caper/inherit.py is
+ * the one definition of what a run inherits; this is the part C applies. */
+struct caper_caller {
+    uint32_t umask;
+    int32_t nice;
+    const struct caper_rlimit *rlimits;
+    uint32_t n_rlimits;
+    uint32_t set_groups;         /* 1: gid and groups replace this process's (root only) */
+    uint32_t gid;
+    uint32_t n_groups;
+    const uint32_t *groups;
+};
 struct caper_config {
     const char *const *argv;     /* NULL terminated; argv[0] is looked up in PATH */
     const char *const *envp;     /* NULL terminated */
@@ -164,6 +186,7 @@ struct caper_config {
     uint64_t disk_min_free;      /* bytes that must stay free there, else the sandbox is
                                     killed (CAPER_END_DISK_LIMIT) */
     uint64_t disk_min_inodes;    /* the same for inodes */
+    const struct caper_caller *caller; /* NULL: the command inherits this process's */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes

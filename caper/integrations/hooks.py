@@ -59,6 +59,8 @@ class Agent:
     timeout: int               # the hook's own timeout, in the unit the agent uses
     mode: str                  # rewrite | resubmit
     can_ask: bool = False      # the host can put a question to its human
+    shell: str = "bash"        # what its shell tool runs the command with (Claude Code's
+                               # Bash tool, Codex's bash -lc, Gemini's bash -c)
 
 
 AGENTS = {
@@ -140,8 +142,11 @@ def caper_command() -> list[str]:
     return [sys.executable, "-m", "caper"]
 
 
-def wrap(command: str, session: str, task: str | None, ask: bool = False) -> str:
-    argv = caper_command() + ["run", "--session", session]
+def wrap(command: str, session: str, task: str | None, ask: bool = False,
+         shell: str = "bash") -> str:
+    """The command as one call of caper run, with the shell the agent's tool
+    would have run it with (caper run's own default is /bin/sh)."""
+    argv = caper_command() + ["run", "--session", session, "--shell", shell]
     if ask:       # unsure: hold the run; the human decides at `caper commit`
         argv += ["--on-unsure", "ask"]
     if task:
@@ -163,12 +168,12 @@ def caper_args(command: str) -> list[str] | None:
     return argv[len(head):]
 
 
-def is_wrapped(command: str, session: str) -> bool:
+def is_wrapped(command: str, session: str, shell: str = "bash") -> bool:
     """Exactly the form `wrap` produces for this session: nothing after -c X."""
     rest = caper_args(command)
-    if rest is None or rest[:3] != ["run", "--session", session]:
+    if rest is None or rest[:3] != ["run", "--session", session] or rest[3:5] != ["--shell", shell]:
         return False
-    rest = rest[3:]
+    rest = rest[5:]
     if rest[:2] == ["--on-unsure", "ask"]:
         rest = rest[2:]
     if rest[:1] == ["--task"]:
@@ -211,7 +216,7 @@ def answer(agent: Agent, hook) -> str:
     if not isinstance(session, str) or not session or len(session) > 200 or \
             any(ord(ch) < 32 for ch in session):
         raise ValueError("session_id is missing or malformed")
-    if is_wrapped(command, session):
+    if is_wrapped(command, session, agent.shell):
         # Already inside the gate: it runs once, there.
         return "" if agent.mode == "resubmit" else _out(
             agent, "allow", "caper: already runs inside caper")
@@ -220,7 +225,7 @@ def answer(agent: Agent, hook) -> str:
         return ask_human(agent, held)
     path = hook.get("transcript_path")
     wrapped = wrap(command, session, task_from_transcript(path if isinstance(path, str) else None),
-                   ask=agent.can_ask)
+                   ask=agent.can_ask, shell=agent.shell)
     if agent.mode == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
