@@ -1375,8 +1375,9 @@ def _empty_upper(upper: str) -> None:
         dev = os.fstat(fd).st_dev
         with _scandir(fd) as it:
             names = [e.name for e in it]
-        for n in names:
-            _rmtree_at(fd, n, dev, upper)
+        with _entered(fd):      # rootless, the root of a layer over another's dir is r-x
+            for n in names:
+                _rmtree_at(fd, n, dev, upper)
     finally:
         os.close(fd)
 

@@ -15,6 +15,8 @@ class MountEntry:
     fstype: str
     read_only: bool                 # this mount's own "ro" flag
     super_options: frozenset[str]   # the filesystem's options (cgroup controllers ...)
+    dev: str = ""                   # major:minor of the filesystem
+    root: str = "/"                 # the directory of that filesystem mounted here (a bind's)
 
 
 def _unescape(field: bytes) -> str:
@@ -34,7 +36,8 @@ def read(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
                 fstype=rfields[0].decode(),
                 read_only=b"ro" in fields[5].split(b","),
                 super_options=frozenset(rfields[2].decode().split(",")) if len(rfields) > 2
-                else frozenset()))
+                else frozenset(),
+                dev=fields[2].decode(), root=_unescape(fields[3])))
     return out
 
 

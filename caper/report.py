@@ -54,6 +54,11 @@ LINKS_SPLIT = "hard-linked-files-written-through-one-name"
 # belongs to an owner or group without an id in the user namespace, and
 # overlayfs cannot copy it up.
 WRITES_REFUSED = "writes-refused-by-the-user-namespace"
+# A write failed (EROFS, or ENOENT below a hidden mount) on a mount that is
+# writable on the host but that the sandbox holds read-only or hides: a
+# chroot's or container's pseudo filesystems and what is mounted below them,
+# a mount whose overlay the kernel refused.
+WRITES_HELD = "writes-to-mounts-the-sandbox-holds-read-only"
 NOTES = {
     RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's overlay "
                      "(EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and `git mv` do "
@@ -65,6 +70,10 @@ NOTES = {
                     "it was below a directory whose owner or group has no id in the user "
                     "namespace of unprivileged caper (a setgid team directory, say), which the "
                     "overlay cannot copy into the sandbox. caper run as root has no such limit.",
+    WRITES_HELD: "a write failed on a mount that is writable on the host but read-only or "
+                 "hidden in caper's sandbox (a chroot's or container's proc, sys, dev/pts and "
+                 "what is mounted below them, or a filesystem the overlay cannot stack on): "
+                 "natively it might have succeeded.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
@@ -310,6 +319,8 @@ class RunFacts:
     protected: Protected
     home: str | None = None
     backend: str = "overlay"
+    held: tuple[tuple[str, str], ...] = ()   # (mount point, kind): caper.snapshot._Planner.held
+    aliases: tuple[tuple[str, str], ...] = ()   # (mount point, the path it shows): _Planner.alias
 
 
 @dataclass
@@ -358,6 +369,10 @@ class _Analysis:
         if e.result == -errno.EOVERFLOW and (k in _CHANGING_KINDS
                                              or k == Kind.OPEN and _writes(e.flags)):
             self.uncertain[WRITES_REFUSED] += 1
+        if e.result in (-errno.EROFS, -errno.ENOENT) and facts.held and e.path and (
+                k in _CHANGING_KINDS or k == Kind.OPEN and _writes(e.flags)) \
+                and _held_there(e.path, -e.result, facts.held):
+            self.uncertain[WRITES_HELD] += 1
         if k == Kind.PROC_START:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
@@ -533,7 +548,9 @@ def _draft(facts: RunFacts) -> _Draft:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
                 fc.tracked_files = n
-        w = an.writer_of(c.path) or an.writer_of(renamed_from.get(c.path, ""))
+        w = an.writer_of(c.path) or an.writer_of(renamed_from.get(c.path, "")) or next(
+            (an.writer_of(a + c.path[len(src):]) for a, src in facts.aliases
+             if below(c.path, src) and an.writer_of(a + c.path[len(src):])), None)
         if w:
             writer_of[c.path] = w
         changes.append((_change_severity(fc, view.rel(fc.path)), fc))
@@ -720,6 +737,16 @@ def notes(report: Report) -> tuple[str, ...]:
     """What the caller should know about how this run differed from a native one."""
     flagged = {u.split(":")[0] for u in report.uncertain}
     return tuple(text for flag, text in NOTES.items() if flag in flagged)
+
+
+def _held_there(path: str, err: int, held: tuple[tuple[str, str], ...]) -> bool:
+    """Did a write at path fail because the sandbox holds its mount read-only
+    or hides it, while the host has it writable? The deepest mount decides."""
+    point, kind = max(((p, k) for p, k in held if below(path, p)), key=lambda h: len(h[0]),
+                      default=("", ""))
+    if err == errno.EROFS:
+        return kind in ("layer", "held", "hidden")
+    return kind == "hidden" and path != point        # ENOENT: the stand-in is empty
 
 
 def _writes(flags: int) -> bool:

@@ -126,6 +126,7 @@ class Trace:
                 arr[i].fstype = self._cstr(m.fstype.encode()) if m.fstype else ffi.NULL
                 arr[i].data = self._cstr(os.fsencode(m.data)) if m.data else ffi.NULL
                 arr[i].flags = m.flags
+                arr[i].or_else = m.or_else
             self._keep.append(arr)
             cfg.mounts, cfg.n_mounts = arr, len(mounts)
         cfg.new_root = self._cstr(os.fsencode(new_root)) if new_root else ffi.NULL

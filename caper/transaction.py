@@ -225,7 +225,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
                     tree=RunTree.of(roots), home=home, protected=protected,
-                    backend="btrfs" if bsnap else "overlay"))
+                    backend="btrfs" if bsnap else "overlay", held=tuple(snap.held),
+                    aliases=tuple(snap.aliases)))
             except CaperError:
                 raise
             except Exception as e:   # a bug here must block, not commit unjudged

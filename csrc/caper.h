@@ -137,6 +137,10 @@ struct caper_mount {
     const char *fstype;
     const char *data;
     uint64_t flags;
+    uint32_t or_else;   /* 0: a failure fails the set-up. N: the N mounts after this one
+                           are its fallback, made only if this one fails (an overlay the
+                           kernel refuses becomes a read-only bind) */
+    uint32_t pad;
 };
 
 /* One resource limit of the caller's (getrlimit). */
