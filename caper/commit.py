@@ -611,11 +611,16 @@ class _Planner:
         lps = []
         all_mounts = _mount_points()
         try:
-            for i, layer in enumerate(layers):
+            for layer in layers:
+                if _untouched(layer.upper):
+                    # Nothing to commit, and nothing to open: its mount may have
+                    # gone from the host during the run (a busy host's mounts come
+                    # and go), and rootless there are dozens of such layers.
+                    continue
                 # other layers' mount points below this one are theirs, not ours
                 nested = [m for m in mounts if m != layer.mount_point
                           and m.startswith(layer.mount_point.rstrip("/") + "/")]
-                lps.append(_LayerPlan(i, layer, excl + nested, all_mounts))
+                lps.append(_LayerPlan(len(lps), layer, excl + nested, all_mounts))
         except BaseException:
             for lp in lps:
                 lp.close()
@@ -943,6 +948,15 @@ class _Planner:
             return walk(dfd, hp)
         finally:
             os.close(dfd)
+
+
+def _untouched(upper: str) -> bool:
+    """An upper dir the run never wrote to (an unreadable one counts as written)."""
+    try:
+        with _scandir(upper) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
 
 
 def _make_plan(layers: Sequence[Layer], exclude: Iterable[str], since_ns: int | None) -> _Plan:

@@ -184,9 +184,12 @@ class _Planner:
         the host; a mount made on the host after this plan too. An older
         kernel gets the plain remount where no mount lies below, and fails
         the set-up where one does. A writable mount below that gets its own
-        layer is mounted on top later."""
+        layer is mounted on top later. A path gone since the plan (a busy
+        host's /tmp) leaves its stand-in: the target bound on itself, so the
+        remount still has a mount to make read-only."""
         tree = self.mounts_below(path) or _can_remount_tree()
-        return [Mount(path, target, None, None, MS_BIND | MS_REC),
+        return [Mount(path, target, None, None, MS_BIND | MS_REC, 1),
+                Mount(target, target, None, None, MS_BIND),
                 Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
                       | MS_NOSUID | MS_NODEV | (MS_REC if tree else 0))]
 

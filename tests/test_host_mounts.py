@@ -107,18 +107,22 @@ def test_a_rootless_run_goes_on_while_a_chroot_tree_is_mounted(chroot_tree):
 
 def test_an_overlay_the_kernel_refuses_becomes_a_read_only_bind(tmp_path):
     """The native core's fallback (struct caper_mount.or_else): the layer's
-    overlay fails, the mounts after it stand in, the run goes on."""
-    from caper.snapshot import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT, Mount
+    overlay fails, its read-only bind stands in, the run goes on; and a path
+    gone since the plan (a busy /tmp) leaves its empty stand-in, read-only."""
+    from caper.snapshot import Mount, _Planner
     from caper.trace import trace
-    src, target = tmp_path / "src", tmp_path / "target"
-    for d in (src, target, tmp_path / "u", tmp_path / "w"):
+    src, target, gone = tmp_path / "src", tmp_path / "target", tmp_path / "gone-target"
+    for d in (src, target, gone, tmp_path / "u", tmp_path / "w"):
         d.mkdir()
     (src / "f").write_text("from the host\n")
+    plan = _Planner(str(tmp_path), "", False, set())
+    fallback = plan._read_only_bind(str(src), str(target))
     refused = f"lowerdir={tmp_path}/missing,upperdir={tmp_path}/u,workdir={tmp_path}/w"
-    mounts = [Mount("overlay", str(target), "overlay", refused, 0, 2),
-              Mount(str(src), str(target), None, None, MS_BIND | MS_REC),
-              Mount(None, str(target), None, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)]
-    events, r = trace(f"cat {target}/f; touch {target}/g 2>&1", mounts=mounts, timeout=60).run()
-    assert r.exit_code == 1 and r.stdout.text().startswith(b"from the host\n"), r
-    assert b"Read-only file system" in r.stdout.text()
-    assert not (src / "g").exists()
+    mounts = [Mount("overlay", str(target), "overlay", refused, 0, len(fallback)), *fallback,
+              *plan._read_only_bind(str(tmp_path / "vanished"), str(gone))]
+    events, r = trace(f"cat {target}/f; touch {target}/g {gone}/g 2>&1; ls -A {gone}",
+                      mounts=mounts, timeout=60).run()
+    out = r.stdout.text()
+    assert r.end.name == "EXITED" and out.startswith(b"from the host\n"), r
+    assert out.count(b"Read-only file system") == 2
+    assert not (src / "g").exists() and not (gone / "g").exists()
