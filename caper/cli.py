@@ -113,8 +113,8 @@ def cmd_trace(args, parser) -> int:
 def cmd_run(args, parser) -> int:
     from caper.inherit import Caller
     command = _command(args, parser)
-    caller = Caller.here(shell=args.shell)     # what the command inherits, gate or not
-    if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
+    caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
+    if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper import gate
         from caper.state import default_state_dir
         payload = {"command": command, "task": args.task, "approver": args.approver,
@@ -323,6 +323,9 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                    help="one JSON object on stdout (with the effect report)")
     r.add_argument("-q", "--quiet", action="store_true",
                    help="no effect report card on stderr")
+    r.add_argument("--stdin", action="store_true",
+                   help="give the command caper's stdin (default: /dev/null); runs in this "
+                        "process, not through the gate")
     r.add_argument("--no-gate", action="store_true",
                    help="run in this process, not through the resident gate (CAPER_NO_GATE=1)")
     r.add_argument("argv", nargs=argparse.REMAINDER)

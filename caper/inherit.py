@@ -20,6 +20,10 @@ Inherited (carried and applied):
   shell          the shell that runs a command string: /bin/sh unless the
                  caller says (`caper run --shell`; the agents' hooks say bash,
                  as their shell tools run bash)
+  stdin          where the caller gives it (`caper run --stdin`, a
+                 Caller.here(stdin=True)): the command reads the caller's fd 0;
+                 else /dev/null. An fd does not travel in a gate request: such
+                 a run is made in the caller's own process.
 
 Checked, never carried: the uid, the mount, user and pid namespaces and the
 root directory. The gate serves only a caller that shares them with it
@@ -27,7 +31,7 @@ root directory. The gate serves only a caller that shares them with it
 
 Not inherited, on purpose (the sandbox, SECURITY.md): signal dispositions and
 the signal mask (reset to the defaults, as a shell's child gets them),
-the controlling terminal (the sandbox is a new session), stdin (/dev/null),
+the controlling terminal (the sandbox is a new session), stdin unless given,
 file descriptors above 2, capabilities, the network, the CPU set (the tracer
 and the command share one CPU, CAPER_F_SHARE_CPU).
 
@@ -70,23 +74,27 @@ class Caller:
     groups: tuple[int, ...]
     shell: str = DEFAULT_SHELL
     uid: int = field(default=-1, compare=False)  # checked by the gate, never applied
+    stdin_fd: int | None = None      # the caller's stdin, given to the command; None: /dev/null
 
     @classmethod
     def here(cls, shell: str | None = None, cwd: str | None = None,
-             env: dict[str, str] | None = None) -> "Caller":
-        """This process's context (cwd and env may be given instead)."""
+             env: dict[str, str] | None = None, stdin: bool = False) -> "Caller":
+        """This process's context (cwd and env may be given instead);
+        stdin: give the command this process's stdin."""
         return cls(cwd=cwd or os.getcwd(), env=dict(os.environ if env is None else env),
                    umask=_umask(),
                    rlimits=tuple((r, *(v & _U64 for v in resource.getrlimit(r)))
                                  for r, _ in _RLIMITS),
                    nice=os.getpriority(os.PRIO_PROCESS, 0), gid=os.getegid(),
                    groups=tuple(sorted(os.getgroups())), shell=shell or DEFAULT_SHELL,
-                   uid=os.geteuid())
+                   uid=os.geteuid(), stdin_fd=0 if stdin else None)
 
     def argv(self, command: str) -> list[str]:
         return [self.shell, "-c", command]
 
     def to_json(self) -> dict:
+        if self.stdin_fd is not None:
+            raise ValueError("a caller's stdin does not travel in a gate request")
         return {"cwd": self.cwd, "env": self.env, "umask": self.umask,
                 "rlimits": [list(r) for r in self.rlimits], "nice": self.nice, "gid": self.gid,
                 "groups": list(self.groups), "shell": self.shell, "uid": self.uid}

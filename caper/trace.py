@@ -133,7 +133,7 @@ class Trace:
         cfg.argv_max = argv_max
         cfg.output_head = output_head
         cfg.output_tail = output_tail
-        cfg.stdin_fd = -1
+        cfg.stdin_fd = caller.stdin_fd if caller and caller.stdin_fd is not None else -1
         cfg.not_before_ns = not_before_ns
         cfg.disk_path = ffi.NULL
         self._disk_guard = disk_guard

@@ -215,3 +215,17 @@ def test_a_rootless_run_inherits_the_callers_context_through_the_gate_and_withou
     finally:
         _stop(base / "state")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_callers_stdin_reaches_the_command_only_where_given(env, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for e in (env, {**env, "CAPER_NO_GATE": "1"}):
+        given = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--stdin",
+                                "--approver", "allow", "-c", "cat > got; wc -l < got"],
+                               cwd=ws, env=e, input="a\nb\n", capture_output=True, text=True)
+        assert given.stdout.strip() == "2" and (ws / "got").read_text() == "a\nb\n", given.stderr
+        unset = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--approver", "allow",
+                                "-c", "cat; echo end"], cwd=ws, env=e, input="a\n",
+                               capture_output=True, text=True)
+        assert unset.stdout == "end\n", unset.stderr      # /dev/null, as documented
