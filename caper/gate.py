@@ -14,9 +14,14 @@ gate cannot be reached or started it runs the command in its own process,
 with the same result. The gate
 
 - accepts only connections from its own uid (SO_PEERCRED), on a socket in
-  the 0700 state directory;
-- runs each request with the caller's cwd, environment (HOME, PATH, the
-  config file's location, CAPER_LLM_*) and options, in a thread of its own;
+  the 0700 state directory, and serves only callers in its own mount, user
+  and pid namespaces with its root (any other's command would see the
+  gate's files, not the caller's): it declines the others, whose client
+  then runs the command itself;
+- runs each request with the caller's context (caper.inherit: cwd,
+  environment, umask, limits, groups, shell) and options, in a thread of
+  its own, and declines a context it cannot give;
+- is alone on its state directory: it holds `gate.life` locked for its life;
 - rolls a run back instead of committing it when the caller has gone away
   (a hook killed by its agent must not leave a commit behind);
 - exits when idle, and when the caper installation changed under it (a
@@ -230,6 +235,7 @@ def _elsewhere(conn, pid: int) -> str | None:
     finally:
         os.close(pidfd)
     return None
+
 
 def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import socket

@@ -418,10 +418,11 @@ class OverlaySnapshot:
             pseudo = [m.mount_point for m in host_mounts(entries) if m.fstype in PSEUDO_FS
                       and not mountinfo.below(m.mount_point, state_real)
                       and not any(mountinfo.below(m.mount_point, t) for t in KERNEL_TREES)]
-            hidden = [p for p in pseudo if not any(q != p and mountinfo.below(p, q) for q in pseudo)]
+            stand_ins = [p for p in pseudo
+                         if not any(q != p and mountinfo.below(p, q) for q in pseudo)]
             points = [m.mount_point for m in host_mounts(entries)]
             for m in covered:
-                if any(mountinfo.below(m.mount_point, p) for p in hidden):
+                if any(mountinfo.below(m.mount_point, p) for p in stand_ins):
                     continue
                 if _no_atomic_rename(m.fstype) and not m.read_only:
                     plan.hold(m.mount_point)
@@ -431,7 +432,7 @@ class OverlaySnapshot:
                     plan.cover(m.mount_point, m.read_only, m)
             if plan.layers[:1] and plan.layers[0].mount_point != "/":
                 plan.layers.clear()
-            for p in hidden:
+            for p in stand_ins:
                 if os.path.isdir(p):      # a file (an nsfs bind) shows the lower's empty file
                     plan.stand_in(p)
         if not plan.layers:
