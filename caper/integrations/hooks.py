@@ -5,7 +5,7 @@
     caper uninstall claude-code|codex|gemini [--project | --user]
 
 A hook never runs the command. Its job is that the command runs exactly once,
-inside `caper run --session <session> --task <the user's latest words> -c
+inside `caper run --session <session> --shell bash --task <the user's latest words> -c
 <command>`, so the agent sees the held output when the effects are approved,
 or the effect card and the block reason (exit status 125) when they are not:
 
