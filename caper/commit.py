@@ -452,7 +452,8 @@ def _entered(dfd: int):
     u-w): an unprivileged commit opens it for the renames and deletions it
     does there, then shuts it again. (Root needs no such help; another
     owner's directory is not ours to open, and the change fails as it would
-    natively.) A kill in between leaves it open: the journal does not record it."""
+    natively.) A kill in between leaves it open: the journal lists the
+    directories it opens (_shut_dirs), and recovery shuts them again."""
     st = os.fstat(dfd)
     mode = stat.S_IMODE(st.st_mode)
     if os.geteuid() == 0 or st.st_uid != os.geteuid() or mode & 0o300 == 0o300:
@@ -593,6 +594,7 @@ class _Plan:
     times: list[_Times] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    shut: list[dict] = field(default_factory=list)   # see _shut_dirs
 
     def close(self) -> None:
         for lp in self.layers:
@@ -989,7 +991,26 @@ def _journal_data(jid: str, phase: str, plan: _Plan) -> dict:
                   for m in plan.metas],
         "times": [{"layer": t.layer, "rel": list(t.rel), "old": list(t.old),
                    "new": None if t.new is None else list(t.new)} for t in plan.times],
+        "shut": plan.shut,
     }
+
+
+def _shut_dirs(plan: _Plan) -> list[dict]:
+    """The user's own directories the commit will open for a moment (see
+    _entered), with their modes: a kill while one is open leaves it open,
+    and recovery shuts it again from this record."""
+    if os.geteuid() == 0:
+        return []
+    out, seen = [], set()
+    for u in plan.units:
+        if (u.layer, u.parent) in seen:
+            continue
+        seen.add((u.layer, u.parent))
+        st = os.fstat(plan.layers[u.layer].host.fd(u.parent))
+        if st.st_uid == os.geteuid() and st.st_mode & 0o300 != 0o300:
+            out.append({"layer": u.layer, "rel": list(u.parent), "mode": stat.S_IMODE(st.st_mode),
+                        "ino": st.st_ino})
+    return out
 
 
 # --- stage, swap, finish, undo --------------------------------------------------------------------
@@ -1240,6 +1261,7 @@ class _Recovery:
                 if cur is not None and cur.st_ino == m["ino"]:
                     _set_meta(pfd, rel[-1], m["old"])
         self._times("old")
+        self._reshut(applied=False)
         self._sync()
 
     def _undo_unit(self, host: _Dirs, pfd: int, u: dict, phase: str) -> None:
@@ -1282,12 +1304,30 @@ class _Recovery:
                     if not trash[u["layer"]].take(pfd, stage):
                         _rmtree_at(pfd, stage, host.dev, host.path(parent))
             self._times("new")
+            self._reshut(applied=True)
             for l in self.data["layers"]:
                 _empty_upper(l["upper"])
             self._sync()
         finally:
             for t in trash:
                 t.close()
+
+    def _reshut(self, applied: bool) -> None:
+        """Shut the directories a killed commit left open (_shut_dirs): to
+        the mode they had, or, applied, to the mode the run gave them."""
+        new = {(m["layer"], tuple(m["rel"])): m["new"]["mode"] for m in self.data["metas"]}
+        for d in self.data.get("shut", []):
+            key = (d["layer"], tuple(d["rel"]))
+            want = new.get(key, d["mode"]) if applied else d["mode"]
+            try:
+                fd = self.hosts[d["layer"]].fd(key[1])
+            except CommitError:
+                continue                            # gone: nothing to shut
+            st = os.fstat(fd)
+            left_open = st.st_ino == d["ino"] and stat.S_IMODE(st.st_mode) == d["mode"] | 0o300
+            if left_open and want != d["mode"] | 0o300:
+                step("chmod")
+                os.fchmod(fd, want)
 
     def _sync(self) -> None:
         """Make the cleanup durable before the journal goes."""
@@ -1401,7 +1441,7 @@ def _load(path: str) -> dict:
         data = json.loads(f.read())
     if data.get("version") != JOURNAL_VERSION:
         raise CommitError(f"{path}: unknown journal version {data.get('version')!r}", step="recover")
-    for item in data["units"] + data["metas"] + data["times"]:
+    for item in data["units"] + data["metas"] + data["times"] + data.get("shut", []):
         names = item.get("parent", []) + item.get("rel", []) + [item.get("name", "x"), item.get("stage", "x")]
         if any(not n or n in (".", "..") or "/" in n or "\0" in n for n in names):
             raise CommitError(f"{path}: bad path component in the journal", step="recover")
@@ -1459,6 +1499,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
                                 notes=notes)
         for n, unit in enumerate(plan.units):
             unit.stage = f"{STAGE_PREFIX}{jid}-{n}"
+        plan.shut = _shut_dirs(plan)
         journal = _journal(state_dir, jid)
         journal.lock(block=True)
         stager = _Stager(plan)

@@ -176,3 +176,40 @@ def test_recover_exits_non_zero_when_it_cannot_recover_and_other_work_goes_on(pa
     out = through_caper(ws, "echo no > stuck", state, pair["home"])
     assert not out["committed"] and "caper recover" in out["reason"], out
     assert not (ws / "stuck").exists()
+
+
+KILLED = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from caper import journal
+from caper.commit import Layer, commit, recover
+base = sys.argv[2]
+host, upper, state = (os.path.join(base, n) for n in ("host", "upper", "state"))
+os.makedirs(os.path.join(host, "ro"))
+os.makedirs(os.path.join(upper, "ro"))
+with open(os.path.join(upper, "ro", "new"), "w") as f:
+    f.write("new\n")
+for d in (os.path.join(host, "ro"), os.path.join(upper, "ro")):
+    os.chmod(d, 0o555)
+since = time.time_ns() + 1
+pid = os.fork()
+if pid == 0:     # killed at the swap, inside the directory opened for it
+    journal.fault_hook = lambda what: os._exit(9) if what == "rename" else None
+    commit([Layer(host, upper, True)], state_dir=state, since_ns=since)
+    os._exit(0)
+os.waitpid(pid, 0)
+left = os.stat(os.path.join(host, "ro")).st_mode & 0o777
+done = recover(state)
+print(oct(left), oct(os.stat(os.path.join(host, "ro")).st_mode & 0o777),
+      os.path.exists(os.path.join(host, "ro", "new")), len(done))
+"""
+
+
+def test_a_rootless_commit_killed_in_a_directory_it_opened_is_shut_again_by_recover(pair):
+    """The commit opens the user's 0555 directory for the swap; a kill there
+    left it 0755 for good. The journal records it, recover shuts it."""
+    base = pair["state"]
+    p = _as_nobody(ROOTLESS_VENV, "-c", KILLED, str(source_root()), str(base), cwd="/",
+                   env=_env(pair["home"]), timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["0o755", "0o555", "False", "1"], p.stdout
