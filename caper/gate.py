@@ -263,11 +263,11 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             if uid != me:
                 self._answer({"error": f"refused: uid {uid} is not the gate's owner ({me})"})
                 return
+            line = self.rfile.readline(MAX_REQUEST)   # first: the answer must meet an open socket
             elsewhere = _elsewhere(conn, pid)
             if elsewhere:
                 self._answer({"decline": elsewhere})
                 return
-            line = self.rfile.readline(MAX_REQUEST)
             with guard:
                 state["active"] += 1
             try:

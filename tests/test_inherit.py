@@ -229,3 +229,19 @@ def test_the_callers_stdin_reaches_the_command_only_where_given(env, tmp_path):
                                 "-c", "cat; echo end"], cwd=ws, env=e, input="a\n",
                                capture_output=True, text=True)
         assert unset.stdout == "end\n", unset.stderr      # /dev/null, as documented
+
+
+@pytest.mark.parametrize("unshare, why", [(["-p", "-f"], "another pid namespace"),
+                                          (["-U", "-r"], "another user namespace")])
+def test_a_caller_in_another_pid_or_user_namespace_is_not_served_by_the_gate(env, tmp_path,
+                                                                            unshare, why):
+    if os.geteuid() != 0:
+        pytest.skip("needs root for unshare")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    assert subprocess.run([sys.executable, "-m", "caper", "run", "--approver", "allow", "-c",
+                           "true"], cwd=ws, env=env, capture_output=True).returncode == 0
+    p = subprocess.run(["unshare", *unshare, sys.executable, "-m", "caper", "run", "--json",
+                        "--approver", "allow", "-c", "true"], cwd=ws, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert f"the gate declined: the caller is in {why}" in p.stderr, p.stderr
