@@ -148,10 +148,11 @@ class _Planner:
         return self.stage + (path if path != "/" else "")
 
     def cover(self, path: str, read_only: bool, host: "HostMount | None" = None) -> None:
-        """An overlay of path (or a read-only bind of a read-only mount)."""
+        """An overlay of path (or a read-only bind of a read-only mount, or of
+        a path this user cannot write natively either)."""
         target = self._target(path)
         if read_only:
-            self.held.append((path, "read-only"))
+            self.held.append((path, "held" if os.access(path, os.W_OK) else "read-only"))
             self.mounts += self._read_only_bind(path, target)
             return
         n = len(self.layers)
@@ -304,6 +305,8 @@ class _Planner:
         # Files beside a mount point (rare below "/") can only be bound read-only.
         # Any mount counts here, a pseudo filesystem's too: the kernel refuses
         # a lower layer with a (locked) mount anywhere below it.
+        if directory != "/" and os.access(directory, os.W_OK):
+            self.held.append((directory, "held"))   # new entries here: writable natively
         for entry in os.scandir(directory):
             path = entry.path
             target = self._target(path)
