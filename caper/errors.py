@@ -125,6 +125,7 @@ STEP_ERRORS: dict[str, type[CaperError]] = {
     "CHDIR": ExecError,
     "EXEC": ExecError,
     "RLIMIT": SetupError,
+    "CALLER": SetupError,
     "WAIT": TraceError,
     "EMIT": TraceError,
     "OUTPUT": TraceError,

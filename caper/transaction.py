@@ -23,6 +23,7 @@ from caper.report.content import RunTree
 from caper.report.secrets import ProtectedPattern, default_patterns, protected_for
 from caper.report.workspace import find_workspace
 from caper.sandbox.events import End, Output, RunResult
+from caper.sandbox.inherit import Caller
 from caper.sandbox.limits import DiskGuard
 from caper.sandbox.trace import trace
 from caper.state import KEPT_S, state_dir as checked_state_dir, workspace_lock
@@ -86,7 +87,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
         session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
-        on_unsure: str | None = None, max_memory: "int | str | None" = None) -> RunOutcome:
+        on_unsure: str | None = None, max_memory: "int | str | None" = None,
+        caller: Caller | None = None) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
@@ -95,7 +97,10 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     commit; False (the caller went away) rolls the run back. on_unsure:
     overrides the configuration's (ask: an unsure run is held for a human,
     see caper.held). max_memory: bytes for the whole sandbox (default:
-    config.toml's [limits], else caper.sandbox.limits.DEFAULT_MAX_MEMORY)."""
+    config.toml's [limits], else caper.sandbox.limits.DEFAULT_MAX_MEMORY).
+    caller: the context the command inherits (caper.sandbox.inherit: umask,
+    limits, groups, the shell of a command string); None: this process's,
+    with cwd and env as given."""
 
     config = config or load_config(env=env)
     if on_unsure is not None:
@@ -125,6 +130,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     timings: dict[str, float] = {}
     run_env = os.environ if env is None else env
     home = run_env.get("HOME")
+    caller = caller or Caller.here(cwd=cwd, env=dict(run_env))
 
     with open_sessions(state_dir) as sessions:
         if session is not None:
@@ -138,7 +144,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
         outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
                        state_dir, tuple(history), config, tainted, home, timings, still_wanted,
-                       max_memory)
+                       max_memory, caller)
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
             sessions.record(session, text, verdict, outcome.approver, outcome.reason)
@@ -150,7 +156,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
 def _run(command, text: str, task, judge, workspace: str, backend: str, timeout: float,
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
-         still_wanted: "Callable[[], bool] | None", max_memory: int) -> RunOutcome:
+         still_wanted: "Callable[[], bool] | None", max_memory: int,
+         caller: Caller | None) -> RunOutcome:
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
     # its changes needs root); everything else, and every other case, overlay.
@@ -180,9 +187,10 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         timings["snapshot_ms"] = (time.perf_counter() - t) * 1000
         kept: str | None = None   # a conflicting run's changes, left for the user
         committed = workspace_swapped = False
+        commit_notes: tuple[str, ...] = ()
         try:
             t = time.perf_counter()
-            tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
+            tr = trace(command, cwd=cwd, env=env, caller=caller, timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage, not_before_ns=snap.not_before_ns,
                        disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
                        **config.limits.trace_kwargs())
@@ -204,7 +212,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
                     tree=RunTree.of(roots), home=home, protected=protected,
-                    backend="btrfs" if bsnap else "overlay"))
+                    backend="btrfs" if bsnap else "overlay", held=tuple(snap.held),
+                    aliases=tuple(snap.aliases)))
             except CaperError:
                 raise
             except Exception as e:   # a bug here must block, not commit unjudged
@@ -230,8 +239,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     if workspace_changes:  # an unchanged snapshot is just dropped
                         bsnap.swap()
                         workspace_swapped = True
-                    commit(snap.layers, state_dir=state_dir, since_ns=snap.since_ns,
-                           exclude=hidden)
+                    commit_notes = tuple(commit(snap.layers, state_dir=state_dir,
+                                                since_ns=snap.since_ns, exclude=hidden).notes)
                     committed = True
                 except BtrfsConflict as e:
                     kept = bsnap.path
@@ -248,6 +257,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                     # Applied, only the clean-up failed: the run counts (caper recover
                     # finishes it). Not applied and not undone: recover undoes it.
                     committed = e.applied
+                    commit_notes = (str(e),)
                     if not e.applied:
                         decision = _not_committed(e, workspace_swapped)
                 except CommitError as e:  # undone: nothing changed
@@ -276,7 +286,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                               stderr=stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
-                              ask=decision.ask, steps=decision.steps, held=held, notes=notes(report))
+                              ask=decision.ask, steps=decision.steps, held=held,
+                              notes=notes(report) + commit_notes)
         finally:
             if kept == snap.scratch:
                 snap.keep()

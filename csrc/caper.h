@@ -101,7 +101,8 @@ enum caper_step {
     CAPER_STEP_CONFIG        = 20,
     CAPER_STEP_MOUNT_ROOT    = 21,
     CAPER_STEP_PIVOT_ROOT    = 22,
-    CAPER_STEP_ROOT_VIEW     = 23  /* caper's / is not its mount namespace's root (a chroot) */
+    CAPER_STEP_ROOT_VIEW     = 23, /* caper's / is not its mount namespace's root (a chroot) */
+    CAPER_STEP_CALLER        = 24  /* giving the command its caller's context (caper_caller) */
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
@@ -148,8 +149,33 @@ struct caper_mount {
     const char *fstype;
     const char *data;
     uint64_t flags;
+    uint32_t or_else;   /* 0: a failure fails the set-up. N: the N mounts after this one
+                           are its fallback, made only if this one fails (an overlay the
+                           kernel refuses becomes a read-only bind) */
+    uint32_t pad;
 };
 
+/* One resource limit of the caller's (getrlimit). */
+struct caper_rlimit {
+    uint32_t resource;           /* RLIMIT_* */
+    uint32_t pad;
+    uint64_t cur;
+    uint64_t max;
+};
+/* The process attributes a command inherits from caper's caller, for a run
+ * in another process than the caller's (the gate): set in the command's
+ * process just before exec, before caper's own limits. caper/inherit.py is
+ * the one definition of what a run inherits; this is the part C applies. */
+struct caper_caller {
+    uint32_t umask;
+    int32_t nice;
+    const struct caper_rlimit *rlimits;
+    uint32_t n_rlimits;
+    uint32_t set_groups;         /* 1: gid and groups replace this process's (root only) */
+    uint32_t gid;
+    uint32_t n_groups;
+    const uint32_t *groups;
+};
 struct caper_config {
     const char *const *argv;     /* NULL terminated; argv[0] is looked up in PATH */
     const char *const *envp;     /* NULL terminated */
@@ -180,6 +206,7 @@ struct caper_config {
     uint64_t max_events;         /* events sent to Python, else the sandbox is killed
                                     (CAPER_END_EVENT_LIMIT); 0: no limit */
     uint64_t max_event_bytes;    /* the same for the bytes of their records */
+    const struct caper_caller *caller; /* NULL: the command inherits this process's */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes

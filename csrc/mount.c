@@ -228,9 +228,14 @@ int mount_setup(const struct caper_config *c, struct caper_failure *f)
         return -1;
     for (uint32_t i = 0; i < c->n_mounts; i++) {
         const struct caper_mount *m = &c->mounts[i];
-        if (do_mount(f, CAPER_STEP_MOUNT_ROOT, m->source, m->target, m->fstype,
-                     (unsigned long)m->flags, m->data) < 0)
-            return -1;
+        struct caper_failure tried = { 0 };
+        if (do_mount(m->or_else ? &tried : f, CAPER_STEP_MOUNT_ROOT, m->source, m->target,
+                     m->fstype, (unsigned long)m->flags, m->data) < 0) {
+            if (!m->or_else)
+                return -1;
+            continue;               /* the fallback follows */
+        }
+        i += m->or_else;            /* done: skip the fallback */
     }
     const char *root = c->new_root ? c->new_root : "";
     if (setup_proc(root, f) < 0 || setup_dev(root, dev_fds, c->shm_size, f) < 0 ||

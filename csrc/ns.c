@@ -28,6 +28,7 @@
 #include <sys/ptrace.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -133,6 +134,40 @@ static int loopback_up(struct caper_failure *f)
     return 0;
 }
 
+/* The caller's umask, nice value, limits and groups (caper_caller). Raw
+ * syscalls for the ids: this is a vfork child, and glibc's setgroups would
+ * signal the threads of the process whose memory it shares. */
+static int apply_caller(const struct caper_caller *k, struct caper_failure *f)
+{
+    umask(k->umask & 07777);
+    for (uint32_t i = 0; i < k->n_rlimits; i++) {
+        struct rlimit rl = { k->rlimits[i].cur, k->rlimits[i].max };
+        if (setrlimit(k->rlimits[i].resource, &rl) < 0) {
+            fail_set(f, CAPER_STEP_CALLER, errno, "setrlimit(%u, %llu, %llu)",
+                     k->rlimits[i].resource, (unsigned long long)rl.rlim_cur,
+                     (unsigned long long)rl.rlim_max);
+            return -1;
+        }
+    }
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, 0);
+    if (!(now == -1 && errno) && now != k->nice && setpriority(PRIO_PROCESS, 0, k->nice) < 0) {
+        fail_set(f, CAPER_STEP_CALLER, errno, "setpriority(%d)", k->nice);
+        return -1;
+    }
+    if (k->set_groups) {
+        if (syscall(SYS_setgroups, (size_t)k->n_groups, k->groups) < 0) {
+            fail_set(f, CAPER_STEP_CALLER, errno, "setgroups(%u groups)", k->n_groups);
+            return -1;
+        }
+        if (syscall(SYS_setresgid, k->gid, k->gid, k->gid) < 0) {
+            fail_set(f, CAPER_STEP_CALLER, errno, "setresgid(%u)", k->gid);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static _Noreturn void run_command(const struct caper_config *c, int status_fd, int out_fd,
                                   int err_fd)
 {
@@ -155,6 +190,8 @@ static _Noreturn void run_command(const struct caper_config *c, int status_fd, i
         fail_set(&f, CAPER_STEP_CHDIR, errno, "chdir(%s)", c->cwd);
         die_inside(status_fd, &f, 127);
     }
+    if (c->caller && apply_caller(c->caller, &f) < 0)
+        die_inside(status_fd, &f, 127);
     if (c->max_memory) {
         struct rlimit rl = { c->max_memory, c->max_memory };
         if (setrlimit(RLIMIT_AS, &rl) < 0) {

@@ -275,6 +275,22 @@ def test_chmod_chown_only_is_meta(env):
     assert by["h"].kind == "meta" and by["h"].detail == "mtime"
 
 
+def test_a_meta_only_change_of_a_file_keeps_its_inode_and_links(env):
+    # CASE(file-meta, file): chmod/touch change the host's inode in place, as
+    # natively: a hard link elsewhere follows, the inode number stays.
+    env.build({"f": "x", "d/g": "y"})
+    os.link(env.host / "f", env.host / "d" / "other")
+    ino = os.stat(env.host / "f").st_ino
+    env.run("chmod 600 f; touch -m -d @1000000000 f; chmod 400 d/g")
+    res = env.commit()
+    assert res.units == 0 and kinds(res) == {"f": ("meta", "file"), "g": ("meta", "file")}
+    st = os.stat(env.host / "f")
+    assert (st.st_ino, stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (ino, 0o600, 10**18)
+    assert os.stat(env.host / "d" / "other").st_ino == ino      # still one file
+    assert stat.S_IMODE(os.stat(env.host / "d" / "g").st_mode) == 0o400
+    assert os.listdir(env.state / "journal") == [] and os.listdir(env.upper) == []
+
+
 def test_copied_up_but_unchanged_is_skipped(env):
     # CASE(file, file): opened for writing, nothing written: copy-up, no change
     env.build({"f": "same"})

@@ -108,8 +108,9 @@ def test_a_run_whose_caller_went_away_is_rolled_back(env, tmp_path):
     ws.mkdir()
     assert caper(env, ws, "--approver", "allow", "-c", "true").returncode == 0   # gate up
     state = Path(env["CAPER_STATE_DIR"])
-    s = _raw(state, {"command": "sleep 1; touch late", "approver": "allow", "cwd": str(ws),
-                     "env": env})
+    from caper.sandbox.inherit import Caller
+    s = _raw(state, {"command": "sleep 1; touch late", "approver": "allow",
+                     "caller": Caller.here(cwd=str(ws), env=env).to_json()})
     s.close()                                   # the hook was killed
     time.sleep(2.5)
     assert not (ws / "late").exists()

@@ -116,6 +116,7 @@ class CommitResult:
     copied: int = 0                 # entries staged by copy (other filesystem)
     bytes_copied: int = 0
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)   # for the user: what they should do
 
 
 # --- syscalls Python lacks ------------------------------------------------------------
@@ -323,6 +324,27 @@ def _set_xattrs(target, new: dict[str, bytes], old: dict[str, bytes]) -> None:
                     raise
 
 
+@contextmanager
+def _xattrs_writable(ofd: int):
+    """user.* xattrs need write permission on the inode: an unprivileged
+    commit gives its owner u+w while it changes them on a read-only file of
+    the user's own (the staged copy, or its old version), as `chmod u+w;
+    setfattr; chmod u-w` would natively. Not a symlink's (their xattrs are
+    not the user's to set) nor another owner's."""
+    st = os.fstat(ofd)
+    mode = stat.S_IMODE(st.st_mode)
+    if (os.geteuid() == 0 or st.st_uid != os.geteuid() or mode & 0o200
+            or stat.S_ISLNK(st.st_mode)):
+        yield
+        return
+    step("chmod")
+    os.chmod(_proc(ofd), mode | 0o200)
+    try:
+        yield
+    finally:
+        os.chmod(_proc(ofd), mode)
+
+
 def _set_owner(target, uid: int, gid: int) -> None:
     step("chown")
     try:
@@ -409,7 +431,10 @@ def _set_meta(dfd: int, name: str, meta: dict) -> None:
         st = os.fstat(ofd)
         if (st.st_uid, st.st_gid) != (meta["uid"], meta["gid"]):
             _set_owner(p, meta["uid"], meta["gid"])
-        _set_xattrs(p, {k: bytes.fromhex(v) for k, v in meta["xattrs"].items()}, _xattrs_of(p))
+        want, have = {k: bytes.fromhex(v) for k, v in meta["xattrs"].items()}, _xattrs_of(p)
+        if want != have:
+            with _xattrs_writable(ofd):
+                _set_xattrs(p, want, have)
         if stat.S_IMODE(os.fstat(ofd).st_mode) != meta["mode"]:
             step("chmod")
             os.chmod(p, meta["mode"])
@@ -421,18 +446,27 @@ def _set_meta(dfd: int, name: str, meta: dict) -> None:
 
 @contextmanager
 def _entered(dfd: int):
-    """The committed mode of a directory may shut its owner out (chmod 600):
-    an unprivileged commit opens it for its own cleanup, then shuts it again.
-    (Root needs no such help.)"""
-    mode = stat.S_IMODE(os.fstat(dfd).st_mode)
-    opened = os.geteuid() != 0 and mode & 0o300 != 0o300
-    if opened:
-        os.fchmod(dfd, mode | 0o300)
-    try:
+    """A directory of the user's own may shut its owner out (chmod 555, 600)
+    where a native run had opened it for a moment (chmod u+w; edit; chmod
+    u-w): an unprivileged commit opens it for the renames and deletions it
+    does there, then shuts it again. (Root needs no such help; another
+    owner's directory is not ours to open, and the change fails as it would
+    natively.) A kill in between leaves it open: the journal lists the
+    directories it opens (_shut_dirs), and recovery shuts them again."""
+    st = os.fstat(dfd)
+    mode = stat.S_IMODE(st.st_mode)
+    if os.geteuid() == 0 or st.st_uid != os.geteuid() or mode & 0o300 == 0o300:
         yield
+        return
+    fd = os.dup(dfd)            # the caller's fd may be closed meanwhile (_Dirs is an LRU)
+    try:
+        os.fchmod(fd, mode | 0o300)
+        try:
+            yield
+        finally:
+            os.fchmod(fd, mode)
     finally:
-        if opened:
-            os.fchmod(dfd, mode)
+        os.close(fd)
 
 
 def _depth_ok(tree: "_Dirs", rel: tuple) -> None:
@@ -481,7 +515,10 @@ def rmtree_at(dfd: int, name: str, dev: int, where: str, force: bool = False) ->
                 if st.st_dev != dev:
                     raise CommitError(f"{here}/{child}: a mount point; refusing to delete "
                                       "below it", step="rmtree")
-                if force and st.st_mode & 0o700 != 0o700:
+                # A directory of the user's own that shuts them out (chmod 555)
+                # is opened to be emptied, as a native rm -rf run by its owner
+                # could not do either without chmod: see _entered.
+                if st.st_mode & 0o700 != 0o700 and (force or _own_shut(st)):
                     os.chmod(child, 0o700, dir_fd=fd)
                 cfd = os.open(child, _DIR_OPEN, dir_fd=fd)
                 os.close(fd)
@@ -509,6 +546,11 @@ def rmtree_at(dfd: int, name: str, dev: int, where: str, force: bool = False) ->
                 return n
     finally:
         os.close(fd)
+
+
+def _own_shut(st: os.stat_result) -> bool:
+    """A directory of this unprivileged user's that shuts them out."""
+    return os.geteuid() != 0 and st.st_uid == os.geteuid() and st.st_mode & 0o300 != 0o300
 
 
 def _exists(dfd: int, name: str) -> os.stat_result | None:
@@ -607,6 +649,7 @@ class _Plan:
     times: list[_Times] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    shut: list[dict] = field(default_factory=list)   # see _shut_dirs
 
     def close(self) -> None:
         for lp in self.layers:
@@ -625,11 +668,16 @@ class _Planner:
         lps = []
         all_mounts = _mount_points()
         try:
-            for i, layer in enumerate(layers):
+            for layer in layers:
+                if _untouched(layer.upper):
+                    # Nothing to commit, and nothing to open: its mount may have
+                    # gone from the host during the run (a busy host's mounts come
+                    # and go), and rootless there are dozens of such layers.
+                    continue
                 # other layers' mount points below this one are theirs, not ours
                 nested = [m for m in mounts if m != layer.mount_point
                           and m.startswith(layer.mount_point.rstrip("/") + "/")]
-                lps.append(_LayerPlan(i, layer, excl + nested, all_mounts))
+                lps.append(_LayerPlan(len(lps), layer, excl + nested, all_mounts))
         except BaseException:
             for lp in lps:
                 lp.close()
@@ -797,18 +845,28 @@ class _Planner:
         if diff is None:
             return                                  # copied up but unchanged: nothing to do
         self._conflict(hp, hst)
-        self._unit(lp, REPLACE, u, hrel, name, hst, ust)
-        kind, detail = diff
+        kind, detail, old_m, new_m = diff
+        if kind == META and stat.S_ISREG(ust.st_mode) and ust.st_nlink == 1:
+            # CASE(file-meta, file): a chmod or touch changes the host's inode in
+            # place, as natively: its hard links follow, and no write permission
+            # on the file or its directory is needed (a read-only git object).
+            rel = hrel + (name,)
+            self.plan.metas.append(_Meta(lp.index, rel, hst.st_ino, old_m, new_m))
+            self.plan.times.append(_Times(lp.index, rel, (hst.st_atime_ns, hst.st_mtime_ns),
+                                          (ust.st_atime_ns, ust.st_mtime_ns)))
+        else:
+            self._unit(lp, REPLACE, u, hrel, name, hst, ust)
         self.plan.changes.append(Change(hp, kind, new_t, None, detail,
                                         privileges=self._privileges(lp, u, ust)))
 
-    def _leaf_diff(self, lp, u, hrel, name, ust, hst) -> tuple[str, str] | None:
-        """(kind, detail) of an upper entry over a host entry of the same type, or None if equal."""
+    def _leaf_diff(self, lp, u, hrel, name, ust, hst) -> tuple[str, str, dict, dict] | None:
+        """(kind, detail, host's meta, upper's meta) of an upper entry over a host
+        entry of the same type, or None if equal."""
         if stat.S_ISLNK(ust.st_mode):
             new = os.readlink(u[-1], dir_fd=lp.up.fd(u[:-1]))
             old = os.readlink(name, dir_fd=lp.host.fd(hrel))
             if new != old:
-                return MODIFIED, f"-> {new}"
+                return MODIFIED, f"-> {new}", {}, {}
         same_content = True
         if stat.S_ISREG(ust.st_mode):
             # Reading both is only worth it to tell a chmod/touch (meta) from a write:
@@ -824,13 +882,13 @@ class _Planner:
             os.close(uo)
             os.close(ho)
         if not same_content:
-            return MODIFIED, ""
+            return MODIFIED, "", old_m, new_m
         details = _meta_diff(old_m, new_m)
         if ust.st_mtime_ns != hst.st_mtime_ns:
             details.append("mtime")
         if not details and ust.st_nlink == 1:
             return None
-        return META, "; ".join(details)
+        return META, "; ".join(details), old_m, new_m
 
     def _same_bytes(self, lp, u, hrel, name) -> bool:
         a = os.open(u[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=lp.up.fd(u[:-1]))
@@ -978,6 +1036,15 @@ class _Planner:
             os.close(dfd)
 
 
+def _untouched(upper: str) -> bool:
+    """An upper dir the run never wrote to (an unreadable one counts as written)."""
+    try:
+        with _scandir(upper) as it:
+            return next(it, None) is None
+    except OSError:
+        return False
+
+
 def _make_plan(layers: Sequence[Layer], exclude: Iterable[str], since_ns: int | None) -> _Plan:
     try:
         return _Planner(layers, exclude, since_ns).run()
@@ -1008,7 +1075,26 @@ def _journal_data(jid: str, phase: str, plan: _Plan) -> dict:
                   for m in plan.metas],
         "times": [{"layer": t.layer, "rel": list(t.rel), "old": list(t.old),
                    "new": None if t.new is None else list(t.new)} for t in plan.times],
+        "shut": plan.shut,
     }
+
+
+def _shut_dirs(plan: _Plan) -> list[dict]:
+    """The user's own directories the commit will open for a moment (see
+    _entered), with their modes: a kill while one is open leaves it open,
+    and recovery shuts it again from this record."""
+    if os.geteuid() == 0:
+        return []
+    out, seen = [], set()
+    for u in plan.units:
+        if (u.layer, u.parent) in seen:
+            continue
+        seen.add((u.layer, u.parent))
+        st = os.fstat(plan.layers[u.layer].host.fd(u.parent))
+        if st.st_uid == os.geteuid() and st.st_mode & 0o300 != 0o300:
+            out.append({"layer": u.layer, "rel": list(u.parent), "mode": stat.S_IMODE(st.st_mode),
+                        "ino": st.st_ino})
+    return out
 
 
 # --- stage, swap, finish, undo --------------------------------------------------------------------
@@ -1030,6 +1116,11 @@ class _Stager:
         lp = self.plan.layers[unit.layer]
         if unit.op == DELETE:
             return
+        with _entered(lp.host.fd(unit.parent)):
+            self._stage(lp, unit)
+        unit.staged_ino = _lstat(unit.stage, dir_fd=lp.host.fd(unit.parent)).st_ino
+
+    def _stage(self, lp: _LayerPlan, unit: _Unit) -> None:
         if unit.tree is None:
             self._entry(lp, unit.upper, unit.parent, unit.stage)
         else:
@@ -1047,7 +1138,6 @@ class _Stager:
             for trel in reversed(dirs):                # children first, so their times stay
                 hrel = base + trel
                 self._attrs_from_upper(lp, unit.upper + trel, hrel[:-1], hrel[-1])
-        unit.staged_ino = _lstat(unit.stage, dir_fd=lp.host.fd(unit.parent)).st_ino
 
     def _attrs_from_upper(self, lp: _LayerPlan, u: tuple, hparent: tuple, name: str) -> None:
         ust = _lstat(u[-1], dir_fd=lp.up.fd(u[:-1]))
@@ -1099,10 +1189,12 @@ class _Stager:
         ofd = _obj_fd(lp.host.fd(hparent), name)
         try:
             p = _proc(ofd)
-            for n in os.listxattr(p):
-                if n.startswith(_OVERLAY_PREFIXES):
-                    step("removexattr")
-                    os.removexattr(p, n)
+            marks = [n for n in os.listxattr(p) if n.startswith(_OVERLAY_PREFIXES)]
+            if marks:
+                with _xattrs_writable(ofd):
+                    for n in marks:
+                        step("removexattr")
+                        os.removexattr(p, n)
         finally:
             os.close(ofd)
 
@@ -1223,15 +1315,16 @@ def _swap(plan: _Plan) -> None:
         elif cur is None or cur.st_ino != unit.host_ino:
             raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
         try:
-            if unit.op == CREATE:
-                step("rename")
-                renameat2(pfd, unit.stage, unit.name, RENAME_NOREPLACE)
-            elif unit.op == REPLACE:
-                step("exchange")
-                renameat2(pfd, unit.stage, unit.name, RENAME_EXCHANGE)
-            else:
-                step("rename")
-                renameat2(pfd, unit.name, unit.stage, RENAME_NOREPLACE)
+            with _entered(pfd):
+                if unit.op == CREATE:
+                    step("rename")
+                    renameat2(pfd, unit.stage, unit.name, RENAME_NOREPLACE)
+                elif unit.op == REPLACE:
+                    step("exchange")
+                    renameat2(pfd, unit.stage, unit.name, RENAME_EXCHANGE)
+                else:
+                    step("rename")
+                    renameat2(pfd, unit.name, unit.stage, RENAME_NOREPLACE)
         except OSError as e:
             if e.errno in (errno.EEXIST, errno.ENOENT):     # lost a race with a host process
                 raise CommitConflict(f"{hp} changed on the host during the commit", [hp]) from e
@@ -1286,24 +1379,8 @@ class _Recovery:
                 pfd = host.fd(parent)
             except CommitError:
                 continue                            # the parent is gone: nothing of ours there
-            name, stage = u["name"], u["stage"]
-            if u["op"] == DELETE:
-                if _exists(pfd, stage) is not None:
-                    if _exists(pfd, name) is None:
-                        step("rename")
-                        renameat2(pfd, stage, name, RENAME_NOREPLACE)
-                    else:
-                        self.notes.append(f"{_unit_path(host, u)} exists again; old version kept at {stage}")
-                continue
-            cur = _exists(pfd, name)
-            if phase != "prepared" and cur is not None and cur.st_ino == u["staged_ino"]:
-                if u["op"] == CREATE:
-                    step("rename")
-                    renameat2(pfd, name, stage, RENAME_NOREPLACE)
-                else:
-                    step("exchange")
-                    renameat2(pfd, stage, name, RENAME_EXCHANGE)
-            rmtree_at(pfd, stage, host.dev, host.path(parent))
+            with _entered(pfd):
+                self._undo_unit(host, pfd, u, phase)
         if phase != "prepared":
             for m in reversed(self.data["metas"]):
                 host = self.hosts[m["layer"]]
@@ -1313,7 +1390,28 @@ class _Recovery:
                 if cur is not None and cur.st_ino == m["ino"]:
                     _set_meta(pfd, rel[-1], m["old"])
         self._times("old")
+        self._reshut(applied=False)
         self._sync()
+
+    def _undo_unit(self, host: _Dirs, pfd: int, u: dict, phase: str) -> None:
+        name, stage = u["name"], u["stage"]
+        if u["op"] == DELETE:
+            if _exists(pfd, stage) is not None:
+                if _exists(pfd, name) is None:
+                    step("rename")
+                    renameat2(pfd, stage, name, RENAME_NOREPLACE)
+                else:
+                    self.notes.append(f"{_unit_path(host, u)} exists again; old version kept at {stage}")
+            return
+        cur = _exists(pfd, name)
+        if phase != "prepared" and cur is not None and cur.st_ino == u["staged_ino"]:
+            if u["op"] == CREATE:
+                step("rename")
+                renameat2(pfd, name, stage, RENAME_NOREPLACE)
+            else:
+                step("exchange")
+                renameat2(pfd, stage, name, RENAME_EXCHANGE)
+        rmtree_at(pfd, stage, host.dev, host.path(tuple(u["parent"])))
 
     def finish(self) -> None:
         trash = [_Trash(l["upper"]) for l in self.data["layers"]]
@@ -1335,12 +1433,30 @@ class _Recovery:
                     if not trash[u["layer"]].take(pfd, stage):
                         rmtree_at(pfd, stage, host.dev, host.path(parent))
             self._times("new")
+            self._reshut(applied=True)
             for l in self.data["layers"]:
                 _empty_upper(l["upper"])
             self._sync()
         finally:
             for t in trash:
                 t.close()
+
+    def _reshut(self, applied: bool) -> None:
+        """Shut the directories a killed commit left open (_shut_dirs): to
+        the mode they had, or, applied, to the mode the run gave them."""
+        new = {(m["layer"], tuple(m["rel"])): m["new"]["mode"] for m in self.data["metas"]}
+        for d in self.data.get("shut", []):
+            key = (d["layer"], tuple(d["rel"]))
+            want = new.get(key, d["mode"]) if applied else d["mode"]
+            try:
+                fd = self.hosts[d["layer"]].fd(key[1])
+            except CommitError:
+                continue                            # gone: nothing to shut
+            st = os.fstat(fd)
+            left_open = st.st_ino == d["ino"] and stat.S_IMODE(st.st_mode) == d["mode"] | 0o300
+            if left_open and want != d["mode"] | 0o300:
+                step("chmod")
+                os.fchmod(fd, want)
 
     def _sync(self) -> None:
         """Make the cleanup durable before the journal goes."""
@@ -1351,6 +1467,8 @@ class _Recovery:
                 syncfs(d.fd(()))
 
     def _times(self, which: str) -> None:
+        """The times of merged directories (which the renames in them moved)
+        and of files changed in place."""
         for t in self.data["times"]:
             ts = t[which]
             if ts is None:
@@ -1358,11 +1476,23 @@ class _Recovery:
             host = self.hosts[t["layer"]]
             rel = tuple(t["rel"])
             try:
-                fd = host.fd(rel)
-            except CommitError:
-                continue
-            step("utime")
-            os.utime(fd, ns=tuple(ts))
+                ofd = _obj_fd(host.fd(rel[:-1]), rel[-1]) if rel else os.dup(host.fd(()))
+            except (CommitError, FileNotFoundError):
+                continue                            # gone: nothing of ours to set
+            try:
+                st = os.fstat(ofd)
+                if (st.st_atime_ns, st.st_mtime_ns) == tuple(ts):
+                    continue
+                step("utime")
+                try:
+                    os.utime(_proc(ofd), ns=tuple(ts))
+                except PermissionError:
+                    # A directory of another owner (a layer's root such as /tmp): its
+                    # times follow the renames in it, as a native run's would.
+                    if os.geteuid() == 0 or st.st_uid == os.geteuid():
+                        raise
+            finally:
+                os.close(ofd)
 
 
 class _Trash:
@@ -1393,7 +1523,7 @@ class _Trash:
             renameat2(dfd, name, name, RENAME_NOREPLACE, new_dfd=self.fd)
             return True
         except OSError as e:
-            if e.errno in (errno.EXDEV, errno.EEXIST):
+            if e.errno in (errno.EXDEV, errno.EEXIST, errno.EACCES):
                 return False
             raise
 
@@ -1430,8 +1560,9 @@ def _empty_upper(upper: str) -> None:
         dev = os.fstat(fd).st_dev
         with _scandir(fd) as it:
             names = [e.name for e in it]
-        for n in names:
-            rmtree_at(fd, n, dev, upper)
+        with _entered(fd):      # rootless, the root of a layer over another's dir is r-x
+            for n in names:
+                rmtree_at(fd, n, dev, upper)
     finally:
         os.close(fd)
 
@@ -1441,7 +1572,7 @@ def _load(path: str) -> dict:
         data = json.loads(f.read())
     if data.get("version") != JOURNAL_VERSION:
         raise CommitError(f"{path}: unknown journal version {data.get('version')!r}", step="recover")
-    for item in data["units"] + data["metas"] + data["times"]:
+    for item in data["units"] + data["metas"] + data["times"] + data.get("shut", []):
         names = item.get("parent", []) + item.get("rel", []) + [item.get("name", "x"), item.get("stage", "x")]
         if any(not n or n in (".", "..") or "/" in n or "\0" in n for n in names):
             raise CommitError(f"{path}: bad path component in the journal", step="recover")
@@ -1468,13 +1599,24 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
     if not os.path.isdir(jdir):
         os.makedirs(jdir, mode=0o700, exist_ok=True)
         fsync_dir(state_dir)
-    stale = _abandoned(state_dir)
-    if stale:
-        raise CommitError(f"interrupted commit(s) {', '.join(stale)} in {state_dir}: run recover() first",
-                          step="journal")
+    # An interrupted commit that recover() could not complete leaves its own
+    # paths in an unknown state, and only those: a commit elsewhere goes on.
+    stale = _stale_paths(state_dir)
     # 1. plan (read-only) and conflicts; the upper dirs are never committed into themselves
     plan = _make_plan(layers, [*exclude, state_dir, *(l.upper for l in layers)], since_ns)
     try:
+        notes = []
+        if stale:
+            mine = _plan_paths(plan)
+            for jid, paths in stale.items():
+                hit = sorted(p for p in mine if any(_overlap(p, q) for q in paths))
+                if hit:
+                    raise CommitError(f"{hit[0]}: an interrupted commit ({jid}) that could not be "
+                                      f"completed left this path in an unknown state; run "
+                                      f"`caper recover --state-dir {state_dir}`", step="journal")
+                notes.append(f"an interrupted commit ({jid}) could not be completed; its paths "
+                             f"({', '.join(sorted(paths)[:3])}{' ...' if len(paths) > 3 else ''}) "
+                             f"stay as they are: run `caper recover --state-dir {state_dir}`")
         if plan.conflicts:
             paths = sorted(set(plan.conflicts))
             raise CommitConflict(f"{len(paths)} path(s) changed on the host during the run: "
@@ -1484,10 +1626,12 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
         if not plan.units and not plan.metas:
             for lp in plan.layers:
                 _empty_upper(lp.layer.upper)
-            return CommitResult(jid, plan.changes, counts, seconds=time.perf_counter() - t0)
+            return CommitResult(jid, plan.changes, counts, seconds=time.perf_counter() - t0,
+                                notes=notes)
         _check_room(plan)
         for n, unit in enumerate(plan.units):
             unit.stage = f"{STAGE_PREFIX}{jid}-{n}"
+        plan.shut = _shut_dirs(plan)
         journal = _journal(state_dir, jid)
         journal.lock(block=True)
         stager = _Stager(plan)
@@ -1513,7 +1657,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
             journal.path, applied=True))
         return CommitResult(jid, plan.changes, counts, units=len(plan.units), linked=stager.stats.linked,
                             copied=stager.stats.copied, bytes_copied=stager.stats.bytes,
-                            seconds=time.perf_counter() - t0)
+                            seconds=time.perf_counter() - t0, notes=notes)
     finally:
         plan.close()
 
@@ -1567,6 +1711,33 @@ def _abandoned(state_dir: str) -> list[str]:
                 if alive:
                     out.append(m.group(1))
     return out
+
+
+def _stale_paths(state_dir: str) -> dict[str, set[str]]:
+    """The host paths of each abandoned journal."""
+    out = {}
+    for jid in _abandoned(state_dir):
+        try:
+            data = _load(_journal(state_dir, jid).path)
+            roots = [l["mount_point"] for l in data["layers"]]
+            out[jid] = ({_join(roots[u["layer"]], u["parent"] + [u["name"]]) for u in data["units"]}
+                        | {_join(roots[m["layer"]], m["rel"]) for m in data["metas"]})
+        except (OSError, ValueError, KeyError, IndexError, TypeError, CommitError):
+            out[jid] = {"/"}      # unreadable: it may cover anything
+    return out
+
+
+def _plan_paths(plan: _Plan) -> set[str]:
+    return ({plan.layers[u.layer].host.path(u.parent + (u.name,)) for u in plan.units}
+            | {plan.layers[m.layer].host.path(m.rel) for m in plan.metas})
+
+
+def _join(root: str, rel: list[str]) -> str:
+    return root.rstrip("/") + "/" + "/".join(rel) if rel else root
+
+
+def _overlap(a: str, b: str) -> bool:
+    return mountinfo.below(a, b) or mountinfo.below(b, a)
 
 
 def recover(state_dir: str) -> list[str]:

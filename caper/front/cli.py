@@ -128,8 +128,9 @@ def _call_task(args, parser, command, state: str) -> str | None:
 
 def cmd_run(args, parser) -> int:
     from caper.errors import ConfigError
-    from caper.state import state_dir
     from caper.front.tasks import TaskRecordError
+    from caper.sandbox.inherit import Caller
+    from caper.state import state_dir
     command = _command(args, parser)
     try:
         state = state_dir()
@@ -138,13 +139,14 @@ def cmd_run(args, parser) -> int:
         return _failed(args, str(e))
     except TaskRecordError as e:
         return _failed(args, f"{e}; not run")
-    if not args.no_gate and os.environ.get("CAPER_NO_GATE") != "1":
+    caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
+    if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
         payload = {"command": command, "task": task, "approver": args.approver,
-                   "backend": args.backend, "timeout": args.timeout, "cwd": os.getcwd(),
+                   "backend": args.backend, "timeout": args.timeout,
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
-                   "max_memory": args.max_memory, "env": dict(os.environ)}
+                   "max_memory": args.max_memory, "caller": caller.to_json()}
         try:
             answer = gate.request(state, payload)
         except gate.GateUnavailable as e:
@@ -165,7 +167,8 @@ def cmd_run(args, parser) -> int:
     try:
         outcome = run(command, task=task, approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state)
+                      on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state,
+                      caller=caller)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -335,6 +338,12 @@ def cmd_recover(args, parser) -> int:
         print(escape(line))
     if not done:
         print("caper: nothing to recover", file=sys.stderr)
+    # "<id>: FAILED, ... kept": that commit's paths stay as they are (later
+    # runs that touch them are refused); the caller must know.
+    failed = [line for line in done if line.partition(": ")[2].startswith("FAILED")]
+    if failed:
+        print(f"caper: {len(failed)} interrupted commit(s) could not be recovered", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -358,7 +367,10 @@ def _columns() -> int:
 
 
 def _args_run(r: argparse.ArgumentParser) -> None:
-    r.add_argument("-c", metavar="STRING", help="run STRING with /bin/sh -c")
+    r.add_argument("-c", metavar="STRING", help="run STRING with SHELL -c (see --shell)")
+    r.add_argument("--shell", metavar="SHELL",
+                   help="the shell that runs -c STRING (default /bin/sh, as sh -c and "
+                        "system(3); the agents' hooks give bash, their tools' shell)")
     r.add_argument("--task", help="what the user asked for (evidence for the approver): "
                                   "your own words, when you call caper yourself")
     r.add_argument("--call", metavar="ID",
@@ -388,6 +400,9 @@ def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--brief", action="store_true",
                    help="the card only when the run is not committed (what an agent's hook asks "
                         "for: an approved command's output is just its own)")
+    r.add_argument("--stdin", action="store_true",
+                   help="give the command caper's stdin (default: /dev/null); runs in this "
+                        "process, not through the gate")
     r.add_argument("--no-gate", action="store_true",
                    help="run in this process, not through the resident gate (CAPER_NO_GATE=1)")
     r.add_argument("argv", nargs=argparse.REMAINDER)

@@ -14,13 +14,18 @@ gate cannot be reached or started it runs the command in its own process,
 with the same result. The gate
 
 - accepts only connections from its own uid (SO_PEERCRED), on a socket in
-  the 0700 state directory, from a process in its own pid and mount
-  namespaces (never one inside a caper sandbox), that sends the token the
-  gate wrote at start in the state directory (0600; a sandbox sees none of
-  the state directory): the uid alone would let anything acting for a
-  sandboxed command with caper's uid drive the gate;
-- runs each request with the caller's cwd, environment (HOME, PATH, the
-  config file's location, CAPER_LLM_*) and options, in a thread of its own;
+  the 0700 state directory, that sends the token the gate wrote at start
+  in the state directory (0600; a sandbox sees none of the state
+  directory): the uid alone would let anything acting for a sandboxed
+  command with caper's uid drive the gate;
+- serves only callers in its own mount, user and pid namespaces with its
+  root (any other's command would see the gate's files, not the caller's,
+  and a process inside a caper sandbox is never one of them): it declines
+  the others, whose client then runs the command itself;
+- runs each request with the caller's context (caper.sandbox.inherit: cwd,
+  environment, umask, limits, groups, shell) and options, in a thread of
+  its own, and declines a context it cannot give;
+- is alone on its state directory: it holds `gate.life` locked for its life;
 - rolls a run back instead of committing it when the caller has gone away
   (a hook killed by its agent must not leave a commit behind);
 - exits when idle, and when the caper installation changed under it (a
@@ -153,6 +158,8 @@ def request(state_dir: str, payload: dict, start: bool = True) -> dict:
     if not buf.endswith(b"\n"):
         raise GateUnavailable("the gate closed the connection without an answer")
     answer = json.loads(buf)
+    if answer.get("decline"):
+        raise GateUnavailable(f"the gate declined: {answer['decline']}")
     if answer.get("stale"):
         if not start:
             raise GateUnavailable("the gate runs an older caper; it is exiting")
@@ -187,22 +194,6 @@ def _write_token(state_dir: str) -> str:
     return token
 
 
-def _same_namespaces(pid: int) -> str | None:
-    """Why peer pid is not a process of the gate's own pid and mount
-    namespaces (a caper sandbox has its own), or None. pid 0: the peer's pid
-    has no number here, so it lives in another pid namespace."""
-    if pid <= 0:
-        return "its pid is not visible from the gate's pid namespace"
-    for ns in ("pid", "mnt"):
-        try:
-            theirs = os.readlink(f"/proc/{pid}/ns/{ns}")
-        except OSError as e:
-            return f"readlink /proc/{pid}/ns/{ns}: {e.strerror}"
-        if theirs != os.readlink(f"/proc/self/ns/{ns}"):
-            return f"it is in another {ns} namespace ({theirs})"
-    return None
-
-
 def _wait_gone(path: str, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -219,6 +210,76 @@ def decode_output(answer: dict) -> tuple[bytes, bytes]:
 
 # --- the server --------------------------------------------------------------------------------
 
+LIFE_LOCK = "gate.life"
+SO_PEERPIDFD = 77          # Linux 6.5; Python 3.11's socket module does not name it
+
+
+def _hold_life_lock(state_dir: str, path: str) -> int | None:
+    """The lock a gate holds for its whole life: one gate per state
+    directory, and only its holder binds or unlinks the socket. A gate on
+    its way out (idle) still holds it for a moment: wait for it, unless a
+    gate answers on the socket meanwhile. Returns the lock's fd (kept open
+    until exit), or None."""
+    fd = os.open(os.path.join(state_dir, LIFE_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        try:
+            _connect(path).close()
+            break                          # a live gate serves
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    os.close(fd)
+    return None
+
+
+def _elsewhere(conn, pid: int) -> str | None:
+    """Why the caller does not live where the gate does (another mount, user
+    or pid namespace, another root), or None. A command the gate runs sees
+    the gate's filesystem: a caller elsewhere must run its command in its
+    own process. Race-free: the peer's pidfd (SO_PEERPIDFD, else
+    pidfd_open of its pid) is still alive after /proc/<pid> was opened, so
+    that directory is the caller's, not a later process's with its pid."""
+    import signal
+    import socket
+    import struct
+    if pid <= 0:
+        return "the caller is in another pid namespace"
+    try:
+        try:
+            pidfd = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+        except OSError:          # before Linux 6.5: the pid, checked alive below
+            pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        return f"the caller's process cannot be checked (pidfd: {e.strerror})"
+    try:
+        proc = os.open(f"/proc/{pid}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+            for ns in ("mnt", "user", "pid"):
+                theirs, mine = os.stat(f"ns/{ns}", dir_fd=proc), os.stat(f"/proc/self/ns/{ns}")
+                if (theirs.st_dev, theirs.st_ino) != (mine.st_dev, mine.st_ino):
+                    return f"the caller is in another {ns} namespace"
+            theirs, mine = os.stat("root", dir_fd=proc), os.stat("/")
+            if (theirs.st_dev, theirs.st_ino) != (mine.st_dev, mine.st_ino):
+                return "the caller has another root directory (chroot)"
+        finally:
+            os.close(proc)
+        signal.pidfd_send_signal(pidfd, 0)
+    except OSError as e:
+        return f"the caller's process cannot be checked ({e.strerror})"
+    finally:
+        os.close(pidfd)
+    return None
+
+
 def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import hmac
     import socket
@@ -227,6 +288,7 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import threading
 
     from caper.errors import CaperError
+    from caper.sandbox.inherit import Caller
     from caper.transaction import run
 
     os.umask(0o077)
@@ -245,11 +307,11 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             if uid != me:
                 self._answer({"error": f"refused: uid {uid} is not the gate's owner ({me})"})
                 return
-            why = _same_namespaces(pid)
-            if why:
-                self._answer({"error": f"refused: pid {pid}: {why}"})
+            line = self.rfile.readline(MAX_REQUEST)   # first: the answer must meet an open socket
+            elsewhere = _elsewhere(conn, pid)
+            if elsewhere:
+                self._answer({"decline": elsewhere})
                 return
-            line = self.rfile.readline(MAX_REQUEST)
             with guard:
                 state["active"] += 1
             try:
@@ -282,13 +344,17 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                         conn.setblocking(True)
                 except OSError:
                     return False
+            caller = Caller.from_json(req["caller"])
+            why = caller.not_reproducible()
+            if why:
+                return {"decline": f"{why}: run it in the caller's process"}
             try:
                 out = run(req["command"], task=req.get("task"), approver=req.get("approver", "auto"),
                           workspace=req.get("workspace"), backend=req.get("backend", "auto"),
-                          timeout=float(req.get("timeout", 600)), cwd=req["cwd"],
-                          env=dict(req["env"]), state_dir=state_dir, session=req.get("session"),
+                          timeout=float(req.get("timeout", 600)), cwd=caller.cwd,
+                          env=caller.env, state_dir=state_dir, session=req.get("session"),
                           still_wanted=still_wanted, on_unsure=req.get("on_unsure"),
-                          max_memory=req.get("max_memory"))
+                          caller=caller, max_memory=req.get("max_memory"))
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
             return {"outcome": out.to_json(),
@@ -307,12 +373,10 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
         daemon_threads = True
         stale = False
 
-    try:
-        _connect(path).close()
-        print(f"caper serve: a gate already listens on {path}", file=sys.stderr)
+    life = _hold_life_lock(state_dir, path)
+    if life is None:
+        print(f"caper serve: a gate already serves {state_dir}", file=sys.stderr)
         return 0
-    except OSError:
-        pass
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -341,4 +405,5 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                 os.unlink(path)
         except OSError:
             pass
+        os.close(life)                        # only now may the next gate bind
     return 0

@@ -5,7 +5,7 @@
     caper uninstall claude-code|codex|gemini [--project | --user]
 
 A hook never runs the command. Its job is that the command runs exactly once,
-inside `caper run --session <session> --call <id> -c <command>`, so the agent
+inside `caper run --session <session> --shell bash --call <id> -c <command>`, so the agent
 sees the held output when the effects are approved, or the effect card and
 the block reason (exit status 125) when they are not. The task the run is
 judged against never travels in that command (the agent could edit it):
@@ -70,6 +70,8 @@ class Agent:
     default_scope: str         # where `caper install` puts it: the one the agent cannot skip
     can_ask: bool = False      # the host can put a question to its human
     per_second: int = 1        # timeout units per second
+    shell: str = "bash"        # what its shell tool runs the command with (Claude Code's
+                               # Bash tool, Codex's bash -lc, Gemini's bash -c)
 
 
 # Default scopes: Codex runs a project's hooks only in a project it trusts,
@@ -100,12 +102,14 @@ def caper_command() -> list[str]:
 
 
 def wrap(command: str, session: str, call: str, ask: bool = False,
-         timeout: float | None = None) -> str:
+         timeout: float | None = None, shell: str = "bash") -> str:
     """The command as caper runs it. The task is not in it: `--call` names
     the record the hook wrote (caper.front.tasks), which holds the task the user
     gave and exactly this command. --brief: the model sees the command's own
-    output when it is approved, and the reason and the effect card when not."""
-    argv = caper_command() + ["run", "--session", session, "--brief"]
+    output when it is approved, and the reason and the effect card when not.
+    The shell is the one the agent's tool would have run it with (caper
+    run's own default is /bin/sh)."""
+    argv = caper_command() + ["run", "--session", session, "--shell", shell, "--brief"]
     if ask:       # unsure: hold the run; the human decides at `caper commit`
         argv += ["--on-unsure", "ask"]
     if timeout is not None:
@@ -127,15 +131,15 @@ def caper_args(command: str) -> list[str] | None:
     return argv[len(head):]
 
 
-def is_wrapped(command: str, session: str, state: str) -> str | None:
+def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> str | None:
     """The inner command if `command` has exactly the form `wrap` produces
     for this session and names a call record made for this session and
     exactly this inner command, else None."""
     from caper.front.tasks import TaskRecordError, check_call
     rest = caper_args(command)
-    if rest is None or rest[:4] != ["run", "--session", session, "--brief"]:
+    if rest is None or rest[:6] != ["run", "--session", session, "--shell", shell, "--brief"]:
         return None
-    rest = rest[4:]
+    rest = rest[6:]
     if rest[:2] == ["--on-unsure", "ask"]:
         rest = rest[2:]
     if rest[:1] == ["--timeout"] and len(rest) > 1 and re.fullmatch(r"[0-9.]+", rest[1]):
@@ -268,7 +272,7 @@ def answer(agent: Agent, hook) -> str:
     from caper.state import state_dir
     from caper.front.tasks import new_call
     state = state_dir()
-    inner = is_wrapped(command, session, state)
+    inner = is_wrapped(command, session, state, agent.shell)
     if inner is not None and mode(agent) == "resubmit":
         return ""        # the wrapped command the hook asked for: it runs once, there
     held = held_commit(command)
@@ -290,9 +294,10 @@ def answer(agent: Agent, hook) -> str:
     call = new_call(state, session, command, task, source)
     if agent.name == "claude-code":
         caper_s, tool_ms = claude_timeouts(tool_input)
-        wrapped = wrap(command, session, call, ask=agent.can_ask, timeout=caper_s)
+        wrapped = wrap(command, session, call, ask=agent.can_ask, timeout=caper_s,
+                       shell=agent.shell)
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
-    wrapped = wrap(command, session, call, ask=agent.can_ask)
+    wrapped = wrap(command, session, call, ask=agent.can_ask, shell=agent.shell)
     if mode(agent) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "

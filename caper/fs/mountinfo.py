@@ -17,6 +17,8 @@ class MountEntry:
     fstype: str
     read_only: bool                 # this mount's own "ro" flag
     super_options: frozenset[str]   # the filesystem's options (cgroup controllers ...)
+    dev: str = ""                   # major:minor of the filesystem
+    root: str = "/"                 # the directory of that filesystem mounted here (a bind's)
 
 
 def _unescape(field: bytes) -> str:
@@ -36,7 +38,8 @@ def read(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
                 fstype=rfields[0].decode(),
                 read_only=b"ro" in fields[5].split(b","),
                 super_options=frozenset(rfields[2].decode().split(",")) if len(rfields) > 2
-                else frozenset()))
+                else frozenset(),
+                dev=fields[2].decode(), root=_unescape(fields[3])))
     if not any(m.point == "/" for m in out):    # mounts above our / are not listed
         raise SetupError(f"no mount of {path} is at /: {CHROOT_HINT}", step="ROOT_VIEW")
     return out

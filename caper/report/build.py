@@ -81,6 +81,11 @@ _CORE_SIGNALS = frozenset(s.value for s in (
 ARGV_CHANGED = "exec-arguments-changed-after-the-check"
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
+# A write failed (EROFS, or ENOENT below a hidden mount) on a mount that is
+# writable on the host but that the sandbox holds read-only or hides: a
+# chroot's or container's pseudo filesystems and what is mounted below them,
+# a mount whose overlay the kernel refused.
+WRITES_HELD = "writes-to-mounts-the-sandbox-holds-read-only"
 NOTES = {
     RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's overlay "
                      "(EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and `git mv` do "
@@ -104,6 +109,10 @@ NOTES = {
                   "program before it started; a native run would race the same way.",
     SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
                    "(64 MiB), discarded with it and never committed.",
+    WRITES_HELD: "a write failed on a mount that is writable on the host but read-only or "
+                 "hidden in caper's sandbox (a chroot's or container's proc, sys, dev/pts and "
+                 "what is mounted below them, or a filesystem the overlay cannot stack on): "
+                 "natively it might have succeeded.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
@@ -363,6 +372,8 @@ class RunFacts:
     protected: Protected
     home: str | None = None
     backend: str = "overlay"
+    held: tuple[tuple[str, str], ...] = ()   # (mount point, kind): caper.view.overlay._Planner.held
+    aliases: tuple[tuple[str, str], ...] = ()   # (mount point, the path it shows): _Planner.alias
 
 
 @dataclass
@@ -419,6 +430,10 @@ class _Analysis:
         if e.result == -errno.EOVERFLOW and (k in _CHANGING_KINDS
                                              or k == Kind.OPEN and _writes(e.flags)):
             self.uncertain[WRITES_REFUSED] += 1
+        if e.result in (-errno.EROFS, -errno.ENOENT) and facts.held and e.path and (
+                k in _CHANGING_KINDS or k == Kind.OPEN and _writes(e.flags)) \
+                and _held_there(e.path, -e.result, facts.held):
+            self.uncertain[WRITES_HELD] += 1
         if k == Kind.PROC_START:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
@@ -653,7 +668,9 @@ def _draft(facts: RunFacts) -> _Draft:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
                 fc.tracked_files = n
-        w = an.writer_of(c.path) or an.writer_of(renamed_from.get(c.path, ""))
+        w = an.writer_of(c.path) or an.writer_of(renamed_from.get(c.path, "")) or next(
+            (an.writer_of(a + c.path[len(src):]) for a, src in facts.aliases
+             if below(c.path, src) and an.writer_of(a + c.path[len(src):])), None)
         if w:
             writer_of[c.path] = w
         changes.append((_change_severity(fc, view.rel(fc.path)), fc))
@@ -851,6 +868,16 @@ def notes(report: Report) -> tuple[str, ...]:
     """What the caller should know about how this run differed from a native one."""
     flagged = {u.split(":")[0] for u in report.uncertain}
     return tuple(text for flag, text in NOTES.items() if flag in flagged)
+
+
+def _held_there(path: str, err: int, held: tuple[tuple[str, str], ...]) -> bool:
+    """Did a write at path fail because the sandbox holds its mount read-only
+    or hides it, while the host has it writable? The deepest mount decides."""
+    point, kind = max(((p, k) for p, k in held if below(path, p)), key=lambda h: len(h[0]),
+                      default=("", ""))
+    if err == errno.EROFS:
+        return kind in ("layer", "held", "hidden")
+    return kind == "hidden" and path != point        # ENOENT: the stand-in is empty
 
 
 def _writes(flags: int) -> bool:

@@ -23,6 +23,7 @@ from caper.errors import ConfigError, from_native
 from caper.sandbox.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_MEMORY,
                           DEFAULT_SHM_SIZE, Cgroups, DiskGuard, sandbox_cgroups)
 from caper.sandbox.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
+from caper.sandbox.inherit import DEFAULT_SHELL, Caller
 
 DEFAULT_TIMEOUT_S = 600.0
 # The thread that runs the native tracer, and then reaps the sandbox's init
@@ -38,6 +39,7 @@ class Mount:
     fstype: str | None
     data: str | None
     flags: int
+    or_else: int = 0    # the next N mounts are this one's fallback (struct caper_mount)
 DEFAULT_MAX_PIDS = 1024
 DEFAULT_ARGV_MAX = 1024        # bytes of argv kept per exec event
 DEFAULT_OUTPUT_HEAD = 64 * 1024
@@ -60,8 +62,8 @@ def _env_list(env: Mapping[str, str] | None) -> list[bytes]:
     return [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
 
 
-def _argv(command: Sequence[str] | str) -> list[bytes]:
-    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+def _argv(command: Sequence[str] | str, shell: str) -> list[bytes]:
+    argv = [shell, "-c", command] if isinstance(command, str) else list(command)
     if not argv:
         raise ConfigError("empty command")
     out = []
@@ -86,9 +88,12 @@ class Trace:
                  mounts: Sequence[Mount] = (), new_root: str | None = None,
                  not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None,
                  shm_size: int = DEFAULT_SHM_SIZE, max_events: int = DEFAULT_MAX_EVENTS,
-                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES):
+                 max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+                 caller: Caller | None = None):
+        """caller: the context the command inherits (caper.sandbox.inherit), where this
+        process is not the caller's own; None: this process's."""
         self._keep: list = []  # cffi objects that must outlive the native call
-        self.argv = _argv(command)
+        self.argv = _argv(command, caller.shell if caller else DEFAULT_SHELL)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
         if not os.path.isdir(cwd):
             raise ConfigError(f"working directory does not exist: {cwd}")
@@ -141,13 +146,14 @@ class Trace:
                 arr[i].fstype = self._cstr(m.fstype.encode()) if m.fstype else ffi.NULL
                 arr[i].data = self._cstr(os.fsencode(m.data)) if m.data else ffi.NULL
                 arr[i].flags = m.flags
+                arr[i].or_else = m.or_else
             self._keep.append(arr)
             cfg.mounts, cfg.n_mounts = arr, len(mounts)
         cfg.new_root = self._cstr(os.fsencode(new_root)) if new_root else ffi.NULL
         cfg.argv_max = argv_max
         cfg.output_head = output_head
         cfg.output_tail = output_tail
-        cfg.stdin_fd = -1
+        cfg.stdin_fd = caller.stdin_fd if caller and caller.stdin_fd is not None else -1
         cfg.not_before_ns = not_before_ns
         cfg.disk_path = ffi.NULL
         self._disk_guard = disk_guard
@@ -155,6 +161,7 @@ class Trace:
             cfg.disk_path = self._cstr(os.fsencode(disk_guard.path))
             cfg.disk_min_free = disk_guard.min_free
             cfg.disk_min_inodes = disk_guard.min_inodes
+        cfg.caller = self._caller(caller) if caller is not None else ffi.NULL
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
         self.result: RunResult | None = None
@@ -163,6 +170,25 @@ class Trace:
         self._thread: threading.Thread | None = None
         self._returned = threading.Event()     # caper_run is done; init may still be reaped
         self._read_fd = -1
+
+    def _caller(self, caller: "Caller"):
+        k = ffi.new("struct caper_caller *")
+        k.umask, k.nice = caller.umask, caller.nice
+        lims = ffi.new("struct caper_rlimit[]", max(1, len(caller.rlimits)))
+        for i, (r, cur, hard) in enumerate(caller.rlimits):
+            lims[i].resource, lims[i].cur, lims[i].max = r, cur, hard
+        k.rlimits, k.n_rlimits = lims, len(caller.rlimits)
+        # Root only (a user namespace has setgroups denied), and only where
+        # they differ: the same groups are the ones this process passes on.
+        if os.geteuid() == 0 and (caller.gid, caller.groups) != (os.getegid(),
+                                                                 tuple(sorted(os.getgroups()))):
+            groups = ffi.new("uint32_t[]", max(1, len(caller.groups)))
+            for i, g in enumerate(caller.groups):
+                groups[i] = g
+            k.set_groups, k.gid, k.groups, k.n_groups = 1, caller.gid, groups, len(caller.groups)
+            self._keep.append(groups)
+        self._keep += [k, lims]
+        return k
 
     def _cstr(self, b: bytes):
         c = ffi.new("char[]", b)

@@ -56,11 +56,22 @@ MS_REC = 16384
 SAFE = MS_NOSUID | MS_NODEV
 
 
+# Filesystems a commit cannot write to atomically (renameat2's RENAME_EXCHANGE
+# and RENAME_NOREPLACE are refused, EINVAL): held read-only in the sandbox.
+NO_ATOMIC_RENAME_FS = frozenset({"fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "9p"})
+
+
+def _no_atomic_rename(fstype: str) -> bool:
+    return fstype in NO_ATOMIC_RENAME_FS or fstype.startswith("fuse.")
+
+
 @dataclass(frozen=True, slots=True)
 class HostMount:
     mount_point: str
     fstype: str
     read_only: bool
+    dev: str = ""
+    root: str = "/"
 
 
 def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
@@ -68,7 +79,7 @@ def host_mounts(entries: list[mountinfo.MountEntry]) -> list[HostMount]:
     seen: dict[str, HostMount] = {}
     for m in entries:
         seen.pop(m.point, None)  # an overmount hides what it covers
-        seen[m.point] = HostMount(m.point, m.fstype, m.read_only)
+        seen[m.point] = HostMount(m.point, m.fstype, m.read_only, m.dev, m.root)
     return sorted(seen.values(), key=lambda m: (m.mount_point.count("/") if m.mount_point != "/" else 0,
                                                 m.mount_point))
 
@@ -121,25 +132,26 @@ class _Planner:
         self.host_points = host_points       # every mount point, pseudo filesystems too
         self.layers: list[Layer] = []
         self.mounts: list[Mount] = []
+        # (mount point, kind) of every mount the sandbox holds read-only
+        # ("read-only": so on the host too; "held": writable on the host) or
+        # hides ("hidden": an empty stand-in), and of every layer ("layer":
+        # the kernel may refuse its overlay, which is then a read-only bind):
+        # the report flags a write that failed there and would not have
+        # natively (caper.report.build.WRITES_HELD).
+        self.held: list[tuple[str, str]] = []
+        self.layer_mounts: list[tuple[str, HostMount]] = []   # layers over a whole mount
+        self.aliases: list[tuple[str, str]] = []   # (mount point, the layer path bound there)
 
     def _target(self, path: str) -> str:
         return self.stage + (path if path != "/" else "")
 
-    def cover(self, path: str, read_only: bool) -> None:
-        """An overlay of path (or a read-only bind of a read-only mount)."""
+    def cover(self, path: str, read_only: bool, host: "HostMount | None" = None) -> None:
+        """An overlay of path (or a read-only bind of a read-only mount, or of
+        a path this user cannot write natively either)."""
         target = self._target(path)
         if read_only:
-            # Read-only on the host stays read-only in the sandbox, the whole
-            # tree: MS_REC makes the core set the flags on every mount below
-            # (mount_setattr, Linux 5.12+), or they would stay writable and
-            # reach the host; a mount made on the host after this plan too.
-            # An older kernel gets the plain remount where no mount lies below,
-            # and fails the set-up where one does. A writable mount below that
-            # gets its own layer is mounted on top later.
-            tree = self.mounts_below(path) or _can_remount_tree()
-            self.mounts.append(Mount(path, target, None, None, MS_BIND | MS_REC))
-            self.mounts.append(Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
-                                     | SAFE | (MS_REC if tree else 0)))
+            self.held.append((path, "held" if os.access(path, os.W_OK) else "read-only"))
+            self.mounts += self._read_only_bind(path, target)
             return
         n = len(self.layers)
         upper = os.path.join(self.scratch, f"layer{n}", "upper")
@@ -153,8 +165,67 @@ class _Planner:
         # metadata-only copy-ups, no index. (userxattr implies all three.)
         opts += ["userxattr"] if self.userxattr else ["redirect_dir=off", "index=off",
                                                         "metacopy=off"]
-        self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), SAFE))
+        # An overlay the kernel refuses (a lower it cannot stack on: some FUSE,
+        # NFS or nested overlay mounts) must not fail every run: the mount is
+        # then bound read-only, as the report says where a write failed there.
+        fallback = self._read_only_bind(path, target)
+        self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), SAFE, len(fallback)))
+        self.mounts += fallback
         self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr))
+        if host is not None:
+            self.layer_mounts.append((path, host))
+        self.held.append((path, "layer"))
+
+    def _read_only_bind(self, path: str, target: str) -> list[Mount]:
+        """Read-only on the host stays read-only in the sandbox, the whole
+        tree: MS_REC makes the core set the flags on every mount below
+        (mount_setattr, Linux 5.12+), or they would stay writable and reach
+        the host; a mount made on the host after this plan too. An older
+        kernel gets the plain remount where no mount lies below, and fails
+        the set-up where one does. A writable mount below that gets its own
+        layer is mounted on top later. A path gone since the plan (a busy
+        host's /tmp) leaves its stand-in: the target bound on itself, so the
+        remount still has a mount to make read-only."""
+        tree = self.mounts_below(path) or _can_remount_tree()
+        return [Mount(path, target, None, None, MS_BIND | MS_REC, 1),
+                Mount(target, target, None, None, MS_BIND),
+                Mount(None, target, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY
+                      | SAFE | (MS_REC if tree else 0))]
+
+    def hold(self, path: str) -> None:
+        """A writable mount the sandbox holds read-only (the commit could not
+        change it atomically)."""
+        self.held.append((path, "held"))
+        self.mounts += self._read_only_bind(path, self._target(path))
+
+    def alias(self, m: "HostMount", points: list[str]) -> bool:
+        """A second view of a filesystem a layer already shows (a bind mount of
+        one of its directories, one filesystem at two places): bound to that
+        layer's view, so that a write through either is seen through both, as
+        on the host, and commits once. False where no layer shows it."""
+        for layer, lm in self.layer_mounts:
+            if lm.dev != m.dev or not mountinfo.below(m.root, lm.root):
+                continue
+            rel = m.root[len(lm.root):].strip("/")
+            source = os.path.join(layer, rel) if rel else layer
+            # Not where another mount covers that directory on the host: the
+            # layer shows that mount there, not this filesystem.
+            if any(p != layer and mountinfo.below(source, p) and mountinfo.below(p, layer)
+                   for p in points) or not os.path.isdir(source):
+                continue
+            self.mounts.append(Mount(self._target(source), self._target(m.mount_point), None,
+                                     None, MS_BIND))
+            self.held.append((m.mount_point, "layer"))
+            self.aliases.append((m.mount_point, source))
+            return True
+        return False
+
+    def stand_in(self, path: str) -> None:
+        """An empty read-only directory over a mount the sandbox hides (a
+        pseudo filesystem of a chroot or container tree, and all below it)."""
+        self.held.append((path, "hidden"))
+        self.mounts.append(Mount("tmpfs", self._target(path), "tmpfs", "size=4k,mode=0755",
+                                 MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC))
 
     def _match_root(self, lower: str, upper: str) -> None:
         """An overlay's root shows its upper dir's mode and owner, not the
@@ -209,18 +280,31 @@ class _Planner:
         could natively. The rest stay read-only (one this user cannot reach,
         one with mounts below it, which only a readable directory could split)."""
         for p, m in points.items():
-            if p == path or not mountinfo.below(p, path) or m.read_only or self.mounts_below(p):
+            if p == path or not mountinfo.below(p, path) or m.read_only:
                 continue
             try:
                 os.stat(p)
+                reachable = True
             except PermissionError:
-                continue
-            self.cover(p, False)
+                reachable = False
+            if reachable and not self.mounts_below(p):
+                self._cover_mount(p, m)
+            else:
+                self.held.append((p, "hidden"))      # writable on the host, not here
+
+    def _cover_mount(self, path: str, m: HostMount | None) -> None:
+        """A directory with no mount below it; m: the mount on it, if any."""
+        if m is not None and not m.read_only and _no_atomic_rename(m.fstype):
+            self.hold(path)
+        else:
+            self.cover(path, m is not None and m.read_only)
 
     def _split(self, directory: str, points: dict[str, HostMount]) -> None:
         # Files beside a mount point (rare below "/") can only be bound read-only.
         # Any mount counts here, a pseudo filesystem's too: the kernel refuses
         # a lower layer with a (locked) mount anywhere below it.
+        if directory != "/" and os.access(directory, os.W_OK):
+            self.held.append((directory, "held"))   # new entries here: writable natively
         for entry in os.scandir(directory):
             path = entry.path
             target = self._target(path)
@@ -233,6 +317,7 @@ class _Planner:
             if path in self.host_points and path not in points:
                 # a pseudo filesystem (nsfs, mqueue, autofs ...): not the
                 # command's business; an empty stand-in, read-only with the stage
+                self.held.append((path, "hidden"))
                 if entry.is_dir(follow_symlinks=False):
                     os.mkdir(target)
                 else:
@@ -251,7 +336,7 @@ class _Planner:
                     else:
                         self._split(path, points)
                 else:
-                    self.cover(path, points[path].read_only if path in points else False)
+                    self._cover_mount(path, points.get(path))
             elif entry.is_file(follow_symlinks=False):
                 open(target, "w").close()
                 self.cover(path, True)  # top-level files: read-only, like "/" itself
@@ -267,6 +352,8 @@ class OverlaySnapshot:
     since_ns: int           # the conflict threshold (caper.commit.ctimes)
     not_before_ns: int      # 0, or when the command may start (caper.commit.ctimes)
     hidden: list[str] = field(default_factory=list)
+    held: list[tuple[str, str]] = field(default_factory=list)   # see _Planner.held
+    aliases: list[tuple[str, str]] = field(default_factory=list)  # see _Planner.alias
     lock_fd: int = -1       # flocked while this process owns the run (see collect_dead_runs)
 
     @classmethod
@@ -326,10 +413,30 @@ class OverlaySnapshot:
         if userxattr:
             plan.split_root(covered)
         else:
+            # A pseudo filesystem outside /proc, /sys and /dev (a chroot's or a
+            # container's proc, sysfs, devpts) is not rebuilt: the sandbox sees
+            # an empty read-only stand-in, and nothing of what is mounted below
+            # it (a cgroup tmpfs below a chroot's sys).
+            pseudo = [m.mount_point for m in host_mounts(entries) if m.fstype in PSEUDO_FS
+                      and not mountinfo.below(m.mount_point, state_real)
+                      and not any(mountinfo.below(m.mount_point, t) for t in KERNEL_TREES)]
+            stand_ins = [p for p in pseudo
+                         if not any(q != p and mountinfo.below(p, q) for q in pseudo)]
+            points = [m.mount_point for m in host_mounts(entries)]
             for m in covered:
-                plan.cover(m.mount_point, m.read_only)
+                if any(mountinfo.below(m.mount_point, p) for p in stand_ins):
+                    continue
+                if _no_atomic_rename(m.fstype) and not m.read_only:
+                    plan.hold(m.mount_point)
+                elif not m.read_only and plan.alias(m, points):
+                    pass
+                else:
+                    plan.cover(m.mount_point, m.read_only, m)
             if plan.layers[:1] and plan.layers[0].mount_point != "/":
                 plan.layers.clear()
+            for p in stand_ins:
+                if os.path.isdir(p):      # a file (an nsfs bind) shows the lower's empty file
+                    plan.stand_in(p)
         if not plan.layers:
             raise SetupError("no writable mount to snapshot", step="MOUNT_ROOT")
         # Layers of their own for the work dirs, each over its parent's overlay,
@@ -355,7 +462,7 @@ class OverlaySnapshot:
                                  MS_RDONLY | SAFE | MS_NOEXEC))
         return cls(scratch=scratch, stage=stage, layers=plan.layers, mounts=plan.mounts,
                    since_ns=threshold.since_ns, not_before_ns=threshold.not_before_ns,
-                   hidden=[state_real])
+                   hidden=[state_real], held=plan.held, aliases=plan.aliases)
 
     def discard(self) -> None:
         """Rollback: the upper layers go, the host never saw them."""
