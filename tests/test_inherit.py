@@ -88,9 +88,12 @@ def test_a_hook_shaped_call_runs_bash_as_the_agents_tool_would(env, tmp_path):
     text = "source ./activate && [[ $VENV == on ]] && echo ok"
     native = subprocess.run(["bash", "-c", text], cwd=ws, env=env, capture_output=True, text=True)
     assert native.stdout == "ok\n"
-    wrapped = hooks.wrap(text, "sess-1", None)
-    assert hooks.is_wrapped(wrapped, "sess-1")
+    from caper.front.tasks import new_call
+    from caper.state import state_dir
+    state = state_dir(env["CAPER_STATE_DIR"])
     for e in (env, {**env, "CAPER_NO_GATE": "1"}):
+        wrapped = hooks.wrap(text, "sess-1", new_call(state, "sess-1", text, None, "none"))
+        assert hooks.is_wrapped(wrapped, "sess-1", state) == text
         p = subprocess.run(["bash", "-c", wrapped.replace(" run ", " run --approver allow ", 1)],
                            cwd=ws, env=e, capture_output=True, text=True, timeout=120)
         assert (p.returncode, p.stdout) == (0, native.stdout), p.stderr
