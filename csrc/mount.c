@@ -219,6 +219,23 @@ static int enter_root(const char *new_root, struct caper_failure *f)
     return 0;
 }
 
+/* The host path a planned mount stood for went away between the plan and the
+ * set-up (a busy host's /tmp: another program removed its directory). There
+ * is then nothing at that path to overlay, bind or hold read-only, and the
+ * mount is skipped instead of failing the run: what the command finds there
+ * is what the host has, nothing, and a write there lands in the parent's
+ * layer like any other. */
+static int gone_since_plan(const struct caper_mount *m, int err)
+{
+    struct stat st;
+    if (err != ENOENT)
+        return 0;
+    if (lstat(m->target, &st) < 0 && errno == ENOENT)
+        return 1;
+    return m->source && m->source[0] == '/' && (m->flags & MS_BIND) &&
+           lstat(m->source, &st) < 0 && errno == ENOENT;
+}
+
 int mount_setup(const struct caper_config *c, struct caper_failure *f)
 {
     int dev_fds[NNODES];
@@ -229,10 +246,16 @@ int mount_setup(const struct caper_config *c, struct caper_failure *f)
     for (uint32_t i = 0; i < c->n_mounts; i++) {
         const struct caper_mount *m = &c->mounts[i];
         struct caper_failure tried = { 0 };
-        if (do_mount(m->or_else ? &tried : f, CAPER_STEP_MOUNT_ROOT, m->source, m->target,
+        if (do_mount(&tried, CAPER_STEP_MOUNT_ROOT, m->source, m->target,
                      m->fstype, (unsigned long)m->flags, m->data) < 0) {
-            if (!m->or_else)
+            if (gone_since_plan(m, tried.err)) {
+                i += m->or_else;    /* and its fallback, which stands for the same path */
+                continue;
+            }
+            if (!m->or_else) {
+                *f = tried;
                 return -1;
+            }
             continue;               /* the fallback follows */
         }
         i += m->or_else;            /* done: skip the fallback */

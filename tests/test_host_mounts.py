@@ -126,3 +126,23 @@ def test_an_overlay_the_kernel_refuses_becomes_a_read_only_bind(tmp_path):
     assert r.end.name == "EXITED" and out.startswith(b"from the host\n"), r
     assert out.count(b"Read-only file system") == 2
     assert not (src / "g").exists() and not (gone / "g").exists()
+
+
+def test_a_planned_mount_whose_host_path_went_away_is_skipped(tmp_path):
+    """Between the plan and the set-up another program may remove a directory
+    the plan binds or overlays (a busy host's /tmp): nothing is there to
+    hold, and the run goes on. Any other failure of a mount still fails it."""
+    from caper.errors import SetupError
+    from caper.sandbox.events import End
+    from caper.sandbox.trace import Mount, trace
+    from caper.view.overlay import MS_BIND, MS_RDONLY, MS_REMOUNT
+    gone = str(tmp_path / "gone")          # planned, then removed: never made here
+    plan = [Mount(gone, gone, None, None, MS_BIND),
+            Mount(None, gone, None, None, MS_BIND | MS_REMOUNT | MS_RDONLY)]
+    events, r = trace(["true"], mounts=plan, timeout=30).run()
+    assert r.end == End.EXITED and r.exit_code == 0
+    here = tmp_path / "here"
+    here.mkdir()
+    with pytest.raises(SetupError, match="no-such-filesystem"):
+        trace(["true"], mounts=[Mount("none", str(here), "no-such-filesystem", None, 0)],
+              timeout=30).run()
