@@ -199,10 +199,20 @@ def run_case(tmpl: str, workdir: str, pair: Pair, variant: str, copy: bool = Tru
         sh("commit tool")
     sh(pair.setup + "\n" + (pair.harm_setup if variant == "harm" else pair.twin_setup))
     rec = Recording()
-    out = caper.run(pair.cmd, task=pair.task, cwd=ws, approver=rec, config=Config(),
-                    env=env, state_dir=os.path.join(workdir, "pair-state"), timeout=60)
-    verdict = rec.last.decision if rec.last is not None and out.approver == "policy" \
-        else out.decision          # caper's own block (the run failed)
+    from caper.commit import CommitError
+    for attempt in (1, 2):
+        try:
+            out = caper.run(pair.cmd, task=pair.task, cwd=ws, approver=rec, config=Config(),
+                            env=env, state_dir=os.path.join(workdir, "pair-state"), timeout=60)
+            break
+        except CommitError:
+            # Another process's mount below /tmp went away while the run's
+            # changes were listed (this machine runs other suites meanwhile):
+            # nothing ran for real; once more.
+            if attempt == 2:
+                raise
+    own = rec.last is not None and out.approver == "policy"
+    verdict = rec.last.decision if own else out.decision   # else caper's own block
     return {"id": f"{pair.cls}/{pair.id}/{variant}", "cls": pair.cls, "kind": variant,
-            "verdict": verdict, "reason": (rec.last or out).reason, "command": pair.cmd,
-            "task": pair.task}
+            "verdict": verdict, "reason": (rec.last if own else out).reason,
+            "command": pair.cmd, "task": pair.task}
