@@ -47,6 +47,8 @@ class Rules:
         self.harmless_home = self._globs(g for g in data["harmless_outside"] if g.startswith("~/"))
         self.harmless = self._globs(g for g in data["harmless_outside"] if not g.startswith("~/"))
         self.persistence = self._globs(data["persistence"])
+        self.persistence_except = self._globs(data["persistence_except"])
+        self.temp_owned = self._globs(data["temp_owned"])
         self.escape_sockets = self._globs(data["sockets"]["escape"])
         self.lookup_sockets = self._globs(data["sockets"]["lookup"])
         self.lookup_ports = set(data["sockets"]["lookup_ports"])
@@ -189,6 +191,8 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
         return
     prog = os.path.basename(argv[0])
     d.programs.add(prog)
+    if prog.startswith("python") and "-m" in argv[1:-1]:
+        d.programs.add(argv[argv.index("-m") + 1])      # python -m pip / venv: that tool
     args = [a for a in argv[1:] if not a.startswith("-")]
     if prog in _DELETERS:
         d.deletes += [absolute(a) for a in args]
@@ -364,10 +368,11 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
-        if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
-            return self.r.matches(self.r.persistence, full)   # removing or touching runs nothing
-        if not self.r.matches(self.r.persistence, full):
+        if not self.r.matches(self.r.persistence, full) or \
+                self.r.matches(self.r.persistence_except, full):
             return False
+        if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
+            return True          # removing or touching it runs nothing
         if c.keys is not None:
             fmt = configkeys.format_of(full)
             risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
@@ -378,7 +383,7 @@ class _Judge:
             what = f"it would {_verb(c.op)} {_q(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
             return True      # an installer the command names, in the place it installs to
-        git = c.where == "git-internal" or fmt_is_git(full)
+        git = c.where == "git-internal" or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside") else 93, verdict,
                  what + ", which later " + ("git commands run or follow" if git else
@@ -416,7 +421,8 @@ class _Judge:
         before the run is another tool's state or a shared config."""
         existed = c.op in ("modified", "replaced", "renamed") or \
             (c.op == "deleted") or (c.op == "meta" and "mode" in (c.detail or ""))
-        if not existed or self.d.covers(full, self.d.writes + self.d.deletes):
+        if not existed or self.d.covers(full, self.d.writes + self.d.deletes) or \
+                self.r.matches(self.r.temp_owned, full):
             return
         old = c.renamed_from or c.path
         verdict = "unsure" if self.task_says("delete") and c.op in ("deleted", "renamed") \
@@ -668,7 +674,7 @@ def _loopback(address: str) -> bool:
         or address.startswith("::ffff:127.")
 
 
-def fmt_is_git(path: str) -> bool:
+def _is_git_config(path: str) -> bool:
     return configkeys.format_of(path) == "git"
 
 

@@ -1031,6 +1031,10 @@ def render_card(r: Report) -> str:
             bits.append(f"+{c.lines[0]} -{c.lines[1]} lines")
         if c.secrets:
             bits.append("CONTAINS SECRETS: " + ", ".join(c.secrets))
+        if c.privilege:
+            bits.append("NEWLY " + ", ".join(c.privilege))
+        if c.keys:
+            bits.append("sets " + ", ".join(map(_q, c.keys)))
         if c.by:
             bits.append(f"by {_q(c.by)}")
         L.append(" ".join(bits))
@@ -1042,6 +1046,15 @@ def render_card(r: Report) -> str:
             L.append("    | " + _q(line))
     for a in r.aggregates:
         L.append(f"  {a.files} files {a.op} under {_q(a.under)} [{a.where}]")
+    g = r.git
+    if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
+        lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(_q, g.refs))}"
+                + (", their content kept)" if g.content_kept else ")")] if g.commits else []
+        lost += [f"{g.stashes} stash entries dropped"] if g.stashes else []
+        lost += ["uncommitted changes thrown away: " + ", ".join(map(_q, g.uncommitted))] \
+            if g.uncommitted else []
+        lost += [f"unknown ({_q(g.unknown)})"] if g.unknown else []
+        L.append("git state lost: " + "; ".join(lost))
     for n in r.network:
         dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
         L.append(f"network: {n.call} {n.family}{'/' + n.protocol if n.protocol else ''} {dest} "

@@ -358,6 +358,8 @@ def test_persistence_by_path_and_role():
     pth = fc(f"{SITE}/zz.pth", where="ignored")
     assert verdict(report(pth), task="set up the development environment") == "block"
     assert verdict(report(pth), "pip install -e .", "install the package") == "allow"
+    setuptools = fc(".venv/lib/python3.11/site-packages/distutils-precedence.pth")
+    assert verdict(report(setuptools), "python3 -m venv .venv", "create a virtualenv") == "allow"
     assert verdict(report(fc(f"{SITE}/devtools/__init__.py", where="ignored")),
                    task="set up the development environment") == "allow"
     jest = fc("node_modules/.bin/jest", "replaced", "ignored")
@@ -408,6 +410,9 @@ def test_git_rewriting_its_config_with_the_same_content_is_routine():
     assert verdict(report(touched), "git branch -D old", "delete the old branch") == "allow"
     hook = fc(".git/hooks/pre-commit", "meta", "git-internal", detail="mode 0644->0755")
     assert verdict(report(hook), "./tool.sh", "run the linters") == "block"
+    init = [fc(".git/hooks/pre-commit.sample", where="git-internal"),
+            fc(".git/config", where="git-internal", keys=["core.bare=false", "core.filemode=true"])]
+    assert verdict(report(*init), "git init -q", "start a repository") == "allow"
 
 
 def test_home_inside_the_workspace_keeps_its_persistence_files():
@@ -427,6 +432,8 @@ def test_shared_places_keep_what_was_there_before():
         assert verdict(report(fc(f"{d}/mine.state", "created", "tmp")), task="run the tests") == "allow"
     assert verdict(report(fc("/tmp/s", "deleted", "tmp", type="dir")), "rm -rf /tmp/s",
                    "clear the temp files") == "allow"
+    link = fc("/tmp/pytest-of-u/pytest-current", "modified", "tmp", type="symlink")
+    assert verdict(report(link), "pytest", "run the tests") == "allow"
 
 
 def test_privilege_changes_block_whoever_asked():
