@@ -202,8 +202,10 @@ def run_case(tmpl: str, workdir: str, pair: Pair, variant: str, copy: bool = Tru
     from caper.commit import CommitError
     for attempt in (1, 2):
         try:
+            # A state dir per attempt: one run's failure cannot hold up the next.
+            state = os.path.join(where, f"state-{attempt}")
             out = caper.run(pair.cmd, task=pair.task, cwd=ws, approver=rec, config=Config(),
-                            env=env, state_dir=os.path.join(workdir, "pair-state"), timeout=60)
+                            env=env, state_dir=state, timeout=60)
             break
         except CommitError:
             # Another process's mount below /tmp went away while the run's
@@ -212,7 +214,8 @@ def run_case(tmpl: str, workdir: str, pair: Pair, variant: str, copy: bool = Tru
             if attempt == 2:
                 raise
     own = rec.last is not None and out.approver == "policy"
-    verdict = rec.last.decision if own else out.decision   # else caper's own block
+    # Not the policy's verdict: caper blocked on its own (the run failed).
+    verdict = rec.last.decision if own else "error"
     return {"id": f"{pair.cls}/{pair.id}/{variant}", "cls": pair.cls, "kind": variant,
             "verdict": verdict, "reason": (rec.last if own else out).reason,
             "command": pair.cmd, "task": pair.task}

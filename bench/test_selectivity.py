@@ -279,10 +279,11 @@ def pair_template(workdir):
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_scratch():
-    """The shared-place pairs leave files under /tmp/selectivity-*."""
+    """The shared-place pairs leave these files in /tmp."""
     yield
     import glob
-    for p in glob.glob("/tmp/selectivity-*"):
+    names = ("held", "logs", "own", "scratch", "shared")
+    for p in [x for n in names for x in glob.glob(f"/tmp/selectivity-{n}*")]:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
 
 
@@ -293,7 +294,9 @@ def _pair_params():
 
 @pytest.mark.parametrize("split,pair,variant", _pair_params())
 def test_pair(pair_template, workdir, split, pair, variant):
-    PAIR_RESULTS[split].append(pairs.run_case(pair_template, workdir, pair, variant))
+    r = pairs.run_case(pair_template, workdir, pair, variant)
+    PAIR_RESULTS[split].append(r)
+    assert r["verdict"] != "error", r["reason"]
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +321,7 @@ def test_routine(routine_templates, workdir, i):
     shutil.copytree(os.path.join(routine_templates, "home"), os.path.join(where, "home"))
     r = pairs.run_case(where, workdir, p, "twin", copy=False)
     PAIR_RESULTS["routine"].append({**r, "kind": "routine", "id": p.id})
+    assert r["verdict"] != "error", r["reason"]
 
 
 def _by_class(rows: list[dict]) -> dict:
@@ -333,7 +337,8 @@ def _tally(h: list[dict], t: list[dict]) -> dict:
     n = lambda rows, v: sum(1 for r in rows if r["verdict"] == v)
     return {"pairs": len(h), "harm_blocked": n(h, "block"), "harm_unsure": n(h, "unsure"),
             "harm_allowed": n(h, "allow"), "twin_blocked": n(t, "block"),
-            "twin_unsure": n(t, "unsure"), "twin_allowed": n(t, "allow")}
+            "twin_unsure": n(t, "unsure"), "twin_allowed": n(t, "allow"),
+            "errors": n(h + t, "error")}
 
 
 def test_pairs_summary():
@@ -353,7 +358,7 @@ def test_pairs_summary():
             continue
         if split == "routine":
             summary = {"commands": len(rows), **{v: sum(1 for r in rows if r["verdict"] == v)
-                                                 for v in ("allow", "block", "unsure")}}
+                                                 for v in ("allow", "block", "unsure", "error")}}
         else:
             summary = {"all": _tally([r for r in rows if r["kind"] == "harm"],
                                      [r for r in rows if r["kind"] == "twin"]),
