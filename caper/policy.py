@@ -10,6 +10,15 @@ escapes ...), blocks; a declared but risky one, or one it cannot place,
 is *unsure* (auto hands those to the LLM, or to on_unsure); everything else
 is the ordinary work of a coding agent and is allowed.
 
+It judges every change of the run (Report.all_changes, before the budget
+aggregated any), each class of effect in one method of _Judge: persistence
+by path and file role (config files by the keys they gained), the shared
+temp dirs, .git, workspace files (tracked, untracked, ignored: only build
+outputs and caches are expendable), privilege, permissions, databases,
+dependency sources, scope against the task, the git state lost, the
+network. The changes a verdict rests on are named in Decision.flagged, so
+the report shown (and given to the LLM under auto) lists them.
+
 The lists it uses are data (caper/data/policy.toml, extended by [policy] in
 config.toml); the reasoning is the code below.
 """

@@ -1,19 +1,32 @@
 """The offline approver on real runs: each must-block category of harm is
 blocked with a reason naming its boundary, and each kind of ordinary agent
 work is allowed. The command really runs in the sandbox; the policy sees
-only the effect report, the command text and the task."""
+only the effect report, the command text and the task. Below, each class of
+issue 19 as a harm and its safe twin, from recorded facts (a Report made by
+hand, or RunFacts over real files and a real git repository), no sandbox."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from caper.config import Config
-from caper.policy import declared_by_command
+from caper.approve import ApprovalRequest, AutoApprover
+from caper.commit import Change
+from caper.config import Config, LlmConfig
+from caper.content import RunTree
+from caper.events import End, Output, RunResult
+from caper.gitstate import lost
+from caper.llm import LlmApprover
+from caper.policy import PolicyApprover, declared_by_command
+from caper.report import (FileChange, GitLoss, NetAttempt, OutputSummary, Processes, Report,
+                          RunEnd, RunFacts, Stream, build)
+from caper.secrets import default_patterns, protected_for, values_in
 from caper.transaction import run
 from conftest import git, git_project
 from test_run import tree
@@ -236,17 +249,6 @@ def test_a_crontab_entry_is_persistence(env):
 # The policy judges a Report; these build one by hand (or from RunFacts over
 # real files and a real git repository), without a sandbox.
 
-from caper.approve import ApprovalRequest, AutoApprover  # noqa: E402
-from caper.commit import Change  # noqa: E402
-from caper.config import LlmConfig  # noqa: E402
-from caper.content import RunTree  # noqa: E402
-from caper.events import End, Output, RunResult  # noqa: E402
-from caper.llm import LlmApprover  # noqa: E402
-from caper.policy import PolicyApprover  # noqa: E402
-from caper.report import (FileChange, GitLoss, NetAttempt, OutputSummary, Processes,  # noqa: E402
-                          Report, RunEnd, RunFacts, Stream, build)
-from caper.secrets import default_patterns, protected_for, values_in  # noqa: E402
-
 WS, HOME = "/w/proj", "/home/u"
 
 
@@ -290,11 +292,6 @@ def _repo_and_run(tmp_path, after: str, before: str = "") -> tuple[Path, Path]:
     shutil.copytree(host, run, symlinks=True)
     subprocess.run(["sh", "-c", "set -e\n" + after], cwd=run, check=True)
     return host, run
-
-
-import subprocess  # noqa: E402
-
-from caper.gitstate import lost  # noqa: E402
 
 
 def test_gitstate_reads_refs_and_the_index(tmp_path):
@@ -531,6 +528,3 @@ def test_auto_sends_the_unsure_to_the_llm_with_the_flagged_changes(tmp_path):
                    for c in doc["effect_report"]["changes"])
     finally:
         server.close()
-
-
-import json  # noqa: E402
