@@ -35,6 +35,7 @@ class ApprovalRequest:
     workspace: str | None = None
     home: str | None = None
     protected: "Protected | None" = None   # the run's credential locations (defaults, config, tainted)
+    unsure: str | None = None        # what the offline policy could not judge, for the LLM
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,8 @@ class AutoApprover:
         if self.llm is not None:
             # The LLM sees every change the policy was unsure about, listed
             # even where the budget had aggregated it.
-            request = replace(request, report=request.report.pinned(first.flagged))
+            request = replace(request, report=request.report.pinned(first.flagged),
+                              unsure=first.reason)
             t = time.perf_counter()
             second = self.llm.decide(request)
             steps += (f"llm:{second.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)

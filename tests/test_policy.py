@@ -524,6 +524,7 @@ def test_auto_sends_the_unsure_to_the_llm_with_the_flagged_changes(tmp_path):
         [(_, _, body)] = server.requests
         doc = json.loads(body["messages"][1]["content"])
         assert doc["task"] == "generate the fixtures"
+        assert "data/users.csv" in doc["offline_policy_unsure"]
         assert any(c["path"] == "data/users.csv" and c["op"] == "deleted"
                    for c in doc["effect_report"]["changes"])
     finally:
