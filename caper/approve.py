@@ -35,6 +35,7 @@ class ApprovalRequest:
     workspace: str | None = None
     home: str | None = None
     protected: "Protected | None" = None   # the run's credential locations (defaults, config, tainted)
+    unsure: str | None = None        # what the offline policy could not judge, for the LLM
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class Decision:
     boundary: str | None = None      # the line the effects cross, when blocked
     ask: bool = False                # the approver wants a human to decide
     steps: tuple[str, ...] = field(default=())   # who was asked, in order, with ms
+    flagged: tuple[str, ...] = ()    # changes (report paths) the verdict rests on
 
     @property
     def allowed(self) -> bool:
@@ -93,10 +95,14 @@ class AutoApprover:
         if first.decision != "unsure":
             return replace(first, steps=steps)
         if self.llm is not None:
+            # The LLM sees every change the policy was unsure about, listed
+            # even where the budget had aggregated it.
+            request = replace(request, report=request.report.pinned(first.flagged),
+                              unsure=first.reason)
             t = time.perf_counter()
             second = self.llm.decide(request)
             steps += (f"llm:{second.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)
-            return replace(second, steps=steps)
+            return replace(second, steps=steps, flagged=first.flagged)
         return replace(resolve_unsure(first, self.on_unsure), steps=steps)
 
 
