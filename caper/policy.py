@@ -41,7 +41,8 @@ from caper.display import quote
 from caper.mountinfo import below
 from caper.report import CHANGES_NOT_SHOWN
 from caper.secrets import Protected, default_patterns, glob_regex, protected_for
-from caper.workspace import GIT_ROUTINE, PathView
+from caper.state import default_state_dir
+from caper.workspace import GIT_ROUTINE, PathView, place
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
 
@@ -56,7 +57,16 @@ class Rules:
         # by the ~ patterns only.
         self.harmless_home = self._globs(g for g in data["harmless_outside"] if g.startswith("~/"))
         self.harmless = self._globs(g for g in data["harmless_outside"] if not g.startswith("~/"))
-        self.persistence = self._globs(data["persistence"])
+        # The directories on PATH run what is in them by name: a new `git`
+        # there is persistence wherever it is (the approver's PATH: the
+        # agent's, for a hook; caper's own state dir, however it is reached).
+        state = default_state_dir()
+        self.persistence = self._globs(list(data["persistence"]) + [
+            d.rstrip("/") + "/*" for d in os.environ.get("PATH", "").split(os.pathsep)
+            if os.path.isabs(d) and d.rstrip("/")] + [
+            d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}])
+        self.code_caches = self._globs(data["code_caches"])
+        self.instructions = self._globs(data["agent_instructions"])
         self.persistence_except = self._globs(data["persistence_except"])
         self.temp_owned = self._globs(data["temp_owned"])
         self.escape_sockets = self._globs(data["sockets"]["escape"])
@@ -112,9 +122,10 @@ class Rules:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(data_json: str, home: str | None, workspace: str) -> Rules:
-    """Rules compiled once per configuration, home and workspace (an agent
-    session runs many commands in one place)."""
+def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str) -> Rules:
+    """Rules compiled once per configuration, home, workspace, PATH and state
+    dir (an agent session runs many commands in one place; the last two are
+    read from the environment and only key the cache)."""
     return Rules(json.loads(data_json), home, workspace)
 
 
@@ -142,6 +153,7 @@ class Declared:
     programs: set[str] = field(default_factory=set)    # basenames of the commands named
     git: set[str] = field(default_factory=set)         # git subcommands named
     git_configs: set[str] = field(default_factory=set)  # `git config KEY ...`
+    operands: dict[str, list[str]] = field(default_factory=dict)  # program -> its path arguments
     git_clean: bool = False
 
     def covers(self, path: str, targets: list[str]) -> bool:
@@ -204,6 +216,7 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
     if prog.startswith("python") and "-m" in argv[1:-1]:
         d.programs.add(argv[argv.index("-m") + 1])      # python -m pip / venv: that tool
     args = [a for a in argv[1:] if not a.startswith("-")]
+    d.operands.setdefault(prog, []).extend(absolute(a) for a in args)
     if prog in _DELETERS:
         d.deletes += [absolute(a) for a in args]
     elif prog in ("mv",):
@@ -281,7 +294,8 @@ class PolicyApprover:
     def decide(self, request: ApprovalRequest) -> Decision:
         report = request.report
         workspace = request.workspace or report.workspace
-        rules = _compiled(self._key, request.home, workspace)
+        rules = _compiled(self._key, request.home, workspace, os.environ.get("PATH", ""),
+                          default_state_dir())
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
         intent = task_intent(request.task, rules)
@@ -300,6 +314,14 @@ class _Judge:
         self.r, self.d, self.t = rules, declared, intent
         self.home, self.ws, self.protected = home, workspace, protected
         self.absolute = PathView(workspace, home).absolute   # the report's short paths
+        # A workspace that is / or holds the home, with no repository (the
+        # agent's cwd, or an MCP call's), is no project: its paths are judged
+        # where they are, never as "the project's".
+        self.wide = not os.path.exists(os.path.join(workspace, ".git")) and (
+            workspace == "/" or bool(home) and below(home, workspace))
+        # What a formatter the command names may rewrite: the paths it was given.
+        self.formatted = [a for prog, args in declared.operands.items()
+                          if prog in rules.formatters for a in args]
         self.findings: list[Finding] = []
 
     def task_says(self, kind: str, path: str | None = None) -> bool:
@@ -349,6 +371,8 @@ class _Judge:
     def change(self, c) -> None:
         path, op, where = c.path, c.op, c.where
         full = self.absolute(path)
+        if self.wide and where == "workspace":
+            where = place(full, self.home)
         if c.secrets:
             verdict = "unsure" if self.task_says("secrets") else "block"
             self.add(92, verdict, f"it would write secret values ({', '.join(c.secrets)}) "
@@ -365,6 +389,11 @@ class _Judge:
             self.git_internal(path, full, op, c)
         elif where in ("tracked", "workspace", "untracked", "ignored"):
             self.workspace_change(path, full, op, where, c, 1)
+        if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
+                not (self.t is not None and self.t.names(path)):
+            self.add(62, "unsure", f"it would {_verb(op)} {_q(path)}, instructions that later "
+                     "agent sessions read and follow", "agent configuration: what later "
+                     "sessions are told to do", "edit it only when the task asks for it", path)
         self.privilege(path, full, c)
         if op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
@@ -377,8 +406,11 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
-        if not self.r.matches(self.r.persistence, full) or \
-                self.r.matches(self.r.persistence_except, full):
+        cached = self.r.matches(self.r.code_caches, full)
+        if cached and c.op in ("created", "deleted"):
+            return False     # an installer's new entries; a removed one is fetched again
+        if not cached and (not self.r.matches(self.r.persistence, full) or
+                           self.r.matches(self.r.persistence_except, full)):
             return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
@@ -389,7 +421,8 @@ class _Judge:
                 return True
             what = f"it would set {', '.join(map(_q, risky[:4]))} in {_q(c.path)}"
         else:
-            what = f"it would {_verb(c.op)} {_q(c.path)}"
+            what = f"it would {_verb(c.op)} {_q(c.path)}" + (
+                ", code a cache keeps for later builds and hooks to run" if cached else "")
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
             return True      # an installer the command names, in the place it installs to
         git = c.where == "git-internal" or _is_git_config(full)
@@ -463,6 +496,29 @@ class _Judge:
                                        not self.t.words.isdisjoint({p.lower()
                                                                     for p in path.split("/")}))
 
+    def _task_deletes(self, path: str, by_git: bool) -> bool:
+        """The task (the user's words, not the agent's command) asks for this
+        tracked deletion: it names the file or its kind (`the .o files`), or it
+        asks to delete and a git command the command names does it (git keeps
+        the content). No task known: never."""
+        if self.t is None:
+            return False
+        if self.t.names(path):
+            return True
+        if "delete" not in self.t.kinds:
+            return False
+        ext = os.path.splitext(path)[1].lower()
+        return by_git or bool(ext) and (ext[1:] in self.t.words or ext in self.t.text.lower())
+
+    def _formatted(self, full: str, c) -> bool:
+        """A formatter the command names rewrote this file: one of the paths
+        it was given, or written by a formatter's own process (`cargo fmt`:
+        rustfmt). Naming a formatter licenses nothing else."""
+        if self.d.covers(full, self.formatted):
+            return True
+        writer = os.path.basename((c.by or "").rsplit("[", 1)[0]) if c is not None else ""
+        return bool(self.d.programs & self.r.formatters) and writer in self.r.formatters
+
     def expendable(self, full: str) -> bool:
         """A build output or cache: known build and cache directories, object
         files, bytecode, logs (anything regenerated by running the build)."""
@@ -490,15 +546,14 @@ class _Judge:
             declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
         else:
             declared = (self.d.covers(full, self.d.writes) or git_named
-                        or bool(self.d.programs & self.r.formatters) and not
-                        (c is not None and c.size and not c.size[1]))
+                        or self._formatted(full, c) and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
                     + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
-                if op in ("deleted", "replaced") and (self.t is None or self.t.kinds.isdisjoint(
-                        {"delete"}) and not self.t.names(path)):
+                by_git = git_named and not self.d.covers(full, self.d.deletes)
+                if op in ("deleted", "replaced") and not self._task_deletes(path, by_git):
                     self.add(55, "unsure", what + ", named by the command but not by the task"
                              + (" (no task is known)" if self.t is None else ""),
                              "tracked files the task did not mention", path=path)
