@@ -148,6 +148,9 @@ class Aggregate(_Model):
     op: str
     where: str
     files: int
+    # Their names (the first AGG_NAMES), where content is the user's: an
+    # approver must see which files changed even when not how.
+    paths: list[str] = []
 
 
 class NetAttempt(_Model):
@@ -311,6 +314,11 @@ LEVELS = (
     Limits(6, 0, 0, 60, 100, 3, 40, 2, 2, 100, 2, 1),
     Limits(3, 0, 0, 0, 80, 2, 32, 1, 1, 100, 2, 0),
 )
+
+# Aggregated changes whose names are listed (at most AGG_NAMES each): all but
+# build outputs, caches and temp files, which say nothing one by one.
+AGG_NAMES = 40
+_UNNAMED = ("ignored", "cache", "tmp")
 
 # --- severity ---------------------------------------------------------------------------
 
@@ -836,7 +844,9 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
         pending = []
         for (under, op, where), cs in groups.items():
             if len(cs) >= lim.agg_group:
-                aggregates.append(Aggregate(under=path(under), op=op, where=where, files=len(cs)))
+                names = [] if where in _UNNAMED else [path(c.path) for _, c in cs[:AGG_NAMES]]
+                aggregates.append(Aggregate(under=path(under), op=op, where=where, files=len(cs),
+                                            paths=names))
             else:
                 pending += cs
     listed += pending
@@ -1113,7 +1123,10 @@ def render_card(r: Report) -> str:
         for line in c.diff or []:
             L.append("    | " + _q(line))
     for a in r.aggregates:
-        L.append(f"  {a.files} files {a.op} under {_q(a.under)} [{a.where}]")
+        more = a.files - len(a.paths)
+        L.append(f"  {a.files} files {a.op} under {_q(a.under)} [{a.where}] (contents not shown)"
+                 + (": " + ", ".join(map(_q, a.paths)) if a.paths else "")
+                 + (f" and {more} more" if a.paths and more > 0 else ""))
     g = r.git
     if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
         lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(_q, g.refs))}"

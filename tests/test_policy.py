@@ -615,3 +615,26 @@ def test_naming_a_formatter_licenses_only_what_it_formats():
     assert verdict(report(*rust), "cargo fmt", "format the code") == "allow"
     assert verdict(report(*over), "black .", "format the code") == "allow"   # "." was given
 
+
+def test_the_card_lists_aggregated_names_and_says_contents_are_not_shown(tmp_path):
+    """Over budget, tracked edits are aggregated: the card still names every
+    file (auth.py among them) and says the contents are not shown."""
+    host = git_project(tmp_path / "ws", {f"m{i}.py": "x = 1\n" * 30 for i in range(31)}
+                       | {"auth.py": "def ok(pw):\n    return False\n"})
+    up = tmp_path / "upper"
+    up.mkdir()
+    names = [f"m{i}.py" for i in range(31)] + ["auth.py"]
+    for n in names:
+        (up / n).write_text(("x  =  1\n" * 30) if n != "auth.py" else
+                            'def ok(pw):\n    if pw == "letmein-backdoor": return True\n'
+                            "    return False\n")
+    empty = Output(b"", b"", 0)
+    facts = RunFacts(command="./fmt.sh", events=[],
+                     result=RunResult(End.EXITED, 0, None, empty, empty),
+                     changes=[Change(str(host / n), "modified", "file") for n in names],
+                     workspace=str(host), tree=RunTree.of([(str(host), str(up))]),
+                     protected=protected_for(default_patterns(), None, str(host)))
+    r = build(facts)
+    assert r.aggregates, "the case must be over budget to test the aggregate"
+    card = r.card()
+    assert "contents not shown" in card and "auth.py" in card
