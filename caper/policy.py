@@ -421,16 +421,16 @@ class _Judge:
                 return True
             what = f"it would set {', '.join(map(_q, risky[:4]))} in {_q(c.path)}"
         else:
-            what = f"it would {_verb(c.op)} {_q(c.path)}" + (
-                ", code a cache keeps for later builds and hooks to run" if cached else "")
+            what = f"it would {_verb(c.op)} {_q(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
             return True      # an installer the command names, in the place it installs to
         git = c.where == "git-internal" or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
-        self.add(94 if c.where in ("home", "system", "outside") else 93, verdict,
-                 what + ", which later " + ("git commands run or follow" if git else
-                                            "sessions or tools run, or which redirects where "
-                                            "code and packages come from"),
+        self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
+                 what + (", code a cache keeps that later builds and hooks run unchecked"
+                         if cached else ", which later " +
+                         ("git commands run or follow" if git else "sessions or tools run, or "
+                          "which redirects where code and packages come from")),
                  "git hooks and configuration run code in later git commands" if git else
                  "persistence: code or configuration that runs later",
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
