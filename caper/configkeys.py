@@ -9,6 +9,7 @@ never runs anything), the others here.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -23,7 +24,7 @@ VALUE_CHARS = 80
 
 
 def format_of(path: str) -> str | None:
-    """git | npmrc | ini | toml | yaml, or None for a file of no known role."""
+    """git | npmrc | ini | toml | yaml | vscode, or None for a file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
     if name in ("config", "config.worktree") and ".git" in parts[:-1]:
@@ -39,6 +40,8 @@ def format_of(path: str) -> str | None:
         return "toml"
     if name == ".yarnrc.yml":
         return "yaml"
+    if name == "settings.json" and parent == ".vscode":
+        return "vscode"
     return None
 
 
@@ -60,7 +63,8 @@ def _pairs(fmt: str, data: bytes) -> set[tuple[str, str]] | None:
     if len(data) > MAX_CONFIG_BYTES:
         return None
     try:
-        return {"git": _git, "npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml}[fmt](data)
+        return {"git": _git, "npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
+                "vscode": _json}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 
@@ -118,9 +122,20 @@ def _ini(data: bytes) -> set[tuple[str, str]]:
     return out
 
 
+def _json(data: bytes) -> set[tuple[str, str]]:
+    # Strict JSON: a settings file with comments (JSONC) does not parse and is
+    # judged by its role alone.
+    return _flat(json.loads(data.decode()))
+
+
 def _toml(data: bytes) -> set[tuple[str, str]]:
+    return _flat(tomllib.loads(data.decode()))
+
+
+def _flat(doc) -> set[tuple[str, str]]:
+    """Nested tables as dotted keys, lowercased."""
     out = set()
-    stack = [("", tomllib.loads(data.decode()))]
+    stack = [("", doc)]
     while stack:
         prefix, x = stack.pop()
         if isinstance(x, dict):

@@ -638,3 +638,10 @@ def test_the_card_lists_aggregated_names_and_says_contents_are_not_shown(tmp_pat
     assert r.aggregates, "the case must be over budget to test the aggregate"
     card = r.card()
     assert "contents not shown" in card and "auth.py" in card
+
+
+def test_editor_settings_by_their_keys():
+    look = fc(".vscode/settings.json", keys=["editor.tabsize=4", "[python].editor.formatonsave=True"])
+    assert verdict(report(look), task="set up the editor") == "allow"
+    runs = fc(".vscode/settings.json", keys=["python.defaultinterpreterpath=/tmp/x/python"])
+    assert verdict(report(runs), task="set up the editor") == "block"
