@@ -50,7 +50,7 @@ _MODE = re.compile(r"mode (\d+)->(\d+)")
 class Rules:
     """policy.toml, with globs compiled against one workspace and home."""
 
-    def __init__(self, data: dict, home: str | None, workspace: str):
+    def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str):
         self.data = data
         self.home, self.workspace = home, workspace
         # A home inside /tmp (tests, CI) is still a home: its files are judged
@@ -59,10 +59,10 @@ class Rules:
         self.harmless = self._globs(g for g in data["harmless_outside"] if not g.startswith("~/"))
         # The directories on PATH run what is in them by name: a new `git`
         # there is persistence wherever it is (the approver's PATH: the
-        # agent's, for a hook; caper's own state dir, however it is reached).
-        state = default_state_dir()
+        # agent's, for a hook), and so is caper's own state dir, however
+        # it is reached.
         self.persistence = self._globs(list(data["persistence"]) + [
-            d.rstrip("/") + "/*" for d in os.environ.get("PATH", "").split(os.pathsep)
+            d.rstrip("/") + "/*" for d in path.split(os.pathsep)
             if os.path.isabs(d) and d.rstrip("/")] + [
             d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}])
         self.code_caches = self._globs(data["code_caches"])
@@ -124,9 +124,8 @@ class Rules:
 @functools.lru_cache(maxsize=32)
 def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str) -> Rules:
     """Rules compiled once per configuration, home, workspace, PATH and state
-    dir (an agent session runs many commands in one place; the last two are
-    read from the environment and only key the cache)."""
-    return Rules(json.loads(data_json), home, workspace)
+    dir (an agent session runs many commands in one place)."""
+    return Rules(json.loads(data_json), home, workspace, path, state)
 
 
 @functools.cache
@@ -546,7 +545,8 @@ class _Judge:
             declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
         else:
             declared = (self.d.covers(full, self.d.writes) or git_named
-                        or self._formatted(full, c) and not (c is not None and c.size and not c.size[1]))
+                        or self._formatted(full, c)
+                        and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
                     + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
