@@ -20,7 +20,15 @@ alarming (`rm -rf build`, `git clean -fdx` when asked, `chmod +x`, ...).
 
 Every case runs for real through caper.run with the `policy` approver (auto
 with nothing configured: unsure blocks) in a fresh copy of one project and
-home. The text-only baseline judges the same command text without the
+home.
+
+Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
+split (bench/pairs_tuned.py) and the held-back one (bench/pairs_heldback.py,
+never tuned on), each side's verdict kept as the policy gave it (allow,
+block, unsure); and the routine corpus (bench/routine.py). They write
+bench/results-pairs.json:
+
+    python3 -m pytest bench/test_selectivity.py -k 'pair or routine' -q The text-only baseline judges the same command text without the
 report: a deny-list of alarming patterns, as command-text guardrails do.
 Since a harm and its twin share their command text, any text-only judge
 gives both the same verdict: it can only land on the diagonal.
@@ -36,6 +44,10 @@ import sys
 
 import pytest
 
+import pairs
+import pairs_heldback
+import pairs_tuned
+import routine
 from benchlib import ROOT, commit_all, sqlite_db, write_file
 
 PY = sys.executable
@@ -252,3 +264,111 @@ def test_summary():
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, "bench", "selectivity.png"))
+
+
+# --- the pairs by class, and the routine corpus ----------------------------------------
+
+SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS}
+PAIR_RESULTS: dict[str, list[dict]] = {"tuned": [], "heldback": [], "routine": []}
+
+
+@pytest.fixture(scope="module")
+def pair_template(workdir):
+    return pairs.template(os.path.join(workdir, "pair-template"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_scratch():
+    """The shared-place pairs leave these files in /tmp."""
+    yield
+    import glob
+    names = ("held", "logs", "own", "scratch", "shared")
+    for p in [x for n in names for x in glob.glob(f"/tmp/selectivity-{n}*")]:
+        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
+
+
+def _pair_params():
+    return [pytest.param(split, p, v, id=f"{split}/{p.cls}/{p.id}/{v}")
+            for split, ps in SPLITS.items() for p in ps for v in ("harm", "twin")]
+
+
+@pytest.mark.parametrize("split,pair,variant", _pair_params())
+def test_pair(pair_template, workdir, split, pair, variant):
+    r = pairs.run_case(pair_template, workdir, pair, variant)
+    PAIR_RESULTS[split].append(r)
+    assert r["verdict"] != "error", r["reason"]
+
+
+@pytest.fixture(scope="module")
+def routine_templates(workdir):
+    root = os.path.join(workdir, "routine-template")
+    for name, make in routine.WORKSPACES.items():
+        if not os.path.exists(os.path.join(root, name)):
+            make(os.path.join(root, name))
+    os.makedirs(os.path.join(root, "home"), exist_ok=True)
+    return root
+
+
+@pytest.mark.parametrize("i", range(len(routine.CORPUS)))
+def test_routine(routine_templates, workdir, i):
+    name, task, command = routine.CORPUS[i]
+    p = pairs.Pair("routine", f"{i:03}-{name}", task, "", "", cmd=command)
+    where = os.path.join(workdir, "routine-run")
+    shutil.rmtree(where, ignore_errors=True)
+    os.makedirs(where)
+    shutil.copytree(os.path.join(routine_templates, name), os.path.join(where, "proj"),
+                    symlinks=True)
+    shutil.copytree(os.path.join(routine_templates, "home"), os.path.join(where, "home"))
+    r = pairs.run_case(where, workdir, p, "twin", copy=False)
+    PAIR_RESULTS["routine"].append({**r, "kind": "routine", "id": p.id})
+    assert r["verdict"] != "error", r["reason"]
+
+
+def _by_class(rows: list[dict]) -> dict:
+    out = {}
+    for cls in dict.fromkeys(r["cls"] for r in rows):
+        h = [r for r in rows if r["cls"] == cls and r["kind"] == "harm"]
+        t = [r for r in rows if r["cls"] == cls and r["kind"] == "twin"]
+        out[cls] = _tally(h, t)
+    return out
+
+
+def _tally(h: list[dict], t: list[dict]) -> dict:
+    n = lambda rows, v: sum(1 for r in rows if r["verdict"] == v)
+    return {"pairs": len(h), "harm_blocked": n(h, "block"), "harm_unsure": n(h, "unsure"),
+            "harm_allowed": n(h, "allow"), "twin_blocked": n(t, "block"),
+            "twin_unsure": n(t, "unsure"), "twin_allowed": n(t, "allow"),
+            "errors": n(h + t, "error")}
+
+
+def test_pairs_summary():
+    """Per split and class: harms blocked / unsure, twins blocked / unsure;
+    the routine corpus's blocks. Held-back cases are written to the file,
+    not printed: they are not for tuning."""
+    if not any(PAIR_RESULTS.values()):
+        pytest.skip("needs the pairs or the routine corpus in this session")
+    path = os.path.join(ROOT, "bench", "results-pairs.json")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        doc = {}
+    for split, rows in PAIR_RESULTS.items():
+        if not rows:
+            continue
+        if split == "routine":
+            summary = {"commands": len(rows), **{v: sum(1 for r in rows if r["verdict"] == v)
+                                                 for v in ("allow", "block", "unsure", "error")}}
+        else:
+            summary = {"all": _tally([r for r in rows if r["kind"] == "harm"],
+                                     [r for r in rows if r["kind"] == "twin"]),
+                       "by_class": _by_class(rows)}
+        doc[split] = {"summary": summary, "cases": rows}
+        print(f"\n{split}: " + json.dumps(summary["all"] if "all" in summary else summary))
+        if split != "heldback":
+            for r in rows:
+                wrong = r["verdict"] != ("block" if r["kind"] == "harm" else "allow")
+                if wrong:
+                    print(f"  {r['verdict']:6} {r['id']}: {r['reason'][:150]}")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)

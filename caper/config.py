@@ -104,8 +104,8 @@ class LlmConfig(_Strict):
                               step="config") from e
 
 
-_POLICY_LISTS = ("harmless_outside", "persistence", "redirecting_lines", "formatters",
-                 "git_rewrites", "installers")
+_POLICY_LISTS = ("harmless_outside", "persistence", "persistence_except", "temp_owned",
+                 "formatters", "git_rewrites", "installers", "install_places")
 
 
 class Config(_Strict):

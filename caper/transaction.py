@@ -227,6 +227,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                                  approver="caper") if unplanned else
                         _decide(judge, request, result, config.on_unsure))
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
+            # What the verdict rests on is listed, never aggregated away.
+            report = report.pinned(decision.flagged)
             if decision.allowed and still_wanted is not None and not still_wanted():
                 decision = Decision("block", "the caller went away before the commit; "
                                              "nothing was committed", approver="caper")

@@ -56,10 +56,14 @@ class AutoApprover:
         if first.decision != "unsure":
             return replace(first, steps=steps)
         if self.llm is not None:
+            # The LLM sees every change the policy was unsure about, listed
+            # even where the budget had aggregated it.
+            request = replace(request, report=request.report.pinned(first.flagged),
+                              unsure=first.reason)
             t = time.perf_counter()
             second = self.llm.decide(request)
             steps += (f"llm:{second.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)
-            return replace(second, steps=steps)
+            return replace(second, steps=steps, flagged=first.flagged)
         return replace(resolve_unsure(first, self.on_unsure), steps=steps)
 
 

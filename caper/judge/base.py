@@ -24,6 +24,7 @@ class ApprovalRequest:
     workspace: str | None = None
     home: str | None = None
     protected: Protected | None = None   # the run's credential locations (defaults, config, tainted)
+    unsure: str | None = None        # what the offline policy could not judge, for the LLM
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,7 @@ class Decision:
     boundary: str | None = None      # the line the effects cross, when blocked
     ask: bool = False                # the approver wants a human to decide
     steps: tuple[str, ...] = field(default=())   # who was asked, in order, with ms
+    flagged: tuple[str, ...] = ()    # changes (report paths) the verdict rests on
 
     @property
     def allowed(self) -> bool:

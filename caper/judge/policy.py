@@ -10,11 +10,21 @@ escapes ...), blocks; a declared but risky one, or one it cannot place,
 is *unsure* (auto hands those to the LLM, or to on_unsure); everything else
 is the ordinary work of a coding agent and is allowed.
 
+It judges every change of the run (Report.all_changes, before the budget
+aggregated any), each class of effect in one method of _Judge: persistence
+by path and file role (config files by the keys they gained), the shared
+temp dirs, .git, workspace files (tracked, untracked, ignored: only build
+outputs and caches are expendable), privilege, permissions, databases,
+dependency sources, scope against the task, the git state lost, the
+network. The changes a verdict rests on are named in Decision.flagged, so
+the report shown (and given to the LLM under auto) lists them.
+
 The lists it uses are data (caper/data/policy.toml, extended by [policy] in
 config.toml); the reasoning is the code below.
 """
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import os
@@ -26,11 +36,13 @@ from importlib import resources
 from typing import Iterable
 
 from caper.display import quote
-from caper.judge.base import ApprovalRequest, Decision
 from caper.fs.mountinfo import below
+from caper.report import configkeys
+from caper.judge.base import ApprovalRequest, Decision
 from caper.report.build import CHANGES_NOT_SHOWN
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
-from caper.report.workspace import GIT_ROUTINE, PathView
+from caper.report.workspace import GIT_ROUTINE, PathView, place
+from caper.state import default_state_dir
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
 
@@ -38,18 +50,28 @@ _MODE = re.compile(r"mode (\d+)->(\d+)")
 class Rules:
     """policy.toml, with globs compiled against one workspace and home."""
 
-    def __init__(self, data: dict, home: str | None, workspace: str):
+    def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str):
         self.data = data
         self.home, self.workspace = home, workspace
         # A home inside /tmp (tests, CI) is still a home: its files are judged
         # by the ~ patterns only.
         self.harmless_home = self._globs(g for g in data["harmless_outside"] if g.startswith("~/"))
         self.harmless = self._globs(g for g in data["harmless_outside"] if not g.startswith("~/"))
-        self.persistence = self._globs(data["persistence"])
+        # The directories on PATH run what is in them by name: a new `git`
+        # there is persistence wherever it is (the approver's PATH: the
+        # agent's, for a hook), and so is caper's own state dir, however
+        # it is reached.
+        self.persistence = self._globs(list(data["persistence"]) + [
+            d.rstrip("/") + "/*" for d in path.split(os.pathsep)
+            if os.path.isabs(d) and d.rstrip("/")] + [
+            d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}])
+        self.code_caches = self._globs(data["code_caches"])
+        self.instructions = self._globs(data["agent_instructions"])
+        self.persistence_except = self._globs(data["persistence_except"])
+        self.temp_owned = self._globs(data["temp_owned"])
         self.escape_sockets = self._globs(data["sockets"]["escape"])
         self.lookup_sockets = self._globs(data["sockets"]["lookup"])
         self.lookup_ports = set(data["sockets"]["lookup_ports"])
-        self.redirecting = [w.lower() for w in data["redirecting_lines"]]
         self.formatters = set(data["formatters"])
         self.git_rewrites = set(data["git_rewrites"])
         self.installers = set(data["installers"])
@@ -58,6 +80,23 @@ class Rules:
         self.probe_calls = set(data["refused"]["probe"])
         self.mass_share = data["limits"]["mass_delete_share"]
         self.mass_min = data["limits"]["mass_delete_min_rows"]
+        self.scope_files = data["limits"]["scope_files"]
+        self.install_places = self._globs(data["install_places"])
+        self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
+        self.git_declarable = set(data["git_declares"].pop("config", []))
+        self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
+        ex = data["expendable"]
+        self.expendable_dirs = {d for d in ex["dirs"] if "*" not in d}
+        self.expendable_dir_globs = [d for d in ex["dirs"] if "*" in d]
+        self.expendable_files = list(ex["files"])
+        self.ignored_words = set(ex["task_words"])
+        deps = data["dependencies"]
+        self.manifests = self._globs(deps["manifests"])
+        self.registries = set(deps["registries"])
+        self.source_markers = [m.lower() for m in deps["source_markers"]]
+        self.roles = {name: (self._globs(r["paths"]), set(r["task_words"]))
+                      for name, r in data["roles"].items()}
+        self.skip_markers = list(data["roles"]["tests"]["skip_markers"])
 
     def _globs(self, patterns: Iterable[str]) -> list[re.Pattern]:
         out = []
@@ -68,6 +107,8 @@ class Rules:
                 rx = re.escape(self.home.rstrip("/") + "/") + glob_regex(g[2:])
             elif g.startswith("/"):
                 rx = glob_regex(g)
+            elif g.startswith("**/"):          # that path at any depth, anywhere
+                rx = "(?:.*/)?" + glob_regex(g[3:])
             elif "/" in g:
                 rx = re.escape(self.workspace.rstrip("/") + "/") + glob_regex(g)
             else:
@@ -81,10 +122,10 @@ class Rules:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(data_json: str, home: str | None, workspace: str) -> Rules:
-    """Rules compiled once per configuration, home and workspace (an agent
-    session runs many commands in one place)."""
-    return Rules(json.loads(data_json), home, workspace)
+def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str) -> Rules:
+    """Rules compiled once per configuration, home, workspace, PATH and state
+    dir (an agent session runs many commands in one place)."""
+    return Rules(json.loads(data_json), home, workspace, path, state)
 
 
 @functools.cache
@@ -111,6 +152,7 @@ class Declared:
     programs: set[str] = field(default_factory=set)    # basenames of the commands named
     git: set[str] = field(default_factory=set)         # git subcommands named
     git_configs: set[str] = field(default_factory=set)  # `git config KEY ...`
+    operands: dict[str, list[str]] = field(default_factory=dict)  # program -> its path arguments
     git_clean: bool = False
 
     def covers(self, path: str, targets: list[str]) -> bool:
@@ -170,7 +212,10 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
         return
     prog = os.path.basename(argv[0])
     d.programs.add(prog)
+    if prog.startswith("python") and "-m" in argv[1:-1]:
+        d.programs.add(argv[argv.index("-m") + 1])      # python -m pip / venv: that tool
     args = [a for a in argv[1:] if not a.startswith("-")]
+    d.operands.setdefault(prog, []).extend(absolute(a) for a in args)
     if prog in _DELETERS:
         d.deletes += [absolute(a) for a in args]
     elif prog in ("mv",):
@@ -230,6 +275,7 @@ class Finding:
     what: str = field(compare=False)        # the effect, in words
     boundary: str = field(compare=False)    # which line it crosses
     safer: str | None = field(compare=False, default=None)
+    path: str | None = field(compare=False, default=None)   # the change, as the report names it
 
 
 def _q(s: str) -> str:
@@ -247,7 +293,8 @@ class PolicyApprover:
     def decide(self, request: ApprovalRequest) -> Decision:
         report = request.report
         workspace = request.workspace or report.workspace
-        rules = _compiled(self._key, request.home, workspace)
+        rules = _compiled(self._key, request.home, workspace, os.environ.get("PATH", ""),
+                          default_state_dir())
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
         intent = task_intent(request.task, rules)
@@ -258,33 +305,44 @@ class PolicyApprover:
 
 
 class _Judge:
+    """One verdict's reasoning: each class of effect is one method, fed
+    every change of the run (never the budget's aggregates)."""
+
     def __init__(self, rules: Rules, declared: Declared, intent: TaskIntent | None,
                  home: str | None, workspace: str, protected: Protected):
         self.r, self.d, self.t = rules, declared, intent
         self.home, self.ws, self.protected = home, workspace, protected
         self.absolute = PathView(workspace, home).absolute   # the report's short paths
+        # A workspace that is / or holds the home, with no repository (the
+        # agent's cwd, or an MCP call's), is no project: its paths are judged
+        # where they are, never as "the project's".
+        self.wide = not os.path.exists(os.path.join(workspace, ".git")) and (
+            workspace == "/" or bool(home) and below(home, workspace))
+        # What a formatter the command names may rewrite: the paths it was given.
+        self.formatted = [a for prog, args in declared.operands.items()
+                          if prog in rules.formatters for a in args]
         self.findings: list[Finding] = []
-
 
     def task_says(self, kind: str, path: str | None = None) -> bool:
         if self.t is None:
             return False
         return kind in self.t.kinds and (path is None or self.t.names(path))
 
-    def add(self, rank: int, verdict: str, what: str, boundary: str, safer: str | None = None):
-        self.findings.append(Finding(rank, verdict, what, boundary, safer))
+    def add(self, rank: int, verdict: str, what: str, boundary: str, safer: str | None = None,
+            path: str | None = None):
+        self.findings.append(Finding(rank, verdict, what, boundary, safer, path))
 
     def run(self, report) -> list[Finding]:
         self.credential_reads = {p.path for p in report.protected_reads}
-        for c in report.changes:
-            if c.privileges:   # whatever the task says: a human grants these
-                self.add(95, "block", f"{_q(c.path)} would be {c.op} with "
-                         f"{', '.join(c.privileges)}", "a privilege change: whoever runs the "
-                         "file gains its owner's rights or its capabilities",
-                         "commit the file without them and grant them by hand")
-            self.change(c.path, c.op, c.where, c.type, c, files=1)
-        for a in report.aggregates:
-            self.change(a.under, a.op, a.where, "dir", None, files=a.files)
+        changes = report.all_changes
+        for c in changes:
+            self.change(c)
+        if report._all_changes is None:     # a report made by hand: its aggregates too
+            for a in report.aggregates:
+                self.workspace_change(a.under, self.absolute(a.under), a.op, a.where, None, a.files)
+        self.scope(changes)
+        if report.git:
+            self.git_history(report.git)
         for n in report.network:
             self.network(n)
         for s in report.secrets:
@@ -300,78 +358,136 @@ class _Judge:
                 self.add(40, "unsure", f"it tried {x.syscall} ({x.reason}), which caper refused",
                          "the run may behave differently outside the sandbox")
         hidden = [u for u in report.uncertain if u.split(":")[0] == CHANGES_NOT_SHOWN]
-        if hidden:
+        if hidden and report._all_changes is None:
             self.add(30, "unsure", f"the report had no room for some changes ({hidden[0]})",
                      "effects the policy could not see")
+        if "git-history-unknown" in report.uncertain:
+            self.add(45, "unsure", "caper could not tell which commits or uncommitted changes "
+                     "the run would lose", "git state that git cannot give back")
         return sorted(self.findings, reverse=True)
 
     # -- file changes --
-    def change(self, path: str, op: str, where: str, ftype: str, c, files: int) -> None:
+    def change(self, c) -> None:
+        path, op, where = c.path, c.op, c.where
         full = self.absolute(path)
-        if c is not None and c.secrets:
+        if self.wide and where == "workspace":
+            where = place(full, self.home)
+        if c.secrets:
             verdict = "unsure" if self.task_says("secrets") else "block"
             self.add(92, verdict, f"it would write secret values ({', '.join(c.secrets)}) "
                      f"into {_q(path)}", "credentials must not be copied",
-                     "reference the credential file instead of copying its content")
-        if where in ("home", "system", "outside"):
+                     "reference the credential file instead of copying its content", path)
+        # By path and role, whatever the classification: a home inside the
+        # workspace keeps its ~/.bashrc a persistence file.
+        persists = self.persistence(c, full) and op != "deleted"
+        if where in ("home", "system", "outside") and not persists:
             self.outside(path, full, op, where)
+        elif where == "tmp":
+            self.shared_place(c, full)
         elif where == "git-internal":
-            self.git_internal(path, full, op, c, files)
-        elif where in ("tracked", "workspace", "untracked"):
-            self.workspace_change(path, full, op, where, ftype, c, files)
-        if c is not None and c.op == "meta" and c.detail:
+            self.git_internal(path, full, op, c)
+        elif where in ("tracked", "workspace", "untracked", "ignored"):
+            self.workspace_change(path, full, op, where, c, 1)
+        if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
+                not (self.t is not None and self.t.names(path)):
+            self.add(62, "unsure", f"it would {_verb(op)} {_q(path)}, instructions that later "
+                     "agent sessions read and follow", "agent configuration: what later "
+                     "sessions are told to do", "edit it only when the task asks for it", path)
+        self.privilege(path, full, c)
+        if op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
-        if c is not None and c.detail and "grants " in c.detail:
-            self.grant(path, full, c.detail)
-        if c is not None and c.tables:
+        if c.tables:
             self.tables(path, c)
-        if c is not None and where in ("tracked", "untracked", "workspace") and c.diff and \
-                self.r.matches(self.r.persistence, full):
-            self.redirecting(path, c)
+        if c.diff and op != "deleted" and self.r.matches(self.r.manifests, full):
+            self.dependency_sources(c)
+
+    def persistence(self, c, full: str) -> bool:
+        """Code placed where something runs it later, judged by the file's
+        place and role; a config file of a known format by the keys it gained.
+        True when the path has such a role (found or not)."""
+        cached = self.r.matches(self.r.code_caches, full)
+        if cached and c.op in ("created", "deleted"):
+            return False     # an installer's new entries; a removed one is fetched again
+        if not cached and (not self.r.matches(self.r.persistence, full) or
+                           self.r.matches(self.r.persistence_except, full)):
+            return False
+        if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
+            return True          # removing or touching it runs nothing
+        if c.keys is not None:
+            fmt = configkeys.format_of(full)
+            risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
+            if not risky:
+                return True
+            what = f"it would set {', '.join(map(_q, risky[:4]))} in {_q(c.path)}"
+        else:
+            what = f"it would {_verb(c.op)} {_q(c.path)}"
+        if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
+            return True      # an installer the command names, in the place it installs to
+        git = c.where == "git-internal" or _is_git_config(full)
+        verdict = "unsure" if self.task_says("persistence") else "block"
+        self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
+                 what + (", code a cache keeps that later builds and hooks run unchecked"
+                         if cached else ", which later " +
+                         ("git commands run or follow" if git else "sessions or tools run, or "
+                          "which redirects where code and packages come from")),
+                 "git hooks and configuration run code in later git commands" if git else
+                 "persistence: code or configuration that runs later",
+                 "leave shell, git, editor and package-manager configuration to the user", c.path)
+        return True
+
+    def _harmless_key(self, fmt: str | None, kv: str) -> bool:
+        key, _, value = kv.partition("=")
+        if fmt == "git" and key.startswith("alias.") and not value.startswith("!"):
+            return True      # an alias of git subcommands runs nothing new
+        if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
+            return True
+        for prefix, subs in self.r.git_declares.items():
+            if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
+                return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
+        return any(fnmatch.fnmatchcase(key, g) for g in self.r.harmless_keys.get(fmt or "", ()))
 
     def outside(self, path: str, full: str, op: str, where: str) -> None:
         if self.r.matches(self.r.harmless_home if where == "home" else self.r.harmless, full):
             return
         declared = self.d.covers(full, self.d.writes + self.d.deletes)
-        if self.r.matches(self.r.persistence, full):
-            verdict = "unsure" if self.task_says("persistence") else "block"
-            self.add(94, verdict, f"it would {_verb(op)} {_q(path)}, which runs or configures "
-                     "later sessions", "persistence outside the workspace",
-                     "leave shell, ssh, git and package-manager configuration to the user")
-            return
         if declared and self.t is not None and self.t.names(path):
             return
         verdict = "unsure" if declared else "block"
         self.add(88 if where == "system" else 85, verdict,
                  f"it would {_verb(op)} {_q(path)} outside the workspace ({where})",
-                 "writes outside the workspace", "write inside the workspace or under /tmp")
+                 "writes outside the workspace", "write inside the workspace or under /tmp", path)
 
-    def git_internal(self, path: str, full: str, op: str, c, files: int) -> None:
+    def shared_place(self, c, full: str) -> None:
+        """/tmp, /var/tmp, /dev/shm: new files are scratch; one that was there
+        before the run is another tool's state or a shared config."""
+        existed = c.op in ("modified", "replaced", "renamed") or \
+            (c.op == "deleted") or (c.op == "meta" and "mode" in (c.detail or ""))
+        if not existed or self.d.covers(full, self.d.writes + self.d.deletes) or \
+                self.r.matches(self.r.temp_owned, full):
+            return
+        old = c.renamed_from or c.path
+        verdict = "unsure" if self.task_says("delete") and c.op in ("deleted", "renamed") \
+            else "block"
+        self.add(84, verdict, f"it would {_verb(c.op)} {_q(old)}, which was in the shared "
+                 "temporary directory before the run", "shared places: files that were there "
+                 "before the run belong to other tools or users",
+                 "create your own files under /tmp instead", c.path)
+
+    def git_internal(self, path: str, full: str, op: str, c) -> None:
         rel = os.path.relpath(full, self.ws)
         parts = rel.split("/")
-        if self.r.matches(self.r.persistence, full):     # hooks, config
-            if parts[1:2] == ["config"] and c is not None and c.diff is not None \
-                    and not self._config_redirects(c):
-                return      # autocrlf, user.name ...: nothing that runs or redirects
-            verdict = "unsure" if self.task_says("persistence") else "block"
-            self.add(93, verdict, f"it would {_verb(op)} {_q(path)}", "git hooks and "
-                     "configuration run code in later git commands",
-                     "set git configuration yourself if it is wanted")
-            return
+        if self.r.matches(self.r.persistence, full):
+            return                   # hooks and config: persistence() judged them
         routine = len(parts) > 1 and parts[1] in GIT_ROUTINE
         if op == "deleted" and (len(parts) <= 2 or not routine):
             if self.d.covers(full, self.d.deletes) and self._task_allows_delete(path):
                 return
             self.add(91, "block", f"it would delete {_q(path)}"
-                     + (f" ({files} entries)" if files > 1 else ""),
-                     "the repository's history", "never delete .git; use git commands")
-        elif not routine and not self.d.git:
+                     + (f" ({c.entries} entries)" if c.entries else ""),
+                     "the repository's history", "never delete .git; use git commands", path)
+        elif not routine and not self.d.git and not (op == "meta" and "mode" not in (c.detail or "")):
             self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git without "
-                     "running git", "the repository's internals")
-
-    def _config_redirects(self, c) -> bool:
-        return any(any(w in line.lower() for w in self.r.redirecting)
-                   for line in (c.diff or []) if line.startswith("+"))
+                     "running git", "the repository's internals", path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
         # No task known is the strictest case: nothing is deleted on the command's word alone.
@@ -379,40 +495,112 @@ class _Judge:
                                        not self.t.words.isdisjoint({p.lower()
                                                                     for p in path.split("/")}))
 
-    def workspace_change(self, path: str, full: str, op: str, where: str, ftype: str, c,
-                         files: int) -> None:
+    def _task_deletes(self, path: str, by_git: bool) -> bool:
+        """The task (the user's words, not the agent's command) asks for this
+        tracked deletion: it names the file or its kind (`the .o files`), or it
+        asks to delete and a git command the command names does it (git keeps
+        the content). No task known: never."""
+        if self.t is None:
+            return False
+        if self.t.names(path):
+            return True
+        if "delete" not in self.t.kinds:
+            return False
+        ext = os.path.splitext(path)[1].lower()
+        return by_git or bool(ext) and (ext[1:] in self.t.words or ext in self.t.text.lower())
+
+    def _formatted(self, full: str, c) -> bool:
+        """A formatter the command names rewrote this file: one of the paths
+        it was given, or written by a formatter's own process (`cargo fmt`:
+        rustfmt). Naming a formatter licenses nothing else."""
+        if self.d.covers(full, self.formatted):
+            return True
+        writer = os.path.basename((c.by or "").rsplit("[", 1)[0]) if c is not None else ""
+        return bool(self.d.programs & self.r.formatters) and writer in self.r.formatters
+
+    def expendable(self, full: str) -> bool:
+        """A build output or cache: known build and cache directories, object
+        files, bytecode, logs (anything regenerated by running the build)."""
+        rel = os.path.relpath(full, self.ws)
+        parts = rel.split("/")
+        return any(p in self.r.expendable_dirs or
+                   any(fnmatch.fnmatchcase(p, g) for g in self.r.expendable_dir_globs)
+                   for p in parts) or \
+            any(fnmatch.fnmatchcase(parts[-1], g) for g in self.r.expendable_files)
+
+    def workspace_change(self, path: str, full: str, op: str, where: str, c, files: int) -> None:
         tracked = where == "tracked" or (c is not None and c.tracked_files)
         n = (c.tracked_files if c is not None and c.tracked_files else files)
         destroys = op in ("deleted", "replaced") or (c is not None and c.overwritten)
         if not destroys:
             return
+        task_names = self.t is not None and "delete" in self.t.kinds and self.t.names(path)
+        if where == "ignored":
+            self.ignored(path, full, op, c, task_names)
+            return
         if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean:
             return
         git_named = bool(self.d.git & self.r.git_rewrites)
         if op in ("deleted", "replaced"):
-            declared = self.d.covers(full, self.d.deletes) or (git_named and tracked)
+            declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
         else:
             declared = (self.d.covers(full, self.d.writes) or git_named
-                        or bool(self.d.programs & self.r.formatters) and not
-                        (c is not None and c.size and not c.size[1]))
+                        or self._formatted(full, c)
+                        and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
                     + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
-                if op in ("deleted", "replaced") and (self.t is None or self.t.kinds.isdisjoint(
-                        {"delete"}) and not self.t.names(path)):
+                by_git = git_named and not self.d.covers(full, self.d.deletes)
+                if op in ("deleted", "replaced") and not self._task_deletes(path, by_git):
                     self.add(55, "unsure", what + ", named by the command but not by the task"
                              + (" (no task is known)" if self.t is None else ""),
-                             "tracked files the task did not mention")
+                             "tracked files the task did not mention", path=path)
                 return
             self.add(90 if tracked else 85, "block", what + ", which neither the command nor "
                      "the task names", "destroying tracked files",
-                     "back up first, or narrow the command to what the task names")
+                     "back up first, or narrow the command to what the task names", path)
         elif not declared or self.t is None and op in ("deleted", "replaced"):
             # untracked: git cannot bring them back either (no task: not even when declared)
             self.add(50, "unsure", f"it would {_verb(op)} {_q(path)}, an untracked file "
-                     "git cannot restore", "the user's own files")
+                     "git cannot restore", "the user's own files", path=path)
+
+    def ignored(self, path: str, full: str, op: str, c, task_names: bool) -> None:
+        """Ignored is not expendable: only build outputs and caches are. The
+        classification is the .gitignore's before the run (git answers on the
+        host's repository), so a run cannot ignore a file and then delete it."""
+        if self.expendable(full):
+            return
+        asked = task_names or (self.d.git_clean and self.t is not None
+                               and not self.t.words.isdisjoint(self.r.ignored_words))
+        if asked:
+            return
+        by_command = self.d.covers(full, self.d.deletes + self.d.writes)
+        credential = self.protected.kind(full) is not None
+        verdict = "block" if credential and not by_command else "unsure"
+        self.add(83 if credential else 50, verdict,
+                 f"it would {'delete' if op != 'modified' else 'overwrite'} {_q(path)}, an "
+                 "ignored file that is not a build output or cache"
+                 + (" (credentials)" if credential else ""),
+                 "the user's own files: ignored files git cannot restore",
+                 "delete only build outputs, or name the file in the task", path)
+
+    def privilege(self, path: str, full: str, c) -> None:
+        """setuid/setgid and file capabilities are privilege changes whoever
+        asked (a human grants these); an ACL entry for another user or group,
+        or a security.* attribute, is judged as a widened mode is."""
+        if c.privileges:
+            self.add(95, "block", f"{_q(path)} would be {c.op} with {', '.join(c.privileges)}",
+                     "a privilege change: whoever runs the file gains its owner's rights or "
+                     "its capabilities", "commit the file without them and grant them by hand",
+                     path)
+        if c.detail and "grants " in c.detail:
+            given = c.detail.split("grants ", 1)[1]
+            declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+            self.add(87, "unsure" if declared else "block", f"it would give {_q(path)} "
+                     f"{_q(given)}", "permissions for other users, or privileges for what runs",
+                     "grant only what is needed", path)
 
     def mode(self, path: str, full: str, detail: str, where: str) -> None:
         m = _MODE.search(detail)
@@ -421,22 +609,12 @@ class _Judge:
         old, new = int(m.group(1), 8), int(m.group(2), 8)
         added = new & ~old
         sensitive = self.protected.kind(full) or self.r.matches(self.r.persistence, full)
-        widening = added & 0o002 or added & 0o6000 or (sensitive and added & 0o077)
+        widening = added & 0o002 or (sensitive and added & 0o077)
         if widening:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
-                     "permissions on sensitive or shared files", "grant only what is needed")
-
-    def grant(self, path: str, full: str, detail: str) -> None:
-        """An ACL entry for another user or group, or a security.* attribute
-        (file capabilities): a privilege change, as a widened mode is."""
-        given = detail.split("grants ", 1)[1]
-        declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
-        self.add(87, "unsure" if declared else "block",
-                 f"it would give {_q(path)} {_q(given)}",
-                 "permissions for other users, or privileges for what runs",
-                 "grant only what is needed")
+                     "permissions on sensitive or shared files", "grant only what is needed", path)
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
@@ -453,18 +631,84 @@ class _Judge:
         if not ok:
             self.add(89, "unsure" if self.task_says("database") else "block",
                      f"it would {what} in {_q(path)}", "destructive database changes",
-                     "back up the database first, or run the migration the task names")
+                     "back up the database first, or run the migration the task names", path)
 
-    def redirecting(self, path: str, c) -> None:
-        if self._config_redirects(c) and not self.task_says("persistence"):
-            self.add(86, "block", f"it would change {_q(path)} to redirect or run something "
-                     "(hooks, registries, helpers)", "package and tool configuration",
-                     "leave registries and hooks to the user")
+    def dependency_sources(self, c) -> None:
+        """A requirements, lock or manifest file that now takes packages from
+        somewhere else: an index option, a URL off the usual registries."""
+        added = [ln[1:] for ln in c.diff if ln.startswith("+")]
+        odd = [ln.strip() for ln in added if self._redirects(ln)]
+        if not odd:
+            return
+        verdict = "unsure" if self.task_says("persistence") else "block"
+        self.add(86, verdict, f"it would change where {_q(c.path)} takes packages from "
+                 f"({_q(odd[0])})", "dependency sources: a redirected index or package URL "
+                 "runs its code on the next install", "keep the project's package sources",
+                 c.path)
+
+    def _redirects(self, line: str) -> bool:
+        low = line.lower()
+        if any(m in low for m in self.r.source_markers):
+            return True
+        hosts = _URL_HOST.findall(low)
+        return any(h not in self.r.registries for h in hosts)
+
+    def scope(self, changes) -> None:
+        """Edits weighed against the task: the offline judge cannot read
+        intent, so beyond what the task names it is unsure, with the evidence."""
+        if self.t is None:
+            return
+        edited = [c for c in changes if c.where == "tracked" and c.op in
+                  ("modified", "deleted", "replaced", "renamed") and c.type == "file"]
+        unnamed = [c for c in edited if not self.t.names(c.path)]
+        for role, (globs, words) in self.r.roles.items():
+            # A test the task names is one to fix, not to skip or delete.
+            hits = [c for c in (edited if role == "tests" else unnamed)
+                    if self.r.matches(globs, self.absolute(c.path))
+                    and (role != "tests" or c.op != "modified" or self._skips(c))]
+            if hits and self.t.words.isdisjoint(words):
+                self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_q(hits[0].path)} "
+                         f"({role.replace('_', ' ')}), which the task does not name",
+                         "scope: the task asked for something narrower",
+                         "change only what the task names", hits[0].path)
+        named_a_file = any(self.t.names(c.path) for c in edited) or \
+            any("." in w.strip(".") or "/" in w for w in self.t.text.split())
+        if named_a_file and len(unnamed) >= self.r.scope_files:
+            self.add(44, "unsure", f"it would edit {len(unnamed)} tracked files the task does "
+                     f"not name ({', '.join(_q(c.path) for c in unnamed[:4])})",
+                     "scope: the task names one fix", "change only what the task names",
+                     unnamed[0].path)
+
+    def _skips(self, c) -> bool:
+        return any(ln.startswith("+") and any(m in ln for m in self.r.skip_markers)
+                   for ln in c.diff or [])
+
+    def git_history(self, g) -> None:
+        """What git cannot give back: commits on no branch or tag any more,
+        dropped stashes, uncommitted work put back to a committed version."""
+        rewrites = bool(self.d.git & self.r.git_rewrites)
+        discard = self.task_says("delete")
+        if g.commits and not g.content_kept:
+            self.add(89, "unsure" if rewrites and discard else "block",
+                     f"it would leave {g.commits} commit{'s' * (g.commits > 1)} on no branch or "
+                     f"tag ({', '.join(map(_q, g.refs[:3]))}); only the reflog would hold them",
+                     "git state that git cannot give back",
+                     "keep a branch at the old commit first (git branch backup <ref>)")
+        if g.stashes:
+            self.add(88, "unsure" if rewrites and discard else "block",
+                     f"it would drop {g.stashes} stash entr{'ies' if g.stashes > 1 else 'y'}",
+                     "git state that git cannot give back", "apply or keep the stash")
+        if g.uncommitted and not (rewrites and discard):
+            self.add(90, "unsure" if rewrites else "block",
+                     f"it would throw away uncommitted changes to "
+                     f"{', '.join(map(_q, g.uncommitted[:4]))}",
+                     "git state that git cannot give back",
+                     "commit or stash the changes first", g.uncommitted[0])
 
     # -- network --
     def network(self, n) -> None:
-        if n.call == "bind":
-            return
+        if n.call == "bind" or n.family == "netlink" or _loopback(n.address):
+            return   # nothing leaves: the kernel's interfaces, the sandbox's own loopback
         # The program it runs (a script named in argv) is code, not data it
         # sends; a credential is never the program, whatever argv says.
         argv = set(n.argv or [])
@@ -493,6 +737,19 @@ class _Judge:
         return short in self.credential_reads or self.protected.kind(self.absolute(short)) is not None
 
 
+_URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
+
+
+def _loopback(address: str) -> bool:
+    """The sandbox's network namespace has only its own loopback."""
+    return address.startswith("127.") or address in ("::1", "localhost", "0.0.0.0", "::") \
+        or address.startswith("::ffff:127.")
+
+
+def _is_git_config(path: str) -> bool:
+    return configkeys.format_of(path) == "git"
+
+
 def _verb(op: str) -> str:
     return {"created": "create", "modified": "modify", "deleted": "delete",
             "replaced": "replace", "renamed": "rename", "meta": "change the metadata of"}.get(op, op)
@@ -501,6 +758,7 @@ def _verb(op: str) -> str:
 def _verdict(findings: list[Finding], report, task: str | None) -> Decision:
     blocks = [f for f in findings if f.verdict == "block"]
     unsure = [f for f in findings if f.verdict == "unsure"]
+    flagged = tuple(dict.fromkeys(f.path for f in findings if f.path))
     asked = f' The task: {_q(task)}.' if task else ""
     if blocks:
         top = blocks[0]
@@ -510,12 +768,13 @@ def _verdict(findings: list[Finding], report, task: str | None) -> Decision:
         also = f" Also: {'; '.join(f.what for f in unsure[:2])}." if unsure else ""
         return Decision("block", f"{reason}{more}. Boundary: {top.boundary}.{asked}{also}{safer}",
                         confidence=0.95 if top.rank >= 85 else 0.85, approver="policy",
-                        boundary=top.boundary)
+                        boundary=top.boundary, flagged=flagged)
     if unsure:
         top = unsure[0]
         reason = "; ".join(f.what for f in unsure[:3])
         return Decision("unsure", f"{reason}. Boundary: {top.boundary}.{asked}",
-                        confidence=0.5, approver="policy", boundary=top.boundary)
+                        confidence=0.5, approver="policy", boundary=top.boundary,
+                        flagged=flagged)
     n = report.counts.get("changes")
     summary = f"{n.observed} changes" if n else "no persistent changes"
     return Decision("allow", f"{summary}, all inside what the command and the task declare "

@@ -28,12 +28,14 @@ import re
 import signal
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.changes import Change
-from caper.report.content import FileDetail, RunTree, inspect
+from caper.report import configkeys
+from caper.report import gitstate
+from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, read_blob
 from caper.display import quote
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.fs.mountinfo import below
@@ -169,8 +171,19 @@ class FileChange(_Model):
     diff: list[str] | None = None
     tables: list[TableDelta] | None = None
     secrets: list[str] | None = None # kinds of secrets in the new content
+    keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
     by: str | None = None
     read_before: list[str] | None = None
+
+
+class GitLoss(_Model):
+    """Repository state the run would lose that git cannot give back."""
+    commits: int = 0                 # no longer reachable from any branch or tag
+    refs: list[str] = []             # whose commits they were
+    content_kept: bool = True        # their trees are still a ref's or the index's (a squash)
+    stashes: int = 0                 # stash entries dropped
+    uncommitted: list[str] = []      # tracked files put back to a committed version
+    unknown: str | None = None       # why it could not be told
 
 
 class Aggregate(_Model):
@@ -178,6 +191,9 @@ class Aggregate(_Model):
     op: str
     where: str
     files: int
+    # Their names (the first AGG_NAMES), where content is the user's: an
+    # approver must see which files changed even when not how.
+    paths: list[str] = []
 
 
 class NetAttempt(_Model):
@@ -260,6 +276,7 @@ class Report(_Model):
     network: list[NetAttempt] = []
     protected_reads: list[ProtectedRead] = []
     secrets: list[SecretSeen] = []
+    git: GitLoss | None = None
     output: OutputSummary
     processes: Processes
     # Every changed file that received a secret, by absolute path: for caper
@@ -268,6 +285,11 @@ class Report(_Model):
     # The held output, redacted whole (not cut to the report's size): all a
     # run that is not committed may release of it.
     _redacted: dict[str, Output] = PrivateAttr(default_factory=dict)
+    # Every change, before the budget aggregated or dropped any, for the
+    # policy (which must judge them all); the draft, to render again with
+    # the changes it flagged listed.
+    _all_changes: list[FileChange] | None = PrivateAttr(default=None)
+    _draft: "_Draft | None" = PrivateAttr(default=None)
 
     @property
     def secret_files(self) -> dict[str, list[str]]:
@@ -276,6 +298,22 @@ class Report(_Model):
     def redacted_output(self, name: str) -> Output:
         """stdout or stderr as the report shows it: every secret redacted."""
         return self._redacted[name]
+
+    @property
+    def all_changes(self) -> list[FileChange]:
+        """Every change in full (a report made by hand: its listed ones)."""
+        return self.changes if self._all_changes is None else self._all_changes
+
+    def pinned(self, paths: "Iterable[str]") -> "Report":
+        """This report with the changes at these (short) paths listed, never
+        aggregated or dropped for the budget: the ones an approver flagged."""
+        paths = set(paths)
+        if self._draft is None or not paths:
+            return self
+        shown = {c.path for c in self.changes}
+        if paths <= shown:
+            return self
+        return _build(self._draft, frozenset(paths))
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_defaults=True)
@@ -319,6 +357,11 @@ LEVELS = (
     Limits(6, 0, 0, 60, 100, 3, 40, 2, 2, 100, 2, 1),
     Limits(3, 0, 0, 0, 80, 2, 32, 1, 1, 100, 2, 0),
 )
+
+# Aggregated changes whose names are listed (at most AGG_NAMES each): all but
+# build outputs, caches and temp files, which say nothing one by one.
+AGG_NAMES = 40
+_UNNAMED = ("ignored", "cache", "tmp")
 
 # --- severity ---------------------------------------------------------------------------
 
@@ -574,22 +617,52 @@ class _Draft:
     out_secrets: dict[str, set[str]]
     held: dict[str, "_Held"]
     uncertain: list[str]
+    git: GitLoss | None = None
 
 
 def build(facts: RunFacts) -> Report:
     """The most detailed report that fits in TARGET_BYTES, or else in CAP_BYTES."""
-    draft = _draft(facts)
+    return _build(_draft(facts), frozenset())
+
+
+def _build(draft: "_Draft", pinned: frozenset[str]) -> Report:
     report = None
     for limits in LEVELS:
-        report = _render(draft, limits)
+        report = _render(draft, limits, pinned)
         if report.size() <= TARGET_BYTES:
             break
     else:
         report = _squeeze(report)
     report._secret_files = {p: sorted(k) for p, k in draft.secrets.items()}
-    report._redacted = {name: h.released(getattr(facts.result, name).omitted)
+    report._redacted = {name: h.released(getattr(draft.facts.result, name).omitted)
                         for name, h in draft.held.items()}
+    report._all_changes = _full_changes(draft)
+    report._draft = draft
     return report
+
+
+# The policy's view of every change: no aggregation, the whole (redacted) diff.
+FULL = Limits(1 << 30, 400, 400, 0, 400, 0, 0, 8, 0, 0, 0, 0)
+
+
+def _shown(d: "_Draft") -> list[tuple[int, FileChange]]:
+    """The changes worth naming: a created directory that holds created
+    entries says nothing they don't."""
+    implied = {os.path.dirname(c.path) for _, c in d.changes if c.op == "created"}
+    return [(sev, c) for sev, c in d.changes
+            if not (c.op == "created" and c.type == "dir" and c.path in implied)]
+
+
+def _full_changes(d: "_Draft") -> list[FileChange]:
+    path, actor, reads, _ = _namers(d, FULL)
+    out = []
+    for sev, c in _shown(d):
+        fc = _render_change(c, sev, d, FULL, path, actor, reads)
+        det = d.details.get(c.path)
+        if det and det.diff:
+            fc.diff = [_clean(d.redactor, x, FULL.line_chars) for x in det.diff]
+        out.append(fc)
+    return out
 
 
 _VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
@@ -702,6 +775,7 @@ def _draft(facts: RunFacts) -> _Draft:
         if d and d.tables is not None:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after)
                          for t in d.tables]
+        fc.keys = _config_keys(fc, loc)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
@@ -748,12 +822,40 @@ def _draft(facts: RunFacts) -> _Draft:
         uncertain["refused-calls"] = sum(e.count for e in an.refused)
     if res.end.name not in ("EXITED", "SIGNALED"):
         uncertain["run-did-not-finish"] = 1
+    loss = None
+    if view.is_git and not view.git_failed:
+        tracked = {c.path for c in facts.changes if view.where(c.path) == "tracked"}
+        loss = gitstate.lost(facts.workspace, facts.changes, loc, tracked)
+        if loss.unknown:
+            uncertain["git-history-unknown"] = 1
     flags = [k if v == 1 else f"{k}: {v}" for k, v in sorted(uncertain.items())]
     return _Draft(facts, view, an, redactor, rescored, writer_of, details, secrets,
-                  protected_reads, net, out_secrets, held, flags)
+                  protected_reads, net, out_secrets, held, flags,
+                  GitLoss(**vars(loss)) if loss else None)
 
 
-def _render(d: _Draft, lim: Limits) -> Report:
+def _git_shown(g: GitLoss, path) -> GitLoss:
+    return g.model_copy(update={"uncommitted": [path(p) for p in g.uncommitted[:8]]})
+
+
+def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
+    """The keys a changed config file of a known format gained (configkeys)."""
+    fmt = configkeys.format_of(fc.path)
+    if fmt is None or fc.type != "file" or fc.op in ("deleted", "meta"):
+        return None
+    where = loc.locate(fc.path)
+    new = read_blob(where[0], where[1], MAX_DIFF_BYTES) if where else None
+    if new is None or not new.complete:
+        return None
+    old = None
+    if fc.op != "created":
+        b = read_blob("/", (fc.renamed_from or fc.path).lstrip("/"), MAX_DIFF_BYTES)
+        old = b.data if b is not None and b.complete else None
+    return configkeys.changed_keys(fmt, old, new.data)
+
+
+def _namers(d: _Draft, lim: Limits):
+    """How the report names paths, actors, reads and argv at this level."""
     f, an, view, red = d.facts, d.an, d.view, d.redactor
 
     def path(p: str) -> str:
@@ -777,11 +879,17 @@ def _render(d: _Draft, lim: Limits) -> Report:
             out.append(f"... {len(a) - lim.argv_items} more")
         return out
 
+    return path, actor, reads, argv
+
+
+def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Report:
+    f, an, view, red = d.facts, d.an, d.view, d.redactor
+    path, actor, reads, argv = _namers(d, lim)
+
     # Changes: low severity aggregated by directory first, then the rest listed.
-    # A created directory that holds created entries says nothing they don't.
-    implied = {os.path.dirname(c.path) for _, c in d.changes if c.op == "created"}
-    shown = [(sev, c) for sev, c in d.changes
-             if not (c.op == "created" and c.type == "dir" and c.path in implied)]
+    shown = _shown(d)
+    # What an approver flagged is listed first, whatever its severity.
+    shown = [(101 if view.short(c.path) in pinned else sev, c) for sev, c in shown]
     listed = [(sev, c) for sev, c in shown if sev >= lim.agg_below]
     pending = [(sev, c) for sev, c in shown if sev < lim.agg_below]
     aggregates: list[Aggregate] = []
@@ -793,7 +901,9 @@ def _render(d: _Draft, lim: Limits) -> Report:
         pending = []
         for (under, op, where), cs in groups.items():
             if len(cs) >= lim.agg_group:
-                aggregates.append(Aggregate(under=path(under), op=op, where=where, files=len(cs)))
+                names = [] if where in _UNNAMED else [path(c.path) for _, c in cs[:AGG_NAMES]]
+                aggregates.append(Aggregate(under=path(under), op=op, where=where, files=len(cs),
+                                            paths=names))
             else:
                 pending += cs
     listed += pending
@@ -859,6 +969,7 @@ def _render(d: _Draft, lim: Limits) -> Report:
         end=RunEnd(how=res.end.name.lower(), exit_code=res.exit_code, signal=res.signal,
                    detail=_clean(red, res.error, 200) if res.error else None),
         counts=counts, uncertain=uncertain, changes=changes, aggregates=aggregates,
+        git=_git_shown(d.git, path) if d.git else None,
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
@@ -1067,6 +1178,8 @@ def render_card(r: Report) -> str:
             bits.append(f"+{c.lines[0]} -{c.lines[1]} lines")
         if c.secrets:
             bits.append("CONTAINS SECRETS: " + ", ".join(c.secrets))
+        if c.keys:
+            bits.append("sets " + ", ".join(map(_q, c.keys)))
         if c.by:
             bits.append(f"by {_q(c.by)}")
         L.append(" ".join(bits))
@@ -1077,7 +1190,19 @@ def render_card(r: Report) -> str:
         for line in c.diff or []:
             L.append("    | " + _q(line))
     for a in r.aggregates:
-        L.append(f"  {a.files} files {a.op} under {_q(a.under)} [{a.where}]")
+        more = a.files - len(a.paths)
+        L.append(f"  {a.files} files {a.op} under {_q(a.under)} [{a.where}] (contents not shown)"
+                 + (": " + ", ".join(map(_q, a.paths)) if a.paths else "")
+                 + (f" and {more} more" if a.paths and more > 0 else ""))
+    g = r.git
+    if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
+        lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(_q, g.refs))}"
+                + (", their content kept)" if g.content_kept else ")")] if g.commits else []
+        lost += [f"{g.stashes} stash entries dropped"] if g.stashes else []
+        lost += ["uncommitted changes thrown away: " + ", ".join(map(_q, g.uncommitted))] \
+            if g.uncommitted else []
+        lost += [f"unknown ({_q(g.unknown)})"] if g.unknown else []
+        L.append("git state lost: " + "; ".join(lost))
     for n in r.network:
         dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
         L.append(f"network: {n.call} {n.family}{'/' + n.protocol if n.protocol else ''} {dest} "

@@ -120,11 +120,26 @@ SHAPES: list[tuple[str, re.Pattern, tuple[str, ...]]] = [
         ("pypi-token", r"\bpypi-[A-Za-z0-9_-]{50,}", ("pypi-",)),
         ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", ("eyj",)),
         ("bearer-token", r"(?i:(?<=bearer ))[A-Za-z0-9._~+/=-]{16,}", ("bearer ",)),
-        ("url-password", r"(?<=://)[^/\s:@]{1,256}:[^/\s@]{1,256}(?=@)", ("://",)),
+        # (not a masked one: `user:****@host`)
+        ("url-password", r"(?<=://)[^/\s:@]{1,256}:(?![*x]+@|<[^>]*>@)[^/\s@]{1,256}(?=@)", ("://",)),
         ("password", r"(?i:(?<=password))[\"']?\s*[:=]\s*[\"']?[^\s\"',;]{6,}", ("password",)),
     ]]
 
-_ASSIGN = re.compile(r"""^\s*(?:export\s+)?["']?[\w.\-]+["']?\s*[:=]\s*(.*?)\s*,?\s*$""")
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?["']?([\w.\-]+)["']?\s*[:=]\s*(.*?)\s*,?\s*$""")
+# Keys of credential files whose values are settings, not secrets
+# (`region = eu-west-1` in ~/.aws/config): shown, never redacted.
+SETTING_KEYS = frozenset({"region", "output", "format", "port", "timeout", "cli_pager",
+                          "retry_mode", "max_attempts", "sso_region", "theme", "cli_timestamp_format",
+                          "duration_seconds", "parameter_validation"})
+# Values that only stand where a secret will go: `change-me`, `<token>`,
+# `${TOKEN}`, `xxxx`, or a URL whose password is masked (`user:****@host`).
+_PLACEHOLDER = re.compile(r"""(?ix)^(?:change[-_ ]?me|replace[-_ ]?me|your[-_ ].*|<[^>]*>|
+    \$\{[^}]*\}|\$[A-Z_]+|x{4,}|\*{3,}|\.{3,}|todo|tbd|placeholder|dummy|example|redacted|
+    none|null|true|false)$|^[a-z][a-z0-9+.-]*://[^:/@\s]+:(?:\*+|x+|<[^>]*>)@""")
+
+
+def placeholder(value: str) -> bool:
+    return bool(_PLACEHOLDER.search(value.strip()))
 _KEYWORD = re.compile(r"(?i)\b(?:password|passwd|secret|token|login)\s+(\S+)")
 
 
@@ -146,13 +161,13 @@ def values_in(data: bytes) -> list[str]:
             continue
         m = _ASSIGN.match(s)
         if m:
-            v = m.group(1).strip().strip("\"'")
-            if v and v[0] not in "{[":
+            v = m.group(2).strip().strip("\"'")
+            if v and v[0] not in "{[" and m.group(1).lower() not in SETTING_KEYS:
                 found.append(v)
         found += _KEYWORD.findall(s)
         if not m and " " not in s:
             found.append(s)
-    return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_LEN]
+    return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_LEN and not placeholder(v)]
 
 
 def _json_strings(doc) -> list[str]:

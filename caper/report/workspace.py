@@ -197,11 +197,17 @@ class PathView:
             if self.tracked_below(rel):
                 return "tracked"
             return "ignored" if rel in self._ignored else "untracked"
-        if self.home and below(path, self.home):
-            rel = path[len(self.home.rstrip("/")) + 1:]
-            return "cache" if any(below(rel, c) for c in HOME_CACHES) else "home"
-        if any(below(path, t) for t in TEMP_DIRS):
-            return "tmp"
-        if any(below(path, s) for s in SYSTEM_DIRS):
-            return "system"
-        return "outside"
+        return place(path, self.home)
+
+
+def place(path: str, home: str | None) -> str:
+    """Where a path that is not the workspace's stands: cache | home | tmp |
+    system | outside."""
+    if home and home != "/" and below(path, home):
+        rel = path[len(home.rstrip("/")) + 1:]
+        return "cache" if any(below(rel, c) for c in HOME_CACHES) else "home"
+    if any(below(path, t) for t in TEMP_DIRS):
+        return "tmp"
+    if any(below(path, s) for s in SYSTEM_DIRS):
+        return "system"
+    return "outside"

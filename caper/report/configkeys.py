@@ -1,0 +1,161 @@
+"""The keys a run set in configuration files that tools read later (git's,
+npm's, pip's, cargo's, yarn's): the facts the policy weighs by allow-list,
+instead of looking for alarming words in a diff.
+
+A file's format is known by its name and place; its two versions are parsed
+and the (key, value) pairs the run added or changed are returned. git's
+files are parsed by git itself (`git config --file -`, which reads and
+never runs anything), the others here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tomllib
+
+from caper.fs.programs import find_program, safe_path
+
+GIT_TIMEOUT_S = 10
+MAX_CONFIG_BYTES = 256 * 1024
+MAX_KEYS = 32            # listed per file; more are counted in the last entry
+VALUE_CHARS = 80
+
+
+def format_of(path: str) -> str | None:
+    """git | npmrc | ini | toml | yaml | vscode, or None for a file of no known role."""
+    parts = path.split("/")
+    name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
+    if name in ("config", "config.worktree") and ".git" in parts[:-1]:
+        return "git"          # .git/config, .git/worktrees/x/config.worktree, .git/modules/x/config
+    if name in (".gitconfig", ".gitmodules") or (name == "config" and parent == "git"
+                                                 and parts[-3:-2] == [".config"]):
+        return "git"
+    if name in (".npmrc", ".yarnrc"):
+        return "npmrc"
+    if name in ("pip.conf", "pip.ini"):
+        return "ini"
+    if parent == ".cargo" and name in ("config", "config.toml"):
+        return "toml"
+    if name == ".yarnrc.yml":
+        return "yaml"
+    if name == "settings.json" and parent == ".vscode":
+        return "vscode"
+    return None
+
+
+def changed_keys(fmt: str, old: bytes | None, new: bytes) -> list[str] | None:
+    """`key=value` for each pair in new that old did not have; None when new
+    cannot be parsed (the policy then judges the file by its role alone)."""
+    before = _pairs(fmt, old) if old else set()
+    after = _pairs(fmt, new)
+    if after is None:
+        return None
+    added = sorted(after - (before or set()))
+    out = [f"{k}={v[:VALUE_CHARS]}" for k, v in added[:MAX_KEYS]]
+    if len(added) > MAX_KEYS:
+        out.append(f"...={len(added) - MAX_KEYS} more")
+    return out
+
+
+def _pairs(fmt: str, data: bytes) -> set[tuple[str, str]] | None:
+    if len(data) > MAX_CONFIG_BYTES:
+        return None
+    try:
+        return {"git": _git, "npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
+                "vscode": _json}[fmt](data)
+    except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
+        return None
+
+
+def _git(data: bytes) -> set[tuple[str, str]]:
+    # --no-includes: the keys of this file, not of what it pulls in (include.path is a key).
+    path = safe_path(os.environ.get("PATH"))
+    git = find_program("git", path)
+    if git is None:
+        raise OSError(f"git not found in {path}")
+    p = subprocess.run([git, "config", "--file", "-", "--list", "-z", "--no-includes"],
+                       input=data, capture_output=True, timeout=GIT_TIMEOUT_S, cwd="/",
+                       env={"PATH": path, "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+                            "LC_ALL": "C"})
+    if p.returncode != 0:
+        raise ValueError(p.stderr.decode(errors="replace")[:200])
+    out = set()
+    for item in p.stdout.split(b"\0"):
+        if item:
+            k, _, v = item.decode().partition("\n")
+            out.add((k.lower(), v))
+    return out
+
+
+def _npmrc(data: bytes) -> set[tuple[str, str]]:
+    out = set()
+    for line in data.decode().splitlines():
+        s = line.strip()
+        if not s or s[0] in "#;":
+            continue
+        k, sep, v = s.partition("=")
+        if not sep:
+            k, _, v = s.partition(" ")        # .yarnrc v1: `key value`
+        out.add((k.strip().lower(), v.strip().strip("\"'")))
+    return out
+
+
+_SECTION = re.compile(r"^\[([^\]]+)\]$")
+
+
+def _ini(data: bytes) -> set[tuple[str, str]]:
+    out, section = set(), ""
+    for line in data.decode().splitlines():
+        s = line.strip()
+        if not s or s[0] in "#;":
+            continue
+        m = _SECTION.match(s)
+        if m:
+            section = m.group(1).strip().lower()
+            continue
+        k, sep, v = s.partition("=") if "=" in s else s.partition(":")
+        if not sep:
+            raise ValueError(f"not a key: {s[:40]!r}")
+        out.add((f"{section}.{k.strip().lower()}", v.strip()))
+    return out
+
+
+def _json(data: bytes) -> set[tuple[str, str]]:
+    # Strict JSON: a settings file with comments (JSONC) does not parse and is
+    # judged by its role alone.
+    return _flat(json.loads(data.decode()))
+
+
+def _toml(data: bytes) -> set[tuple[str, str]]:
+    return _flat(tomllib.loads(data.decode()))
+
+
+def _flat(doc) -> set[tuple[str, str]]:
+    """Nested tables as dotted keys, lowercased."""
+    out = set()
+    stack = [("", doc)]
+    while stack:
+        prefix, x = stack.pop()
+        if isinstance(x, dict):
+            stack += [(f"{prefix}.{k}" if prefix else k, v) for k, v in x.items()]
+        else:
+            out.add((prefix.lower(), str(x)))
+    return out
+
+
+def _yaml(data: bytes) -> set[tuple[str, str]]:
+    """Top-level `key: value` lines (.yarnrc.yml); nested entries count under
+    their top-level key."""
+    out, top = set(), ""
+    for line in data.decode().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        k, _, v = line.partition(":")
+        if not line[0].isspace():
+            top = k.strip()
+            out.add((top.lower(), v.strip().strip("\"'")))
+        else:
+            out.add((top.lower(), line.strip()))
+    return out

@@ -1,0 +1,221 @@
+"""What a run would lose of the repository's state that git itself cannot
+give back: commits no longer on any branch or tag (reset, rebase, a forced
+ref update, `branch -D` of an unmerged branch), stash entries dropped, and
+uncommitted changes to tracked files thrown away (`reset --hard`,
+`checkout -- .`): a tracked file put back to a version git holds, whose
+host content git holds nowhere.
+
+Read from the refs, packed-refs, the stash's reflog and the index of both
+versions of the repository: the host's (before the run) and the run's
+(its changed files, read through the RunTree). git answers the
+reachability questions on the host's repository, with the run's new
+objects added as an alternate object directory; it never writes there.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+from caper.report.content import RunTree, read_blob
+from caper.fs.mountinfo import below
+from caper.fs.programs import find_program, helper_env, safe_path
+from caper.report.workspace import _GIT_ENV, _GIT_OPTIONS, GIT_TIMEOUT_S
+
+MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
+MAX_FILES = 2000           # tracked files looked at per run
+
+
+@dataclass
+class Loss:
+    commits: int = 0                                  # no longer reachable from any ref
+    refs: list[str] = field(default_factory=list)     # the refs whose commits they were
+    content_kept: bool = True    # every lost tip's tree is still a ref's or the index's
+    stashes: int = 0                                  # stash entries dropped
+    uncommitted: list[str] = field(default_factory=list)   # tracked files, host paths
+    unknown: str | None = None                        # why it could not be told
+
+    def __bool__(self) -> bool:
+        return bool(self.commits or self.stashes or self.uncommitted or self.unknown)
+
+
+class _Repo:
+    def __init__(self, workspace: str, tree: RunTree):
+        self.ws, self.tree = workspace, tree
+        self.git_dir = os.path.join(workspace, ".git")
+        objects = tree.locate(os.path.join(self.git_dir, "objects"))
+        upper = os.path.join(*objects) if objects else None
+        # git as the workspace module runs it: by absolute path, never the workspace's.
+        path = safe_path(os.environ.get("PATH"), avoid=(workspace,))
+        self.bin = find_program("git", path, avoid=(workspace,))
+        if self.bin is None:
+            raise OSError(f"git not found in {path}")
+        self.env = helper_env(path, **_GIT_ENV)
+        if upper and os.path.isdir(upper) and os.path.realpath(upper) != \
+                os.path.realpath(os.path.join(self.git_dir, "objects")):
+            self.env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = upper
+
+    def git(self, *args: str, stdin: bytes = b"", env: dict | None = None,
+            ok: tuple[int, ...] = (0,)) -> bytes:
+        p = subprocess.run([self.bin, *_GIT_OPTIONS, "-C", self.ws, *args], input=stdin,
+                           capture_output=True, timeout=GIT_TIMEOUT_S, cwd="/",
+                           env={**self.env, **(env or {})})
+        if p.returncode not in ok:
+            raise OSError(f"git {args[0]}: " + p.stderr.decode(errors="replace").strip()[:200])
+        return p.stdout
+
+    def new_bytes(self, path: str) -> bytes | None:
+        where = self.tree.locate(path)
+        blob = read_blob(where[0], where[1], MAX_HASHED + 1) if where else None
+        return blob.data if blob is not None and blob.complete else None
+
+
+def _sha(text: bytes | None) -> str | None:
+    s = (text or b"").strip().decode(errors="replace")
+    return s if len(s) in (40, 64) and all(c in "0123456789abcdef" for c in s) else None
+
+
+def _packed(text: bytes | None) -> dict[str, str]:
+    out = {}
+    for line in (text or b"").decode(errors="replace").splitlines():
+        if line and line[0] not in "#^":
+            sha, _, name = line.partition(" ")
+            if _sha(sha.encode()):
+                out[name] = sha
+    return out
+
+
+def _host_loose(git_dir: str) -> dict[str, str]:
+    out = {}
+    for d, _, files in os.walk(os.path.join(git_dir, "refs")):
+        for f in files:
+            p = os.path.join(d, f)
+            try:
+                with open(p, "rb") as fh:
+                    sha = _sha(fh.read(100))
+            except OSError:
+                continue
+            if sha:
+                out[os.path.relpath(p, git_dir)] = sha
+    return out
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Loss:
+    """changes: the snapshot difference (caper.commit.engine.Change); tracked: the
+    host paths among them git tracks."""
+    git_dir = os.path.join(workspace, ".git")
+    loss = Loss()
+    if not os.path.isdir(git_dir):
+        return loss
+    refs_dir, packed_path = os.path.join(git_dir, "refs"), os.path.join(git_dir, "packed-refs")
+    stash_log = os.path.join(git_dir, "logs", "refs", "stash")
+    ref_changes = [c for c in changes if below(c.path, refs_dir) or c.path == packed_path]
+    stash_changed = any(below(stash_log, c.path) for c in changes)
+    restored = [c.path for c in changes if c.path in tracked and c.kind == "modified"
+                and c.ftype == "file"][:MAX_FILES]
+    if not (ref_changes or stash_changed or restored):
+        return loss
+    try:
+        repo = _Repo(workspace, tree)
+        if ref_changes:
+            _commits(repo, ref_changes, loss)
+        if stash_changed:
+            before = _read(stash_log) or b""
+            gone_too = any(below(stash_log, c.path) and c.kind == "deleted" for c in changes)
+            after = b"" if gone_too else (repo.new_bytes(stash_log) or b"")
+            gone = {ln.split(b" ")[1] for ln in before.splitlines() if ln.count(b" ") > 1} - \
+                   {ln.split(b" ")[1] for ln in after.splitlines() if ln.count(b" ") > 1}
+            loss.stashes = len(gone)
+        if restored:
+            loss.uncommitted = _restored(repo, restored)
+    except (OSError, subprocess.SubprocessError) as e:
+        loss.unknown = str(e) or type(e).__name__
+    return loss
+
+
+def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
+    git_dir = repo.git_dir
+    loose_before = _host_loose(git_dir)
+    packed_path = os.path.join(git_dir, "packed-refs")
+    packed_before = _packed(_read(packed_path))
+    loose_after, packed_after = dict(loose_before), dict(packed_before)
+    for c in ref_changes:
+        rel = os.path.relpath(c.path, git_dir)
+        if c.path == packed_path:
+            packed_after = {} if c.kind == "deleted" else _packed(repo.new_bytes(c.path))
+        elif c.kind == "deleted":
+            for name in [n for n in loose_after if below(n, rel)]:
+                del loose_after[name]
+        elif c.ftype == "file":
+            sha = _sha(repo.new_bytes(c.path))
+            if sha:
+                loose_after[rel] = sha
+    stash = "refs/stash"        # dropped stashes are counted from the reflog
+    before = {k: v for k, v in {**packed_before, **loose_before}.items() if k != stash}
+    after = {k: v for k, v in {**packed_after, **loose_after}.items() if k != stash}
+    moved = sorted(k for k in before if after.get(k) != before[k])
+    if not moved:
+        return
+    head = _sha(_read(os.path.join(git_dir, "HEAD")))
+    keep = sorted(set(after.values()))
+    for name in moved:
+        tip = before[name]
+        if tip in keep or tip == head:
+            continue
+        n = int(repo.git("rev-list", "--count", tip, "--not", *keep, "--") or b"0")
+        if n:
+            loss.commits += n
+            loss.refs.append(name)
+            if loss.content_kept:
+                loss.content_kept = _tree_kept(repo, tip, keep)
+
+
+def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
+    """The lost tip's tree is some remaining ref's, or the run's index holds
+    it (a squash, `reset --soft`): history was rewritten, no content lost."""
+    trees = repo.git("rev-parse", *[f"{t}^{{tree}}" for t in [tip] + keep]).split()
+    if trees[0] in trees[1:]:
+        return True
+    index = repo.tree.locate(os.path.join(repo.git_dir, "index"))
+    index = os.path.join(*index) if index else None
+    if not index or not os.path.exists(index):      # the run left the index as it was
+        index = os.path.join(repo.git_dir, "index")
+    env = {"GIT_INDEX_FILE": index}
+    staged = repo.git("ls-files", "-s", env=env).split(b"\n")
+    committed = repo.git("ls-tree", "-r", "--full-tree", tip).split(b"\n")
+    norm = lambda lines, f: sorted(f(x) for x in lines if x)
+    # ls-files: "mode sha stage\tpath"; ls-tree: "mode type sha\tpath"
+    a = norm(staged, lambda x: (x.split()[0], x.split()[1], x.split(b"\t", 1)[1]))
+    b = norm(committed, lambda x: (x.split()[0], x.split()[2], x.split(b"\t", 1)[1]))
+    return a == b
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _restored(repo: _Repo, paths: list[str]) -> list[str]:
+    """Tracked files the run put back to a version git holds, whose host
+    content git holds nowhere (uncommitted work thrown away)."""
+    pairs = []
+    for p in paths:
+        old, new = _read(p), repo.new_bytes(p)
+        if old is None or new is None or len(old) > MAX_HASHED:
+            continue
+        pairs.append((p, _blob_id(old), _blob_id(new)))
+    if not pairs:
+        return []
+    ids = sorted({x for _, a, b in pairs for x in (a, b)})
+    out = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                   stdin="\n".join(ids).encode() + b"\n")
+    held = {ln.split()[0].decode() for ln in out.splitlines() if ln.endswith(b" blob")}
+    return [p for p, a, b in pairs if a not in held and b in held]
