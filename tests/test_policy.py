@@ -443,6 +443,24 @@ def test_privilege_changes_block_whoever_asked():
     assert verdict(report(fc("build/helper", "created", "ignored")), task="build the helper") == "allow"
 
 
+def test_giving_files_to_another_owner_is_a_permission_grant():
+    """chown of a build script or a source directory to another user, or
+    to a group the user is not in: blocked like a widened mode (the new owner
+    may change what later runs); a change that keeps the user's ownership is
+    ordinary. With the task asking for it and the command naming it: unsure."""
+    me, group = os.geteuid(), os.getegid()
+    other = 4242 if me != 4242 else 4243
+    away = fc("build.sh", "meta", "tracked", detail=f"owner {me}:{group}->{other}:{group}")
+    assert verdict(report(away), "./setup.sh", "run the tests") == "block"
+    foreign = 54321 if 54321 not in os.getgroups() else 54322
+    shared = fc("src", "meta", "tracked", detail=f"owner {me}:{group}->{me}:{foreign}")
+    assert verdict(report(shared), "./setup.sh", "run the tests") == "block"
+    mine = fc("build.sh", "meta", "tracked", detail=f"owner {other}:{group}->{me}:{group}")
+    assert verdict(report(mine), "./setup.sh", "run the tests") == "allow"
+    asked = verdict(report(away), f"chown {other} build.sh", "chown build.sh to the ci user")
+    assert asked == "unsure"
+
+
 def _facts(tmp_path, n: int, extra: list[str]) -> RunFacts:
     """A run that created n fixtures and the files in extra, as RunFacts over
     real files (the host tree and the run's upper tree)."""

@@ -45,6 +45,7 @@ from caper.report.workspace import GIT_ROUTINE, PathView, place
 from caper.state import default_state_dir
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
+_OWNER = re.compile(r"owner (\d+):(\d+)->(\d+):(\d+)")
 
 
 class Rules:
@@ -396,6 +397,7 @@ class _Judge:
         self.privilege(path, full, c)
         if op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
+            self.owner(path, full, c.detail)
         if c.tables:
             self.tables(path, c)
         if c.diff and op != "deleted" and self.r.matches(self.r.manifests, full):
@@ -615,6 +617,23 @@ class _Judge:
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed", path)
+
+    def owner(self, path: str, full: str, detail: str) -> None:
+        """Giving a file to another user, or to a group the user is not in, is
+        a permission grant like a widened mode: the new owner may change it
+        (a build script that every later build runs, a source directory)."""
+        m = _OWNER.search(detail)
+        if not m:
+            return
+        old_uid, old_gid, uid, gid = map(int, m.groups())
+        mine = {os.getegid(), *os.getgroups()}
+        if (uid == old_uid or uid == os.geteuid()) and (gid == old_gid or gid in mine):
+            return
+        declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+        self.add(87, "unsure" if declared else "block",
+                 f"it would give {_q(path)} to {uid}:{gid} (was {old_uid}:{old_gid})",
+                 "permissions for other users: a new owner may change what later runs",
+                 "keep the user's ownership", path)
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
