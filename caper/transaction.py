@@ -211,7 +211,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         committed = workspace_swapped = False
         try:
             t = time.perf_counter()
-            tr = trace(command, cwd=cwd, env=env, timeout=timeout, mounts=snap.mounts,
+            tr = trace(command, cwd=cwd, env=config.command_env(os.environ if env is None else env),
+                       timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage, not_before_ns=snap.not_before_ns,
                        disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
                        **config.limits.trace_kwargs())
