@@ -76,6 +76,13 @@ ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
+# In the agent's view of a run that read a credential and was not committed
+# (Report.sealed): what stands for each name the run chose, and why.
+WITHHELD = "<withheld>"
+SEALED_WHY = ("the run read a credential and was not committed: no byte of its output and no "
+              "name it chose (created files, programs, addresses, diffs) is given back, in any "
+              "encoding; counts and sizes only")
+_CHOSEN_OPS = ("created", "renamed", "replaced")   # a change whose name the run chose
 
 # --- the model --------------------------------------------------------------------------
 
@@ -220,16 +227,65 @@ class Report(_Model):
     secrets: list[SecretSeen] = []
     output: OutputSummary
     processes: Processes
+    withheld: str | None = None      # why names and output are not shown (Report.sealed)
     # Every changed file that received a secret, by absolute path: for caper
     # itself (the session taints them), not shown, so never cut to fit.
     _secret_files: dict[str, list[str]] = PrivateAttr(default_factory=dict)
     # The held output, redacted whole (not cut to the report's size): all a
     # run that is not committed may release of it.
     _redacted: dict[str, Output] = PrivateAttr(default_factory=dict)
+    # Kinds of the credentials the run read (an open that succeeded, a link
+    # or rename of one, a copy read back) or whose values it showed.
+    _read_credentials: list[str] = PrivateAttr(default_factory=list)
 
     @property
     def secret_files(self) -> dict[str, list[str]]:
         return self._secret_files
+
+    @property
+    def read_credentials(self) -> list[str]:
+        return self._read_credentials
+
+    def sealed(self) -> "Report":
+        """The report as the agent of a run that read a credential and was
+        not committed gets it. Redaction matches values verbatim; base64,
+        `rev`, one character per line or a file's name pass it. So nothing
+        the run chose after it could read is given back: no output byte,
+        no diff, no name of a created, renamed or replaced file, program,
+        address or directory; only counts, sizes, kinds and the names of
+        what existed before it (the approver saw the whole report)."""
+        r = self.model_copy(deep=True)
+        r.withheld = SEALED_WHY
+        chosen = {c.path for c in r.changes if c.op in _CHOSEN_OPS}
+        for c in r.changes:
+            if c.op in _CHOSEN_OPS:
+                c.path = WITHHELD
+            c.renamed_from = c.renamed_from and WITHHELD
+            c.by = c.by and WITHHELD
+            c.detail = c.diff = c.tables = c.read_before = None
+        for a in r.aggregates:
+            a.under = WITHHELD
+        for n in r.network:
+            n.address, n.by, n.argv, n.read_before = WITHHELD, WITHHELD, None, None
+        for p in r.protected_reads:
+            if p.path in chosen or p.kind.startswith("copied:"):   # a copy the run named
+                p.path = WITHHELD
+            p.via = p.via and WITHHELD
+            p.by = WITHHELD
+        for x in r.secrets:
+            if x.where not in ("stdout", "stderr", "argv"):
+                x.where = WITHHELD
+        r.end.detail = r.end.detail and WITHHELD
+        r.output = OutputSummary(
+            stdout=Stream(bytes=r.output.stdout.bytes, omitted_bytes=r.output.stdout.bytes),
+            stderr=Stream(bytes=r.output.stderr.bytes, omitted_bytes=r.output.stderr.bytes))
+        pr = r.processes
+        for x in pr.refused + pr.signals:
+            x.by = WITHHELD
+        if pr.execs:
+            pr.execs = []
+            r.counts["execs"] = _count(r.counts["execs"].observed, 0)
+        return r
 
     def redacted_output(self, name: str) -> Output:
         """stdout or stderr as the report shows it: every secret redacted."""
@@ -535,6 +591,9 @@ def build(facts: RunFacts) -> Report:
     report._secret_files = {p: sorted(k) for p, k in draft.secrets.items()}
     report._redacted = {name: h.released(getattr(facts.result, name).omitted)
                         for name, h in draft.held.items()}
+    report._read_credentials = sorted(
+        {kind for _, e, kind, _ in draft.protected_reads if e.ok}
+        | {k for ks in (*draft.out_secrets.values(), *draft.secrets.values()) for k in ks})
     return report
 
 
@@ -972,6 +1031,8 @@ def render_card(r: Report) -> str:
     e = r.end
     end = {"exited": f"exited with status {e.exit_code}", "signaled": f"killed by signal {e.signal}"}
     L.append("ended: " + end.get(e.how, e.how) + (f" ({_q(e.detail)})" if e.detail else ""))
+    if r.withheld:
+        L.append(f"withheld: {r.withheld}")
     counts = ", ".join(f"{k} {c.observed}" + (f" ({c.omitted} not listed)" if c.omitted else "")
                        for k, c in r.counts.items() if c.observed)
     L.append("counts: " + (counts or "nothing observed"))

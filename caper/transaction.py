@@ -66,15 +66,41 @@ class RunOutcome:
     steps: tuple[str, ...] = ()     # auto: who was asked, verdict and time each
     held: str | None = None         # held for a human: `caper commit <held>` applies it
     notes: tuple[str, ...] = ()     # for the caller: how this run differed from a native one
+    # Not committed after reading a credential: the agent gets the sealed
+    # report and reason (to_json, card), stdout/stderr are sizes only;
+    # `report` and `reason` stay the approver's, for caper and its API.
+    withheld: bool = False
 
     @property
     def output(self) -> str:
         """What the user would have seen: stdout, then stderr (decoded)."""
         return (self.stdout.text() + self.stderr.text()).decode(errors="replace")
 
+    @property
+    def agent_reason(self) -> str:
+        """The reason the agent gets: a sealed run's approver may have quoted
+        what the run chose (a file name, a line of its output)."""
+        from caper.report import SEALED_WHY
+        if not self.withheld:
+            return self.reason
+        what = (f"held for a human (`caper commit {self.held}` applies it, `caper discard "
+                f"{self.held}` drops it)" if self.held else "blocked, nothing was committed")
+        return (f"{what}; the reason of {self.approver or 'the approver'} is withheld: "
+                f"{SEALED_WHY} (credentials: {', '.join(self.report.read_credentials)})")
+
+    @property
+    def agent_report(self) -> "Report | None":
+        """The report the agent gets (Report.sealed when withheld)."""
+        return self.report.sealed() if self.withheld and self.report else self.report
+
+    def card(self) -> str | None:
+        return self.agent_report.card() if self.report is not None else None
+
     def to_json(self) -> dict:
+        """What the agent gets, by any front door."""
+        report = self.agent_report
         return {
-            "decision": self.decision, "reason": self.reason, "exit_code": self.exit_code,
+            "decision": self.decision, "reason": self.agent_reason, "exit_code": self.exit_code,
             "committed": self.committed, "approver": self.approver,
             "confidence": self.confidence,
             **({"boundary": self.boundary} if self.boundary else {}),
@@ -85,7 +111,7 @@ class RunOutcome:
             "stdout": self.stdout.text().decode(errors="replace"),
             "stderr": self.stderr.text().decode(errors="replace"),
             "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,
-            "report": self.report.to_dict() if self.report else None, "timings": self.timings,
+            "report": report.to_dict() if report else None, "timings": self.timings,
             **({"kept_upper": self.kept_upper} if self.kept_upper else {}),
         }
 
@@ -301,12 +327,18 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             # report shows, its secrets redacted, at every front door.
             stdout, stderr = (result.stdout, result.stderr) if committed else \
                 (report.redacted_output("stdout"), report.redacted_output("stderr"))
+            if not committed and report.read_credentials:
+                # Redaction is verbatim: once a credential was read, an encoded
+                # copy can be in any byte or name the run chose. A committed
+                # run returns its output as it was: its approver saw the read.
+                stdout, stderr = Output(b"", b"", stdout.total), Output(b"", b"", stderr.total)
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=stdout,
                               stderr=stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
-                              ask=decision.ask, steps=decision.steps, held=held, notes=notes(report))
+                              ask=decision.ask, steps=decision.steps, held=held, notes=notes(report),
+                              withheld=not committed and bool(report.read_credentials))
         finally:
             if kept == snap.scratch:
                 snap.keep()
