@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import re
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
@@ -76,6 +77,10 @@ ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
+# Building the report may take this long (the command's timeout covers only
+# the command); past it the rest is not inspected and the run is blocked.
+REPORT_DEADLINE_S = 60.0
+REPORT_LATE = "report-deadline-passed"   # uncertainty flag
 # In the agent's view of a run that read a credential and was not committed
 # (Report.sealed): what stands for each name the run chose, and why.
 WITHHELD = "<withheld>"
@@ -237,6 +242,7 @@ class Report(_Model):
     # Kinds of the credentials the run read (an open that succeeded, a link
     # or rename of one, a copy read back) or whose values it showed.
     _read_credentials: list[str] = PrivateAttr(default_factory=list)
+    _late: bool = PrivateAttr(default=False)
 
     @property
     def secret_files(self) -> dict[str, list[str]]:
@@ -245,6 +251,13 @@ class Report(_Model):
     @property
     def read_credentials(self) -> list[str]:
         return self._read_credentials
+
+    @property
+    def late(self) -> str | None:
+        """Why the run must be blocked, when the report passed its deadline."""
+        return (f"building the effect report took longer than {REPORT_DEADLINE_S:g} s "
+                f"({REPORT_LATE}): files past it were not inspected, so the report is "
+                f"not evidence enough to commit") if self._late else None
 
     def sealed(self) -> "Report":
         """The report as the agent of a run that read a credential and was
@@ -576,6 +589,7 @@ class _Draft:
     out_secrets: dict[str, set[str]]
     held: dict[str, "_Held"]
     uncertain: list[str]
+    late: bool                                # past REPORT_DEADLINE_S
 
 
 def build(facts: RunFacts) -> Report:
@@ -591,6 +605,7 @@ def build(facts: RunFacts) -> Report:
     report._secret_files = {p: sorted(k) for p, k in draft.secrets.items()}
     report._redacted = {name: h.released(getattr(facts.result, name).omitted)
                         for name, h in draft.held.items()}
+    report._late = draft.late
     report._read_credentials = sorted(
         {kind for _, e, kind, _ in draft.protected_reads if e.ok}
         | {k for ks in (*draft.out_secrets.values(), *draft.secrets.values()) for k in ks})
@@ -617,6 +632,7 @@ def _clean(redactor: Redactor, s: str, limit: int, found: set[str] | None = None
 
 
 def _draft(facts: RunFacts) -> _Draft:
+    deadline = time.monotonic() + REPORT_DEADLINE_S
     view = PathView(facts.workspace, facts.home)
     an = _Analysis(facts, view)
     redactor = Redactor()
@@ -687,14 +703,17 @@ def _draft(facts: RunFacts) -> _Draft:
     for sev, fc in sorted(changes, key=lambda x: -x[0]):
         if fc.type != "file" or fc.op == "meta":
             continue
-        if len(details) >= MAX_INSPECTED or spent >= MAX_INSPECT_BYTES:
+        if time.monotonic() > deadline or len(details) >= MAX_INSPECTED or \
+                spent >= MAX_INSPECT_BYTES:
             uncertain["files-not-inspected"] = uncertain.get("files-not-inspected", 0) + 1
             continue
-        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from)
+        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from, deadline)
         details[fc.path] = d
         spent += (d.size_before or 0) + (d.size_after or 0)
         for u in d.uncertain:
             uncertain[u] = uncertain.get(u, 0) + 1
+    if time.monotonic() > deadline:   # a diff, or files, cut short by it
+        uncertain[REPORT_LATE] = 1
     rescored = []
     secrets: dict[str, set[str]] = {}
     for sev, fc in changes:
@@ -753,7 +772,7 @@ def _draft(facts: RunFacts) -> _Draft:
         uncertain["run-did-not-finish"] = 1
     flags = [k if v == 1 else f"{k}: {v}" for k, v in sorted(uncertain.items())]
     return _Draft(facts, view, an, redactor, rescored, writer_of, details, secrets,
-                  protected_reads, net, out_secrets, held, flags)
+                  protected_reads, net, out_secrets, held, flags, REPORT_LATE in uncertain)
 
 
 def _render(d: _Draft, lim: Limits) -> Report:

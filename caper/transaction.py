@@ -272,6 +272,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                                       home=home, protected=protected)
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
+                        Decision("block", report.late, approver="caper") if report.late else
                         _decide(judge, request, result, config.on_unsure))
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
             if decision.allowed and still_wanted is not None and not still_wanted():
