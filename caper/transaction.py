@@ -19,7 +19,7 @@ from caper.approve import (ON_UNSURE, ApprovalRequest, Approver, Decision, get_a
                            resolve_unsure)
 from caper.errors import CaperError, ConfigError, ReportError, SetupError
 from caper.events import End, Output, RunResult
-from caper.state import KEPT_S, state_dir as checked_state_dir
+from caper.state import KEPT_S, known_state_dirs, state_dir as checked_state_dir
 from caper.workspace import find_workspace
 
 if TYPE_CHECKING:
@@ -225,7 +225,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         try:
             snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
                                           binds=[(bsnap.path, workspace)] if bsnap else [],
-                                          work_dirs=work_dirs, entries=entries)
+                                          work_dirs=work_dirs, entries=entries,
+                                          other_state=known_state_dirs(os.environ if env is None
+                                                                       else env))
         except BaseException:
             if bsnap:
                 bsnap.discard()
