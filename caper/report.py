@@ -86,7 +86,7 @@ REPORT_LATE = "report-deadline-passed"   # uncertainty flag
 WITHHELD = "<withheld>"
 SEALED_WHY = ("the run read a credential and was not committed: no byte of its output and no "
               "name it chose (created files, programs, addresses, diffs) is given back, in any "
-              "encoding; counts and sizes only")
+              "encoding; counts only, output sizes rounded up to a power of two")
 _CHOSEN_OPS = ("created", "renamed", "replaced")   # a change whose name the run chose
 
 # --- the model --------------------------------------------------------------------------
@@ -275,7 +275,8 @@ class Report(_Model):
                 c.path = WITHHELD
             c.renamed_from = c.renamed_from and WITHHELD
             c.by = c.by and WITHHELD
-            c.detail = c.diff = c.tables = c.read_before = None
+            # A size is a number the run chose (truncate -s): 8 bytes a file.
+            c.detail = c.diff = c.tables = c.read_before = c.size = c.allocated = c.lines = None
         for a in r.aggregates:
             a.under = WITHHELD
         for n in r.network:
@@ -289,9 +290,9 @@ class Report(_Model):
             if x.where not in ("stdout", "stderr", "argv"):
                 x.where = WITHHELD
         r.end.detail = r.end.detail and WITHHELD
-        r.output = OutputSummary(
-            stdout=Stream(bytes=r.output.stdout.bytes, omitted_bytes=r.output.stdout.bytes),
-            stderr=Stream(bytes=r.output.stderr.bytes, omitted_bytes=r.output.stderr.bytes))
+        out = r.output
+        r.output = OutputSummary(**{name: Stream(bytes=n, omitted_bytes=n) for name, n in (
+            ("stdout", rounded(out.stdout.bytes)), ("stderr", rounded(out.stderr.bytes)))})
         pr = r.processes
         for x in pr.refused + pr.signals:
             x.by = WITHHELD
@@ -884,6 +885,12 @@ def _render(d: _Draft, lim: Limits) -> Report:
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
+
+
+def rounded(n: int) -> int:
+    """n rounded up to a power of two: a sealed run's output size carries a
+    few bits, not the exact number the run chose."""
+    return 1 << (n - 1).bit_length() if n else 0
 
 
 def notes(report: Report) -> tuple[str, ...]:

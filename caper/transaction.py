@@ -334,7 +334,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                 # Redaction is verbatim: once a credential was read, an encoded
                 # copy can be in any byte or name the run chose. A committed
                 # run returns its output as it was: its approver saw the read.
-                stdout, stderr = Output(b"", b"", stdout.total), Output(b"", b"", stderr.total)
+                from caper.report import rounded
+                stdout, stderr = (Output(b"", b"", rounded(stdout.total)),
+                                  Output(b"", b"", rounded(stderr.total)))
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=stdout,
                               stderr=stderr, report=report, timings=timings,

@@ -74,8 +74,9 @@ def test_a_blocked_run_that_read_a_credential_gives_back_no_output_and_no_chosen
     assert set(_leaks(out.report.card())) >= {"rev", "name"}   # the approver's report
     r = out.agent_report
     assert r.withheld and "withheld: the run read a credential" in r.card()
-    assert r.output.stdout.head is None and r.output.stdout.bytes > 100
-    assert out.stdout.text() == f"\n[... {r.output.stdout.bytes} bytes omitted ...]\n".encode()
+    assert r.output.stdout.head is None and r.output.stdout.bytes == 512   # 360, rounded up
+    assert all(c.size is None and c.lines is None for c in r.changes)
+    assert out.stdout.text() == b"\n[... 512 bytes omitted ...]\n"
     assert [c.path for c in r.changes if c.op == "created"] == [WITHHELD, WITHHELD]
     assert [p.path for p in r.protected_reads] == ["~/.aws/credentials"] * len(r.protected_reads)
     assert r.processes.execs == [] and r.counts["execs"].observed >= 5
