@@ -342,7 +342,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                               stderr=stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
-                              ask=decision.ask, steps=decision.steps, held=held, notes=notes(report),
+                              ask=decision.ask, steps=decision.steps, held=held,
+                              notes=notes(report),
                               withheld=not committed and bool(report.read_credentials))
         finally:
             if kept == snap.scratch:

@@ -29,8 +29,8 @@ def _repo(tmp_path, lines: int, n: int = 2):
     subprocess.run(g + ["commit", "-qm", "fixtures"], check=True)
     script = tmp_path / "rewrite.py"
     script.write_text(f"import random\nfor i in range({n}):\n    r = random.Random(1000 + i)\n"
-                      f"    open(f'fixture{{i}}.txt', 'w').write(''.join(f'{{r.randrange(100):02d}}\\n' "
-                      f"for _ in range({lines})))\n")
+                      f"    lines = [f'{{r.randrange(100):02d}}\\n' for _ in range({lines})]\n"
+                      f"    open(f'fixture{{i}}.txt', 'w').write(''.join(lines))\n")
     return w, f"python3 {script}"
 
 

@@ -21,7 +21,8 @@ import json, subprocess, sys
 sys.path.insert(0, sys.argv[1])
 base = sys.argv[2]
 subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-for src, dst in (("b", "alias-above"), ("b/state", "alias-itself"), ("b/state/runs", "alias-below")):
+for src, dst in (("b", "alias-above"), ("b/state", "alias-itself"),
+                 ("b/state/runs", "alias-below")):
     subprocess.run(["mount", "--bind", f"{base}/{src}", f"{base}/{dst}"], check=True)
 import caper
 cmd = " ; ".join(f"ls -A {base}/{p}; cat {base}/{p}/marker; echo x > {base}/{p}/planted"
