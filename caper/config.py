@@ -104,6 +104,8 @@ class LlmConfig(_Strict):
                               step="config") from e
 
 
+# caper's own environment variables: never passed to the command it runs.
+OWN_ENV_PREFIX = "CAPER_"
 _POLICY_LISTS = ("harmless_outside", "persistence", "persistence_except", "temp_owned",
                  "formatters", "git_rewrites", "installers", "install_places")
 
@@ -130,6 +132,14 @@ class Config(_Strict):
 
     def protected_patterns(self) -> list[ProtectedPattern]:
         return [ProtectedPattern(p.path, p.kind) for p in self.report.protected]
+
+    def command_env(self, env: "Mapping[str, str]") -> dict[str, str]:
+        """env without caper's own variables, the command's environment:
+        every CAPER_* (the approver's key and settings, the state and config
+        paths) and the variable [llm] api_key_env names. The command is what
+        caper judges; its approver's credential is not its to read."""
+        own = {self.llm.api_key_env} - {None}
+        return {k: v for k, v in env.items() if not k.startswith(OWN_ENV_PREFIX) and k not in own}
 
 
 def config_path(env: "Mapping[str, str] | None" = None) -> str:

@@ -23,17 +23,27 @@ from caper.errors import ConfigError
 # How long caper keeps a run's version that could not be committed (the
 # workspace changed meanwhile) for the user to take: then it is deleted.
 KEPT_S = 7 * 86400
+ROOT_STATE_DIR = "/var/lib/caper"   # root's default
 
 
 def default_state_dir(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     if env.get("CAPER_STATE_DIR"):
         return env["CAPER_STATE_DIR"]
-    if os.geteuid() == 0:
-        return "/var/lib/caper"
+    return ROOT_STATE_DIR if os.geteuid() == 0 else _user_state_dir(env)
+
+
+def _user_state_dir(env: Mapping[str, str]) -> str:
     base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"),
                                                      ".local", "state")
     return os.path.join(base, "caper")
+
+
+def known_state_dirs(env: Mapping[str, str]) -> list[str]:
+    """The state directories caper knows a caller with env may use: its
+    CAPER_STATE_DIR, root's and the user's default. (Another caller's
+    CAPER_STATE_DIR elsewhere is not known.)"""
+    return list(dict.fromkeys([default_state_dir(env), ROOT_STATE_DIR, _user_state_dir(env)]))
 
 
 def state_dir(path: str | None = None) -> str:

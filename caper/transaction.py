@@ -26,7 +26,7 @@ from caper.sandbox.events import End, Output, RunResult
 from caper.sandbox.inherit import Caller
 from caper.sandbox.limits import DiskGuard
 from caper.sandbox.trace import trace
-from caper.state import KEPT_S, state_dir as checked_state_dir, workspace_lock
+from caper.state import KEPT_S, known_state_dirs, state_dir as checked_state_dir, workspace_lock
 from caper.upkeep import tidy
 from caper.view.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume
 from caper.view.overlay import OverlaySnapshot, later, over_keep_quota
@@ -57,15 +57,41 @@ class RunOutcome:
     steps: tuple[str, ...] = ()     # auto: who was asked, verdict and time each
     held: str | None = None         # held for a human: `caper commit <held>` applies it
     notes: tuple[str, ...] = ()     # for the caller: how this run differed from a native one
+    # Not committed after reading a credential: the agent gets the sealed
+    # report and reason (to_json, card), stdout/stderr are sizes only;
+    # `report` and `reason` stay the approver's, for caper and its API.
+    withheld: bool = False
 
     @property
     def output(self) -> str:
         """What the user would have seen: stdout, then stderr (decoded)."""
         return (self.stdout.text() + self.stderr.text()).decode(errors="replace")
 
+    @property
+    def agent_reason(self) -> str:
+        """The reason the agent gets: a sealed run's approver may have quoted
+        what the run chose (a file name, a line of its output)."""
+        from caper.report.build import SEALED_WHY
+        if not self.withheld:
+            return self.reason
+        what = (f"held for a human (`caper commit {self.held}` applies it, `caper discard "
+                f"{self.held}` drops it)" if self.held else "blocked, nothing was committed")
+        return (f"{what}; the reason of {self.approver or 'the approver'} is withheld: "
+                f"{SEALED_WHY} (credentials: {', '.join(self.report.read_credentials)})")
+
+    @property
+    def agent_report(self) -> "Report | None":
+        """The report the agent gets (Report.sealed when withheld)."""
+        return self.report.sealed() if self.withheld and self.report else self.report
+
+    def card(self) -> str | None:
+        return self.agent_report.card() if self.report is not None else None
+
     def to_json(self) -> dict:
+        """What the agent gets, by any front door."""
+        report = self.agent_report
         return {
-            "decision": self.decision, "reason": self.reason, "exit_code": self.exit_code,
+            "decision": self.decision, "reason": self.agent_reason, "exit_code": self.exit_code,
             "committed": self.committed, "approver": self.approver,
             "confidence": self.confidence,
             **({"boundary": self.boundary} if self.boundary else {}),
@@ -76,7 +102,7 @@ class RunOutcome:
             "stdout": self.stdout.text().decode(errors="replace"),
             "stderr": self.stderr.text().decode(errors="replace"),
             "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,
-            "report": self.report.to_dict() if self.report else None, "timings": self.timings,
+            "report": report.to_dict() if report else None, "timings": self.timings,
             **({"kept_upper": self.kept_upper} if self.kept_upper else {}),
         }
 
@@ -177,7 +203,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         try:
             snap = OverlaySnapshot.create(state_dir, userxattr=os.geteuid() != 0,
                                           binds=[(bsnap.path, workspace)] if bsnap else [],
-                                          work_dirs=work_dirs, entries=entries)
+                                          work_dirs=work_dirs, entries=entries,
+                                          other_state=known_state_dirs(os.environ if env is None
+                                                                       else env))
         except BaseException:
             if bsnap:
                 bsnap.discard()
@@ -190,7 +218,8 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
         commit_notes: tuple[str, ...] = ()
         try:
             t = time.perf_counter()
-            tr = trace(command, cwd=cwd, env=env, caller=caller, timeout=timeout, mounts=snap.mounts,
+            tr = trace(command, cwd=cwd, env=config.command_env(os.environ if env is None else env),
+                       caller=caller, timeout=timeout, mounts=snap.mounts,
                        new_root=snap.stage, not_before_ns=snap.not_before_ns,
                        disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
                        **config.limits.trace_kwargs())
@@ -225,6 +254,7 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
                                       home=home, protected=protected)
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
+                        Decision("block", report.late, approver="caper") if report.late else
                         _decide(judge, request, result, config.on_unsure))
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
             # What the verdict rests on is listed, never aggregated away.
@@ -283,13 +313,21 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             # report shows, its secrets redacted, at every front door.
             stdout, stderr = (result.stdout, result.stderr) if committed else \
                 (report.redacted_output("stdout"), report.redacted_output("stderr"))
+            if not committed and report.read_credentials:
+                # Redaction is verbatim: once a credential was read, an encoded
+                # copy can be in any byte or name the run chose. A committed
+                # run returns its output as it was: its approver saw the read.
+                from caper.report.build import rounded
+                stdout, stderr = (Output(b"", b"", rounded(stdout.total)),
+                                  Output(b"", b"", rounded(stderr.total)))
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=stdout,
                               stderr=stderr, report=report, timings=timings,
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
                               ask=decision.ask, steps=decision.steps, held=held,
-                              notes=notes(report) + commit_notes)
+                              notes=notes(report) + commit_notes,
+                              withheld=not committed and bool(report.read_credentials))
         finally:
             if kept == snap.scratch:
                 snap.keep()

@@ -97,15 +97,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_a_blocked_runs_outcome_carries_only_the_redacted_output(repo, tmp_path):
     """caper.run and the API: stdout/stderr of a run that is not committed
-    are the report's redacted text, whole, both ends of a long one too."""
+    and read a credential are sizes only (tests/test_agent_output.py); the
+    report's own copy is redacted whole, both ends of a long one too."""
     out = go("cat .env; cat .env >&2; head -c 300000 /dev/zero | tr '\\0' a; cat .env",
              repo, tmp_path)
-    assert not out.committed
-    for stream in (out.stdout, out.stderr):
-        text = stream.text().decode()
+    assert not out.committed and out.withheld
+    for name in ("stdout", "stderr"):
+        text = out.report.redacted_output(name).text().decode()
         assert SECRET not in text and "<redacted:dotenv>" in text
-    assert out.stdout.text().decode().endswith("API_TOKEN=<redacted:dotenv>\nDEBUG=1\n")
-    assert "bytes omitted" in out.stdout.text().decode()
+        assert getattr(out, name).text().decode() == \
+            f"\n[... {getattr(out, name).total} bytes omitted ...]\n"
+    assert out.report.redacted_output("stdout").text().decode().endswith(
+        "API_TOKEN=<redacted:dotenv>\nDEBUG=1\n")
+    assert "bytes omitted" in out.report.redacted_output("stdout").text().decode()
     assert SECRET not in out.output and SECRET not in json.dumps(out.to_json())
 
 
@@ -128,7 +132,8 @@ def test_caper_run_json_of_a_blocked_run_prints_no_raw_output(repo, tmp_path, mo
         assert ("gate" in doc) == (door == "gate")
         assert not doc["committed"]
         assert SECRET not in p.stdout.decode() and SECRET not in p.stderr.decode()
-        assert "<redacted:dotenv>" in doc["stdout"] and "<redacted:dotenv>" in doc["stderr"]
+        assert "bytes omitted" in doc["stdout"] and "bytes omitted" in doc["stderr"]
+        assert doc["report"]["withheld"] and doc["report"]["protected_reads"]
     finally:
         if door == "gate":
             from test_gate import _stop
@@ -171,7 +176,8 @@ def test_rootless_a_credential_by_another_name_is_redacted_from_a_blocked_runs_o
             os.chown(p, NOBODY, NOBODY)
         setup, name = ROOTLESS_ROUTES[route]
         out = run_as_nobody(ws, f"{setup} && cat '{name.format(repo=ws)}'", "block", state)
-        assert SECRET not in out["stdout"] and "<redacted:dotenv>" in out["stdout"], out
+        # Sizes only: the read was recognised as a credential's (else `cat` shows it).
+        assert SECRET not in json.dumps(out) and "bytes omitted" in out["stdout"], out
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)

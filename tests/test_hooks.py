@@ -262,6 +262,21 @@ def test_install_refuses_settings_it_cannot_read(tmp_path):
     assert settings.read_text() == "{ not json"
 
 
+def test_install_never_writes_through_a_symlink_at_its_temporary_name(tmp_path):
+    """A run the user approved may plant `settings.json.caper-<pid>` -> ~/.bashrc;
+    the later install must not write the JSON into ~/.bashrc."""
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    victim = tmp_path / "bashrc"
+    victim.write_text("echo hi\n")
+    planted = Path(f"{settings}.caper-{os.getpid()}")
+    planted.symlink_to(victim)
+    hooks.install("claude-code", "project", str(tmp_path))
+    assert victim.read_text() == "echo hi\n"
+    assert not os.path.lexists(planted) and not settings.is_symlink()
+    assert hooks.caper_command()[0] in settings.read_text()
+
+
 @pytest.mark.parametrize("agent", AGENTS)
 def test_cli_install_writes_a_command_that_works(agent, tmp_path, project):
     p = subprocess.run([str(BIN / "caper"), "install", agent], cwd=project,

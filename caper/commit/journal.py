@@ -28,20 +28,33 @@ def step(what: str) -> None:
 def write_atomic(path: str, data: bytes, mode: int = 0o600, tmp: str | None = None) -> None:
     """Replace `path` with `data`, atomically and durably: a temporary file
     beside it, fsync, rename, fsync of the directory. Both steps are fault
-    points for the crash tests."""
-    tmp = tmp or path + ".tmp"
+    points for the crash tests.
+
+    The temporary name is created new (O_EXCL|O_NOFOLLOW) in the target's
+    directory, opened once: a symlink or file planted at that name (by a
+    run a user approved, say) is removed, never written through."""
+    name = os.path.basename(tmp or path + ".tmp")
     step(f"write {os.path.basename(path)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(name, flags, mode, dir_fd=dfd)
+        except FileExistsError:   # left by a crash, or planted: unlink never follows
+            os.unlink(name, dir_fd=dfd)
+            fd = os.open(name, flags, mode, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        step(f"rename {os.path.basename(path)}")
+        os.rename(name, os.path.basename(path), src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.fsync(dfd)
     finally:
-        os.close(fd)
-    step(f"rename {os.path.basename(path)}")
-    os.rename(tmp, path)
-    fsync_dir(os.path.dirname(path))
+        os.close(dfd)
 
 
 def fsync_dir(path: str) -> None:

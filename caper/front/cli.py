@@ -172,7 +172,7 @@ def cmd_run(args, parser) -> int:
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
-                   outcome.report.card() if outcome.report is not None else None,
+                   outcome.card(),
                    outcome.stdout.text(), outcome.stderr.text())
 
 

@@ -358,7 +358,7 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
             return {"outcome": out.to_json(),
-                    "card": out.report.card() if out.report is not None else None,
+                    "card": out.card(),
                     "stdout_b64": binascii.b2a_base64(out.stdout.text(), newline=False).decode(),
                     "stderr_b64": binascii.b2a_base64(out.stderr.text(), newline=False).decode(),
                     "gate_pid": os.getpid()}

@@ -102,9 +102,9 @@ def build_server():
         if out.committed:
             return result(f"exit status {out.exit_code}\n{escape(out.output, keep_lines=True)}",
                           False)
-        card = out.report.card() if out.report is not None else ""
         return result(f"caper blocked this command; nothing was changed.\nreason: "
-                      f"{escape(out.reason)}\n\n{escape(card, keep_lines=True)}", True)
+                      f"{escape(out.agent_reason)}\n\n{escape(out.card() or '', keep_lines=True)}",
+                      True)
 
     return server
 

@@ -55,3 +55,34 @@ def containing(path: str, entries: list[MountEntry]) -> MountEntry:
     on one point, the last mounted, which hides the others."""
     real = os.path.realpath(path)
     return max((m for m in reversed(entries) if below(real, m.point)), key=lambda m: len(m.point))
+
+
+def aliases(path: str, entries: list[MountEntry]) -> list[str]:
+    """The other paths that show directory `path`: through every mount of its
+    filesystem whose root holds it (a bind mount of it or of a directory
+    above it, a btrfs top level mounted elsewhere), checked by (st_dev,
+    st_ino); and the mount points of its filesystem's mounts whose root lies
+    inside it (a bind mount of a directory below it)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    home = containing(real, entries)
+    inside = os.path.normpath(os.path.join(home.root, os.path.relpath(real, home.point)))
+    out: list[str] = []
+    for m in entries:
+        if m.dev != home.dev:
+            continue
+        if below(m.root, inside) and m.root != inside:
+            p = m.point
+        elif below(inside, m.root):
+            p = os.path.normpath(os.path.join(m.point, os.path.relpath(inside, m.root)))
+            try:
+                s = os.stat(p)
+            except OSError:   # not reachable by this user, or hidden by another mount
+                continue
+            if (s.st_dev, s.st_ino) != (st.st_dev, st.st_ino):
+                continue
+        else:
+            continue
+        if not below(p, real) and p not in out:
+            out.append(p)
+    return out

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
@@ -120,6 +121,17 @@ ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
+# Building the report may take this long (the command's timeout covers only
+# the command); past it the rest is not inspected and the run is blocked.
+REPORT_DEADLINE_S = 60.0
+REPORT_LATE = "report-deadline-passed"   # uncertainty flag
+# In the agent's view of a run that read a credential and was not committed
+# (Report.sealed): what stands for each name the run chose, and why.
+WITHHELD = "<withheld>"
+SEALED_WHY = ("the run read a credential and was not committed: no byte of its output and no "
+              "name it chose (created files, programs, addresses, diffs) is given back, in any "
+              "encoding; counts only, output sizes rounded up to a power of two")
+_CHOSEN_OPS = ("created", "renamed", "replaced")   # a change whose name the run chose
 
 # --- the model --------------------------------------------------------------------------
 
@@ -279,6 +291,7 @@ class Report(_Model):
     git: GitLoss | None = None
     output: OutputSummary
     processes: Processes
+    withheld: str | None = None      # why names and output are not shown (Report.sealed)
     # Every changed file that received a secret, by absolute path: for caper
     # itself (the session taints them), not shown, so never cut to fit.
     _secret_files: dict[str, list[str]] = PrivateAttr(default_factory=dict)
@@ -290,10 +303,67 @@ class Report(_Model):
     # the changes it flagged listed.
     _all_changes: list[FileChange] | None = PrivateAttr(default=None)
     _draft: "_Draft | None" = PrivateAttr(default=None)
+    # Kinds of the credentials the run read (an open that succeeded, a link
+    # or rename of one, a copy read back) or whose values it showed.
+    _read_credentials: list[str] = PrivateAttr(default_factory=list)
+    _late: bool = PrivateAttr(default=False)
 
     @property
     def secret_files(self) -> dict[str, list[str]]:
         return self._secret_files
+
+    @property
+    def read_credentials(self) -> list[str]:
+        return self._read_credentials
+
+    @property
+    def late(self) -> str | None:
+        """Why the run must be blocked, when the report passed its deadline."""
+        return (f"building the effect report took longer than {REPORT_DEADLINE_S:g} s "
+                f"({REPORT_LATE}): files past it were not inspected, so the report is "
+                f"not evidence enough to commit") if self._late else None
+
+    def sealed(self) -> "Report":
+        """The report as the agent of a run that read a credential and was
+        not committed gets it. Redaction matches values verbatim; base64,
+        `rev`, one character per line or a file's name pass it. So nothing
+        the run chose after it could read is given back: no output byte,
+        no diff, no name of a created, renamed or replaced file, program,
+        address or directory; only counts, sizes, kinds and the names of
+        what existed before it (the approver saw the whole report)."""
+        r = self.model_copy(deep=True)
+        r.withheld = SEALED_WHY
+        chosen = {c.path for c in r.changes if c.op in _CHOSEN_OPS}
+        for c in r.changes:
+            if c.op in _CHOSEN_OPS:
+                c.path = WITHHELD
+            c.renamed_from = c.renamed_from and WITHHELD
+            c.by = c.by and WITHHELD
+            # A size is a number the run chose (truncate -s): 8 bytes a file.
+            c.detail = c.diff = c.tables = c.read_before = c.size = c.allocated = c.lines = None
+        for a in r.aggregates:
+            a.under = WITHHELD
+        for n in r.network:
+            n.address, n.by, n.argv, n.read_before = WITHHELD, WITHHELD, None, None
+        for p in r.protected_reads:
+            if p.path in chosen or p.kind.startswith("copied:"):   # a copy the run named
+                p.path = WITHHELD
+            p.via = p.via and WITHHELD
+            p.by = WITHHELD
+        for x in r.secrets:
+            if x.where not in ("stdout", "stderr", "argv"):
+                x.where = WITHHELD
+        r.end.detail = r.end.detail and WITHHELD
+        out = r.output
+        r.output = OutputSummary(**{name: Stream(bytes=n, omitted_bytes=n) for name, n in (
+            ("stdout", rounded(out.stdout.bytes)), ("stderr", rounded(out.stderr.bytes)))})
+        pr = r.processes
+        for x in pr.refused + pr.signals:
+            x.by = WITHHELD
+        if pr.execs:
+            pr.execs = []
+            r.counts["execs"] = _count(r.counts["execs"].observed, 0)
+        return r
 
     def redacted_output(self, name: str) -> Output:
         """stdout or stderr as the report shows it: every secret redacted."""
@@ -618,6 +688,7 @@ class _Draft:
     held: dict[str, "_Held"]
     uncertain: list[str]
     git: GitLoss | None = None
+    late: bool = False                        # past REPORT_DEADLINE_S
 
 
 def build(facts: RunFacts) -> Report:
@@ -638,6 +709,10 @@ def _build(draft: "_Draft", pinned: frozenset[str]) -> Report:
                         for name, h in draft.held.items()}
     report._all_changes = _full_changes(draft)
     report._draft = draft
+    report._late = draft.late
+    report._read_credentials = sorted(
+        {kind for _, e, kind, _ in draft.protected_reads if e.ok}
+        | {k for ks in (*draft.out_secrets.values(), *draft.secrets.values()) for k in ks})
     return report
 
 
@@ -685,6 +760,7 @@ def _clean(redactor: Redactor, s: str, limit: int, found: set[str] | None = None
 
 
 def _draft(facts: RunFacts) -> _Draft:
+    deadline = time.monotonic() + REPORT_DEADLINE_S
     view = PathView(facts.workspace, facts.home)
     an = _Analysis(facts, view)
     redactor = Redactor()
@@ -757,14 +833,17 @@ def _draft(facts: RunFacts) -> _Draft:
     for sev, fc in sorted(changes, key=lambda x: -x[0]):
         if fc.type != "file" or fc.op == "meta":
             continue
-        if len(details) >= MAX_INSPECTED or spent >= MAX_INSPECT_BYTES:
+        if time.monotonic() > deadline or len(details) >= MAX_INSPECTED or \
+                spent >= MAX_INSPECT_BYTES:
             uncertain["files-not-inspected"] = uncertain.get("files-not-inspected", 0) + 1
             continue
-        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from)
+        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from, deadline)
         details[fc.path] = d
         spent += (d.size_before or 0) + (d.size_after or 0)
         for u in d.uncertain:
             uncertain[u] = uncertain.get(u, 0) + 1
+    if time.monotonic() > deadline:   # a diff, or files, cut short by it
+        uncertain[REPORT_LATE] = 1
     rescored = []
     secrets: dict[str, set[str]] = {}
     for sev, fc in changes:
@@ -831,7 +910,7 @@ def _draft(facts: RunFacts) -> _Draft:
     flags = [k if v == 1 else f"{k}: {v}" for k, v in sorted(uncertain.items())]
     return _Draft(facts, view, an, redactor, rescored, writer_of, details, secrets,
                   protected_reads, net, out_secrets, held, flags,
-                  GitLoss(**vars(loss)) if loss else None)
+                  GitLoss(**vars(loss)) if loss else None, REPORT_LATE in uncertain)
 
 
 def _git_shown(g: GitLoss, path) -> GitLoss:
@@ -973,6 +1052,12 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
+
+
+def rounded(n: int) -> int:
+    """n rounded up to a power of two: a sealed run's output size carries a
+    few bits, not the exact number the run chose."""
+    return 1 << (n - 1).bit_length() if n else 0
 
 
 def notes(report: Report) -> tuple[str, ...]:
@@ -1149,6 +1234,8 @@ def render_card(r: Report) -> str:
     e = r.end
     end = {"exited": f"exited with status {e.exit_code}", "signaled": f"killed by signal {e.signal}"}
     L.append("ended: " + end.get(e.how, e.how) + (f" ({_q(e.detail)})" if e.detail else ""))
+    if r.withheld:
+        L.append(f"withheld: {r.withheld}")
     counts = ", ".join(f"{k} {c.observed}" + (f" ({c.omitted} not listed)" if c.omitted else "")
                        for k, c in r.counts.items() if c.observed)
     L.append("counts: " + (counts or "nothing observed"))

@@ -15,6 +15,8 @@ import os
 import sqlite3
 import stat
 import time
+import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 
 from caper.fs.mountinfo import below
@@ -29,6 +31,13 @@ SQLITE_DEADLINE_S = 0.2       # per database, for counting rows
 SQLITE_MAGIC = b"SQLite format 3\0"
 OVERWRITE_SHARE = 0.9         # of a text file's old lines removed: overwritten, not edited
 OVERWRITE_MIN_LINES = 5
+# difflib is quadratic on lines that repeat often without being "popular"
+# (crafted: 87,000 lines of 100 values, ~20 s a file). A diff is skipped
+# when its first match search alone would compare more line pairs than
+# this (~0.2 s), and given up at DIFF_DEADLINE_S; it then gets line counts.
+MAX_DIFF_PAIRS = 2_000_000
+DIFF_DEADLINE_S = 2.0
+DIFF_TOO_COSTLY = "diff-too-costly-line-counts-only"   # uncertainty flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +192,51 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
         os.close(fd)
 
 
+class _Timeout(Exception):
+    pass
+
+
+class _Matcher(difflib.SequenceMatcher):
+    """A SequenceMatcher that gives up past a deadline (checked at each match
+    search, each of which MAX_DIFF_PAIRS bounds)."""
+
+    def __init__(self, a: list[str], b: list[str], deadline: float):
+        self.deadline = deadline
+        super().__init__(None, a, b)
+
+    def find_longest_match(self, alo=0, ahi=None, blo=0, bhi=None):
+        if time.monotonic() > self.deadline:
+            raise _Timeout
+        return super().find_longest_match(alo, ahi, blo, bhi)
+
+    def pairs(self) -> int:
+        """Line pairs the first match search compares (difflib's junk excluded)."""
+        na = Counter(self.a)
+        return sum(n * len(self.b2j.get(x, ())) for x, n in na.items())
+
+
+def _unified(m: _Matcher) -> list[str]:
+    """difflib.unified_diff's hunks (one line of context), without its header."""
+    def span(lo: int, hi: int) -> str:
+        n = hi - lo
+        return f"{lo + 1}" if n == 1 else f"{lo if not n else lo + 1},{n}"
+    out = []
+    for group in m.get_grouped_opcodes(1):
+        out.append(f"@@ -{span(group[0][1], group[-1][2])} +{span(group[0][3], group[-1][4])} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + x for x in m.a[i1:i2]]
+                continue
+            out += ["-" + x for x in m.a[i1:i2]] if tag in ("replace", "delete") else []
+            out += ["+" + x for x in m.b[j1:j2]] if tag in ("replace", "insert") else []
+    return out
+
+
 def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
-            old_path: str | None = None) -> FileDetail:
+            old_path: str | None = None, deadline: float | None = None) -> FileDetail:
     """Compare the host's version of path (of old_path, for a rename) with
-    the run's. A created file has no host version, a deleted one no run version."""
+    the run's. A created file has no host version, a deleted one no run version.
+    deadline (time.monotonic()): the diff's, at most DIFF_DEADLINE_S from now."""
     d = FileDetail()
     where = tree.locate(path)
     old_path = old_path or path
@@ -223,9 +273,20 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
         d.uncertain.append("too-large-to-diff")
         return d
     a, b = old.splitlines(), new.splitlines()
-    lines = list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]
-    d.added = sum(1 for s in lines if s.startswith("+"))
-    d.removed = sum(1 for s in lines if s.startswith("-"))
+    end = time.monotonic() + DIFF_DEADLINE_S
+    m = _Matcher(a, b, end if deadline is None else min(end, deadline))
+    try:
+        if m.pairs() > MAX_DIFF_PAIRS:
+            raise _Timeout
+        lines = _unified(m)
+    except _Timeout:   # counts of the lines each side has more of: sizes and line counts
+        d.uncertain.append(DIFF_TOO_COSTLY)
+        ca, cb = Counter(a), Counter(b)
+        lines = []
+        d.added, d.removed = sum((cb - ca).values()), sum((ca - cb).values())
+    else:
+        d.added = sum(1 for s in lines if s.startswith("+"))
+        d.removed = sum(1 for s in lines if s.startswith("-"))
     d.overwritten = bool(a) and (not b or (len(a) >= OVERWRITE_MIN_LINES and
                                            d.removed >= OVERWRITE_SHARE * len(a)))
     d.diff = lines[:MAX_DIFF_LINES]

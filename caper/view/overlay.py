@@ -359,12 +359,13 @@ class OverlaySnapshot:
     @classmethod
     def create(cls, state_dir: str, *, userxattr: bool,
                binds: Sequence[tuple[str, str]] = (),
-               work_dirs: Sequence[str] = (),
+               work_dirs: Sequence[str] = (), other_state: Sequence[str] = (),
                entries: list[mountinfo.MountEntry] | None = None) -> "OverlaySnapshot":
         """binds: (host path, sandbox path) pairs mounted over the overlays,
         e.g. a btrfs snapshot of the workspace at the workspace's path.
         work_dirs: where the command is expected to write (its workspace,
-        $HOME), which may need layers of their own (see _plan). entries:
+        $HOME), which may need layers of their own (see _plan). other_state:
+        caper's other state directories, hidden like state_dir. entries:
         the mount table, if the caller has read it."""
         entries = mountinfo.read() if entries is None else entries
         cls.check_state_dir(state_dir, entries)
@@ -376,7 +377,8 @@ class OverlaySnapshot:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
             os.mkdir(scratch, 0o700)
-            snap = cls._plan(scratch, state_dir, userxattr, binds, entries, work_dirs)
+            snap = cls._plan(scratch, state_dir, userxattr, binds, entries, work_dirs,
+                             other_state)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             _unlink(scratch + ".lock")
@@ -399,13 +401,16 @@ class OverlaySnapshot:
     @classmethod
     def _plan(cls, scratch: str, state_dir: str, userxattr: bool,
               binds: Sequence[tuple[str, str]],
-              entries: list[mountinfo.MountEntry], work_dirs: Sequence[str]) -> "OverlaySnapshot":
+              entries: list[mountinfo.MountEntry], work_dirs: Sequence[str],
+              other_state: Sequence[str] = ()) -> "OverlaySnapshot":
         stage = os.path.join(scratch, "root")
         os.mkdir(stage)
         state_real = os.path.realpath(state_dir)
+        hidden = _state_paths([state_real, *other_state], entries)
         plan = _Planner(scratch, stage, userxattr, {e.point for e in entries})
         covered = [m for m in host_mounts(entries)
-                   if m.fstype not in PSEUDO_FS and not mountinfo.below(m.mount_point, state_real)
+                   if m.fstype not in PSEUDO_FS
+                   and not any(mountinfo.below(m.mount_point, h) for h in hidden)
                    and not any(mountinfo.below(m.mount_point, t) for t in KERNEL_TREES)]
         threshold = ctimes.take(state_dir, (m.fstype for m in covered if not m.read_only), entries,
                                 own_dirs=[*(os.path.dirname(source) for source, _ in binds),
@@ -457,12 +462,15 @@ class OverlaySnapshot:
             plan.mounts.append(Mount(source, stage + path, None, None, MS_BIND))
             plan.mounts.append(Mount(None, stage + path, None, None, MS_BIND | MS_REMOUNT | SAFE
                                      | (MS_REC if _can_remount_tree() else 0)))
-        # caper's own state (other runs' pending changes) is not the command's business.
-        plan.mounts.append(Mount("tmpfs", stage + state_real, "tmpfs", "size=4k,mode=0",
-                                 MS_RDONLY | SAFE | MS_NOEXEC))
+        # caper's own state (other runs' pending changes) is not the command's
+        # business, under any of its paths.
+        for path in hidden:
+            if os.path.isdir(path):
+                plan.mounts.append(Mount("tmpfs", stage + path, "tmpfs", "size=4k,mode=0",
+                                         MS_RDONLY | SAFE | MS_NOEXEC))
         return cls(scratch=scratch, stage=stage, layers=plan.layers, mounts=plan.mounts,
                    since_ns=threshold.since_ns, not_before_ns=threshold.not_before_ns,
-                   hidden=[state_real], held=plan.held, aliases=plan.aliases)
+                   hidden=hidden, held=plan.held, aliases=plan.aliases)
 
     def discard(self) -> None:
         """Rollback: the upper layers go, the host never saw them."""
@@ -491,6 +499,21 @@ class OverlaySnapshot:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)
             self.lock_fd = -1
+
+
+def _state_paths(dirs: Sequence[str], entries: list[mountinfo.MountEntry]) -> list[str]:
+    """Every path of caper's state directories: each one's real path and its
+    aliases through other mounts (mountinfo.aliases), outside the kernel
+    trees. A directory that does not exist yet is listed too, so that no
+    commit creates it with what a run planted."""
+    out: list[str] = []
+    for d in dirs:
+        real = os.path.realpath(d)
+        found = [real] + (mountinfo.aliases(real, entries) if os.path.isdir(real) else [])
+        out += [p for p in found if p not in out
+                and not any(mountinfo.below(p, t) for t in KERNEL_TREES)]
+    # One inside another is hidden with it (and a tmpfs could not be mounted there).
+    return [p for p in out if not any(q != p and mountinfo.below(p, q) for q in out)]
 
 
 def later(clean_up: Callable[[], None]) -> None:

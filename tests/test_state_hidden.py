@@ -1,0 +1,107 @@
+"""caper's state directory is invisible to the command under every path: a
+bind mount of a directory above it, a bind mount of it, one of a directory
+below it, and the caller's default state directory when the run uses another.
+
+Each case runs in a private mount namespace (`unshare -m`) made for the test,
+so the bind mounts touch nothing outside it and vanish with it."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_report import ROOT
+
+SCRIPT = r"""
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+base = sys.argv[2]
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+for src, dst in (("b", "alias-above"), ("b/state", "alias-itself"),
+                 ("b/state/runs", "alias-below")):
+    subprocess.run(["mount", "--bind", f"{base}/{src}", f"{base}/{dst}"], check=True)
+import caper
+cmd = " ; ".join(f"ls -A {base}/{p}; cat {base}/{p}/marker; echo x > {base}/{p}/planted"
+                 for p in ("alias-above/state", "alias-itself", "home/.local/state/caper"))
+cmd += f" ; ls -A {base}/alias-below; echo x > {base}/alias-below/planted"
+out = caper.run(cmd, cwd=f"{base}/b/ws", workspace=f"{base}/b/ws", approver="allow",
+                state_dir=f"{base}/b/state",
+                env={"PATH": "/usr/bin:/bin", "HOME": f"{base}/home"})
+print(json.dumps({"committed": out.committed, "stdout": out.stdout.text().decode(),
+                  "stderr": out.stderr.text().decode(), "reason": out.reason}))
+"""
+
+
+def test_the_state_directory_is_hidden_under_every_path(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for the bind mounts")
+    base = tmp_path
+    for d in ("b/ws", "b/state/runs", "alias-above", "alias-itself", "alias-below",
+              "home/.local/state/caper"):
+        (base / d).mkdir(parents=True, exist_ok=True)
+    os.chmod(base / "b/state", 0o700)
+    for d in ("b/state", "home/.local/state/caper", "b/state/runs"):
+        (base / d / "marker").write_text("caper-private-record\n")
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-P", "-c",
+                        SCRIPT, str(ROOT), str(base)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert out["committed"], out
+    assert "caper-private-record" not in out["stdout"] and "marker" not in out["stdout"], out
+    assert out["stderr"].count("Read-only file system") == 4, out["stderr"]
+    for d in ("b/state", "home/.local/state/caper", "b/state/runs"):
+        assert not (base / d / "planted").exists()
+
+
+BTRFS_SCRIPT = r"""
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+base, loop = sys.argv[2], sys.argv[3]
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+subprocess.run(["mount", loop, f"{base}/pool"], check=True)            # the top level
+import btrfsutil, os
+btrfsutil.create_subvolume(f"{base}/pool/@home")
+subprocess.run(["mount", "-o", "subvol=@home", loop, f"{base}/home"], check=True)
+os.makedirs(f"{base}/home/ws")
+os.makedirs(f"{base}/home/state", mode=0o700)
+open(f"{base}/home/state/marker", "w").write("caper-private-record\n")
+import caper
+seen = f"{base}/pool/@home/state"
+out = caper.run(f"ls -A {seen}; cat {seen}/marker; echo x > {seen}/planted", cwd=f"{base}/home/ws",
+                workspace=f"{base}/home/ws", approver="allow", state_dir=f"{base}/home/state",
+                env={"PATH": "/usr/bin:/bin", "HOME": f"{base}/nohome"})
+print(json.dumps({"committed": out.committed, "stdout": out.stdout.text().decode(),
+                  "stderr": out.stderr.text().decode(),
+                  "planted": os.path.exists(f"{base}/home/state/planted")}))
+"""
+
+
+def test_the_state_directory_is_hidden_through_a_btrfs_top_level_mounted_elsewhere(tmp_path):
+    """Timeshift/snapper mount the top level (`@home/<user>/...` in it)."""
+    from test_btrfs import MKFS_BTRFS, _why_not
+    if _why_not() or not shutil.which("losetup") or not shutil.which("unshare"):
+        pytest.skip(_why_not() or "needs losetup and unshare")
+    img = tmp_path / "img"
+    with open(img, "wb") as f:
+        f.truncate(200 << 20)
+    subprocess.run([MKFS_BTRFS, "-q", str(img)], check=True, capture_output=True)
+    for d in ("pool", "home"):
+        (tmp_path / d).mkdir()
+    loop = subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True)
+    if loop.returncode != 0:
+        pytest.skip(f"no loop device: {loop.stderr.strip()}")
+    try:
+        p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-P",
+                            "-c", BTRFS_SCRIPT, str(ROOT), str(tmp_path), loop.stdout.strip()],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        subprocess.run(["losetup", "-d", loop.stdout.strip()], check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert out["committed"] and not out["planted"], out
+    assert "caper-private-record" not in out["stdout"] and "marker" not in out["stdout"], out
+    assert "Read-only file system" in out["stderr"], out
