@@ -248,10 +248,8 @@ int mount_setup(const struct caper_config *c, struct caper_failure *f)
         struct caper_failure tried = { 0 };
         if (do_mount(&tried, CAPER_STEP_MOUNT_ROOT, m->source, m->target,
                      m->fstype, (unsigned long)m->flags, m->data) < 0) {
-            if (gone_since_plan(m, tried.err)) {
-                i += m->or_else;    /* and its fallback, which stands for the same path */
-                continue;
-            }
+            if (!m->or_else && gone_since_plan(m, tried.err))
+                continue;           /* with a fallback, that stands in (or is gone too) */
             if (!m->or_else) {
                 *f = tried;
                 return -1;
