@@ -109,3 +109,18 @@ def test_hosts_that_cannot_ask_leave_it_to_the_user(agent, project, tmp_path):
                                                     tmp_path / "none")).encode(), project, tmp_path)
     text = json.dumps(out)
     assert '"deny"' in text and "only the user may apply" in text
+
+
+@pytest.mark.parametrize("mode", ["bypassPermissions", "auto", "dontAsk"])
+def test_claude_code_in_a_mode_where_an_ask_reaches_nobody_leaves_it_to_the_user(mode, project,
+                                                                                 tmp_path):
+    """In these permission modes Claude Code answers an "ask" without its
+    human (it is taken as allow): the agent would apply its own held run."""
+    commit = f"{BIN / 'caper'} commit 0123456789abcdef"
+    doc = hook_input("claude-code", commit, project, tmp_path / "none")
+    doc["permission_mode"] = mode
+    rc, out = run_hook("claude-code", json.dumps(doc).encode(), project, tmp_path)
+    spec = out["hookSpecificOutput"]
+    assert spec["permissionDecision"] == "deny" and "only the user may apply" in \
+        spec["permissionDecisionReason"] and "updatedInput" not in spec
+    assert "caper commit 0123456789abcdef" in out["systemMessage"]

@@ -277,7 +277,7 @@ def answer(agent: Agent, hook) -> str:
         return ""        # the wrapped command the hook asked for: it runs once, there
     held = held_commit(command)
     if held is not None:
-        return ask_human(agent, held, state)
+        return ask_human(agent, held, state, hook.get("permission_mode"))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
     rule = claude_rules.verdict(inner or command, project_dir(hook)) \
@@ -338,17 +338,24 @@ def held_commit(command: str) -> str | None:
     return None
 
 
-def ask_human(agent: Agent, run_id: str, state: str) -> str:
+# Claude Code permission modes in which an "ask" reaches no human (it is
+# taken as allow, or answered without asking): there a held run is the user's
+# to apply in a terminal.
+UNATTENDED_MODES = ("bypassPermissions", "auto", "dontAsk")
+
+
+def ask_human(agent: Agent, run_id: str, state: str, permission_mode=None) -> str:
     """Applying a held run is the human's call, never the agent's: the host's
-    permission prompt shows them the effect card; a host that cannot ask is
-    told to leave it to the user. Every run-derived string in the prompt is
-    escaped: a file name cannot add a line of its own."""
+    permission prompt shows them the effect card; a host that cannot ask, or
+    that runs in a mode where an ask reaches nobody, is told to leave it to
+    the user. Every run-derived string in the prompt is escaped: a file name
+    cannot add a line of its own."""
     from caper.display import escape
     from caper.errors import ConfigError
     from caper.held import load
     yours = f"caper held run {run_id} for you: to apply it, run `caper commit {run_id}` in a " \
             f"terminal (`caper discard {run_id}` drops it)"
-    if not agent.can_ask:
+    if not agent.can_ask or permission_mode in UNATTENDED_MODES:
         return _out(agent, "deny", f"only the user may apply a run caper held for them: ask "
                                    f"them to run `caper commit {run_id}` in a terminal",
                     tell_user=yours)
