@@ -125,7 +125,7 @@ out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sy
                 state_dir=sys.argv[5])
 print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code,
                   "stdout": out.stdout.text().decode(), "notes": list(out.notes),
-                  "backend": out.report.backend}))
+                  "backend": out.report.backend, "report": out.report.to_json()}))
 """
 
 
@@ -317,3 +317,21 @@ def test_a_write_below_a_directory_of_a_foreign_group_says_why_it_failed():
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_rootless_run_removing_an_unread_credential_shows_none_of_its_values():
+    """Rootless too, the report reads the host's version of a credential the
+    run deleted without reading it: none of its values reach the card."""
+    need_rootless_venv()
+    tmp_path = Path(tempfile.mkdtemp(prefix="caper-rootless-cred-"))
+    atexit.register(shutil.rmtree, tmp_path, True)
+    home, ws, state = tmp_path / "home", tmp_path / "ws", tmp_path / "state"
+    (home / ".aws").mkdir(parents=True)
+    ws.mkdir()
+    secret = "s3cr3tValueZZZ9876plainwords"
+    (home / ".aws" / "credentials").write_text(f"[default]\naws_secret_access_key = {secret}\n")
+    for d in (tmp_path, home, home / ".aws", ws):
+        os.chown(d, NOBODY, NOBODY)
+    os.chown(home / ".aws" / "credentials", NOBODY, NOBODY)
+    out = run_as_nobody(ws, "rm ~/.aws/credentials", "block", state, home=home)
+    assert '"~/.aws/credentials"' in out["report"] and secret not in out["report"]

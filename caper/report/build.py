@@ -616,14 +616,19 @@ def _draft(facts: RunFacts) -> _Draft:
     an = _Analysis(facts, view)
     redactor = Redactor()
     # Values of every credential file the run read (or tried to) are secrets,
-    # wherever they show up, and so are those it changed.
+    # wherever they show up, and so are those of one it changed or removed,
+    # by its name or by what the run's links and renames made it: reporting
+    # the change reads the host's version even if the run never did.
     for e, kind, cred in an.protected:
         redactor.add_values(facts.tree.credential_values(cred), kind)
     loc = facts.tree
+    credentials: set[str] = set()   # changed paths that are credential locations
     for c in facts.changes:
-        kind = facts.protected.kind(c.path)
-        if kind and c.kind != "deleted":
-            redactor.add_values(loc.credential_values(c.path), kind)
+        cred = an.credential(facts.protected, c.path)
+        if cred:
+            credentials.add(c.path)
+            for p in {c.path, cred[0]}:
+                redactor.add_values(loc.credential_values(p), cred[1])
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     uncertain: dict[str, int] = dict(an.uncertain)
@@ -687,7 +692,8 @@ def _draft(facts: RunFacts) -> _Draft:
         if len(details) >= MAX_INSPECTED or spent >= MAX_INSPECT_BYTES:
             uncertain["files-not-inspected"] = uncertain.get("files-not-inspected", 0) + 1
             continue
-        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from)
+        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from,
+                    credential=fc.path in credentials or fc.renamed_from in credentials)
         details[fc.path] = d
         spent += (d.size_before or 0) + (d.size_after or 0)
         for u in d.uncertain:

@@ -11,6 +11,7 @@ file: where the run left a file, the host may hold a FIFO or a device node.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import sqlite3
 import stat
@@ -49,16 +50,19 @@ class RunTree:
         return None
 
     def credential_values(self, path: str) -> list[str]:
-        """Secret values of the credential file at path as the run saw it: its
-        run version, else the host's, opened without following any symlink
-        (path comes from the command: what it names must not be looked up in
-        caper's own view of the filesystem)."""
+        """Secret values of the credential file at path: those of its run
+        version and of the host's (a run that overwrote or deleted it without
+        reading it still makes caper read the host's to report the change),
+        each opened without following any symlink (path comes from the
+        command: what it names must not be looked up in caper's own view of
+        the filesystem)."""
         where = self.locate(path)
+        found: list[str] = []
         for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
             blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
             if blob is not None:
-                return values_in(blob.data)
-        return []
+                found += values_in(blob.data)
+        return list(dict.fromkeys(found))
 
 
 @dataclass(slots=True)
@@ -183,10 +187,35 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
         os.close(fd)
 
 
+def _withhold_secret_lines(lines: list[str], redactor: Redactor, salt: bytes) -> list[str]:
+    """lines with each one that holds (part of) a secret replaced by a keyed
+    digest of it: a private key's body lines match no shape one by one, and a
+    diff line must not show them. Equal lines still compare equal, so the
+    diff keeps its shape; the per-report key makes the digest no hint."""
+    text = "\n".join(lines)
+    spans = redactor.spans(text)
+    if not spans:
+        return lines
+    out, pos, i = [], 0, 0
+    for line in lines:
+        end = pos + len(line)
+        while i < len(spans) and spans[i][1] <= pos:
+            i += 1
+        if i < len(spans) and spans[i][0] < max(end, pos + 1) and spans[i][1] > pos:
+            tag = hashlib.blake2b(line.encode("utf-8", "surrogatepass"), key=salt,
+                                  digest_size=4).hexdigest()
+            line = f"<secret line withheld {tag}>"
+        out.append(line)
+        pos = end + 1
+    return out
+
+
 def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
-            old_path: str | None = None) -> FileDetail:
+            old_path: str | None = None, credential: bool = False) -> FileDetail:
     """Compare the host's version of path (of old_path, for a rename) with
-    the run's. A created file has no host version, a deleted one no run version."""
+    the run's. A created file has no host version, a deleted one no run version.
+    A credential location's diff is never kept (sizes and line counts only),
+    and no diff line of any file shows a secret of either version."""
     d = FileDetail()
     where = tree.locate(path)
     old_path = old_path or path
@@ -222,11 +251,13 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     if too_large:
         d.uncertain.append("too-large-to-diff")
         return d
-    a, b = old.splitlines(), new.splitlines()
+    salt = os.urandom(16)
+    a = _withhold_secret_lines(old.splitlines(), redactor, salt)
+    b = _withhold_secret_lines(new.splitlines(), redactor, salt)
     lines = list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]
     d.added = sum(1 for s in lines if s.startswith("+"))
     d.removed = sum(1 for s in lines if s.startswith("-"))
     d.overwritten = bool(a) and (not b or (len(a) >= OVERWRITE_MIN_LINES and
                                            d.removed >= OVERWRITE_SHARE * len(a)))
-    d.diff = lines[:MAX_DIFF_LINES]
+    d.diff = [] if credential else lines[:MAX_DIFF_LINES]
     return d

@@ -202,6 +202,27 @@ class Redactor:
                     found.add(kind)
         return s
 
+    def spans(self, s: str) -> list[tuple[int, int]]:
+        """(start, end) of every known value and token shape in s, in order
+        and merged: what `text` would replace, located in s itself."""
+        found = []
+        for v in self._order:
+            i = s.find(v)
+            while i >= 0:
+                found.append((i, i + len(v)))
+                i = s.find(v, i + 1)
+        low = s.lower()
+        for _, rx, anchors in SHAPES:
+            if any(a in low for a in anchors):
+                found += [m.span() for m in rx.finditer(s)]
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(found):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return merged
+
     def cut_ends(self, s: str, start: bool, end: bool, found: set[str] | None = None) -> str:
         """Also redact a value cut by a boundary of held output: a prefix of a
         value at the end of s (end=True), a suffix at its start (start=True).
