@@ -152,7 +152,10 @@ def test_a_credential_overwritten_or_removed_unread_shows_no_old_value(repo, tmp
         assert v not in text, v
     changed = {c.path: c for c in r.changes}
     for p in ("~/.aws/credentials", "~/.ssh/id_ed25519", ".env"):
-        assert not changed[p].diff and changed[p].size[0] > 0
+        assert changed[p].size[0] > 0 and all(
+            line.startswith("@@") or line.endswith("<withheld>") for line in changed[p].diff or [])
+    if how == "echo x >":   # what changed is still said: which keys, not their values
+        assert "-aws_secret_access_key =<withheld>" in changed["~/.aws/credentials"].diff
     notes = changed["notes.txt"]
     assert "-intro" in notes.diff and "+INTRO" in notes.diff   # the edit itself is shown
 
@@ -161,13 +164,14 @@ def test_no_diff_line_of_any_file_shows_a_secret_of_its_old_or_new_version(repo,
     """A private key's body lines match no token shape one by one: the diff
     of a file that is no credential location withholds them too."""
     body = "AAAAC3NzaC1lZDI1NTE5AAAAIOtherKeyBodyLineNotSeenElsewhere0123"
-    key = f"-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"
+    tail = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=="   # reads as a KEY= line
+    key = f"-----BEGIN PRIVATE KEY-----\n{body}\n{tail}\n-----END PRIVATE KEY-----\n"
     (repo / "notes.txt").write_text("intro\n" + key + "outro\n")
     r = go("printf 'INTRO\\nnew\\n' > notes.txt", repo, tmp_path).report
     notes = next(c for c in r.changes if c.path == "notes.txt")
     assert "-intro" in notes.diff and "+INTRO" in notes.diff
-    assert any("secret line withheld" in line for line in notes.diff)
-    assert body not in dump(r)
+    assert any("<secret withheld" in line for line in notes.diff)
+    assert body not in dump(r) and "QUJDREVG" not in dump(r)
 
 
 def test_secret_copied_into_a_written_file_is_evidence_and_redacted(repo, tmp_path, home):

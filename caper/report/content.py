@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from caper.fs.mountinfo import below
-from caper.report.secrets import MAX_SECRET_FILE, Redactor, values_in
+from caper.report.secrets import MAX_SECRET_FILE, Redactor, key_of, values_in
 from caper.fs.syscalls import open_regular
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
@@ -188,10 +188,11 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
 
 
 def _withhold_secret_lines(lines: list[str], redactor: Redactor, salt: bytes) -> list[str]:
-    """lines with each one that holds (part of) a secret replaced by a keyed
-    digest of it: a private key's body lines match no shape one by one, and a
-    diff line must not show them. Equal lines still compare equal, so the
-    diff keeps its shape; the per-report key makes the digest no hint."""
+    """lines with each one that holds (part of) a secret replaced by the key
+    it sets and a keyed digest of it: a private key's body lines match no
+    shape one by one, and a diff line must not show them. Equal lines still
+    compare equal, so the diff keeps its shape; the per-report key makes the
+    digest no hint."""
     text = "\n".join(lines)
     spans = redactor.spans(text)
     if not spans:
@@ -202,9 +203,11 @@ def _withhold_secret_lines(lines: list[str], redactor: Redactor, salt: bytes) ->
         while i < len(spans) and spans[i][1] <= pos:
             i += 1
         if i < len(spans) and spans[i][0] < max(end, pos + 1) and spans[i][1] > pos:
-            tag = hashlib.blake2b(line.encode("utf-8", "surrogatepass"), key=salt,
-                                  digest_size=4).hexdigest()
-            line = f"<secret line withheld {tag}>"
+            tag = hashlib.blake2b(line.encode(), key=salt, digest_size=4).hexdigest()
+            key = key_of(line)
+            if spans[i][0] < pos + len(key):   # the "key" is part of the secret (a base64 tail)
+                key = ""
+            line = f"{key}<secret withheld {tag}>"
         out.append(line)
         pos = end + 1
     return out
@@ -214,8 +217,8 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
             old_path: str | None = None, credential: bool = False) -> FileDetail:
     """Compare the host's version of path (of old_path, for a rename) with
     the run's. A created file has no host version, a deleted one no run version.
-    A credential location's diff is never kept (sizes and line counts only),
-    and no diff line of any file shows a secret of either version."""
+    A credential location's diff shows only the keys its lines set, and no
+    diff line of any file shows a secret of either version."""
     d = FileDetail()
     where = tree.locate(path)
     old_path = old_path or path
@@ -259,5 +262,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     d.removed = sum(1 for s in lines if s.startswith("-"))
     d.overwritten = bool(a) and (not b or (len(a) >= OVERWRITE_MIN_LINES and
                                            d.removed >= OVERWRITE_SHARE * len(a)))
-    d.diff = [] if credential else lines[:MAX_DIFF_LINES]
+    if credential:   # the keys it changes, never their values
+        lines = [s if s.startswith("@@") else s[:1] + key_of(s[1:]) + "<withheld>" for s in lines]
+    d.diff = lines[:MAX_DIFF_LINES]
     return d

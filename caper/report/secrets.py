@@ -124,6 +124,7 @@ SHAPES: list[tuple[str, re.Pattern, tuple[str, ...]]] = [
         ("password", r"(?i:(?<=password))[\"']?\s*[:=]\s*[\"']?[^\s\"',;]{6,}", ("password",)),
     ]]
 
+_KEY = re.compile(r"""^\s*(?:export\s+)?["']?[\w.\-]+["']?\s*[:=]""")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?["']?[\w.\-]+["']?\s*[:=]\s*(.*?)\s*,?\s*$""")
 _KEYWORD = re.compile(r"(?i)\b(?:password|passwd|secret|token|login)\s+(\S+)")
 
@@ -153,6 +154,14 @@ def values_in(data: bytes) -> list[str]:
         if not m and " " not in s:
             found.append(s)
     return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_LEN]
+
+
+def key_of(line: str) -> str:
+    """The `KEY=` a line starts with (`registry=` says what a change to a
+    credential file does), or "": a line that sets no key (a private key's
+    body, a bare token) may be all secret."""
+    m = _KEY.match(line)
+    return m.group(0) if m else ""
 
 
 def _json_strings(doc) -> list[str]:
