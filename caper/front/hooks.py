@@ -155,12 +155,16 @@ def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> s
 
 def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
     """The task for a gated call, and where it came from: the prompts the
-    agent's prompt event recorded, else the transcript, else none."""
+    agent's prompt event recorded, else (no record at all) the transcript,
+    else none. A record caper did not make is none: the strictest case."""
     from caper.front.transcripts import task_from_transcript
-    from caper.front.tasks import recorded_task
-    task = recorded_task(state, session)
-    if task:
-        return task, "prompt-event"
+    from caper.front.tasks import TaskRecordError, recorded_task
+    try:
+        recorded, task = recorded_task(state, session)
+    except TaskRecordError:
+        return None, "none"
+    if recorded:
+        return task, "prompt-event" if task else "none"
     path = hook.get("transcript_path")
     task = task_from_transcript(path if isinstance(path, str) else None)
     return task, "transcript" if task else "none"

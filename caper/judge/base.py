@@ -24,6 +24,7 @@ class ApprovalRequest:
     workspace: str | None = None
     home: str | None = None
     protected: Protected | None = None   # the run's credential locations (defaults, config, tainted)
+    task_from_transcript: bool = False   # the task was read from a file the agent can write
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,7 +250,9 @@ class PolicyApprover:
         rules = _compiled(self._key, request.home, workspace)
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
-        intent = task_intent(request.task, rules)
+        # A task from the transcript may be the agent's own words (it can
+        # write that file): it lowers no strictness, as if no task were known.
+        intent = None if request.task_from_transcript else task_intent(request.task, rules)
         protected = request.protected or protected_for(default_patterns(), request.home, workspace)
         judge = _Judge(rules, declared, intent, request.home, workspace, protected)
         findings = judge.run(report)
