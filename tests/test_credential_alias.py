@@ -33,6 +33,9 @@ ROUTES = {
     "symlink": ('ln -s "$PWD/.env" /tmp/e', "/tmp/e", ".env"),
     "hard-link": ("ln .env h", "h", ".env"),
     "rename": ("mv .env x", "x", ".env"),
+    # renameat2(RENAME_EXCHANGE) with the credential as the destination
+    "rename-exchange": ("echo hi > x && python3 -c \"import ctypes; "
+                        "ctypes.CDLL(None).renameat2(-100, b'x', -100, b'.env', 2)\"", "x", ".env"),
     "proc-self-root": ("true", "/proc/self/root{repo}/.env", ".env"),
     "proc-self-cwd": ("true", "/proc/self/cwd/.env", ".env"),
     "symlinked-dir": ("ln -s . d", "d/.env", ".env"),

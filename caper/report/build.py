@@ -385,6 +385,7 @@ class _Proc:
     reads: list[tuple[int, str]] = field(default_factory=list)             # seq, path
 
 
+RENAME_EXCHANGE = 2   # renameat2: each name takes the other's object
 _WRITE_KINDS = (Kind.UNLINK, Kind.RMDIR, Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR,
                 Kind.MKNOD)
 _CHANGING_KINDS = _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)   # besides opens
@@ -466,11 +467,19 @@ class _Analysis:
                 # A credential linked or moved elsewhere (or a directory holding
                 # one) is read by that name from now on: the link or rename
                 # itself counts as reading it.
-                cred = self.credential(facts.protected, e.real, e.path)
-                if cred:
-                    self.protected.append((e, cred[1], cred[0]))
-                    p.reads.append((e.seq, cred[0]))
-                self.aliases[e.path2] = self.original(e.real or e.path)
+                # An exchange moves the destination's object to the source's
+                # name as well: each name is a source, and each the other's alias.
+                exchange = k == Kind.RENAME and e.flags & RENAME_EXCHANGE
+                sources = [(e.real, e.path)] + ([(None, e.path2)] if exchange else [])
+                for names in sources:
+                    cred = self.credential(facts.protected, *names)
+                    if cred:
+                        self.protected.append((e, cred[1], cred[0]))
+                        p.reads.append((e.seq, cred[0]))
+                was = self.original(e.real or e.path)
+                if exchange:
+                    self.aliases[e.path] = self.original(e.path2)
+                self.aliases[e.path2] = was
             if k == Kind.RENAME and e.path:
                 self.writers[e.path] = (e.pid, e.seq)
                 self.renames[e.path2] = self.renames.pop(e.path, e.path)
@@ -488,6 +497,13 @@ class _Analysis:
     def original(self, path: str) -> str:
         """path as it was named before the run's links and renames put it (or
         a directory above it) there."""
+        return self.names(path)[-1]
+
+    def names(self, path: str) -> list[str]:
+        """path and each name it had before, back through the run's links and
+        renames (an exchange makes two names each other's: a cycle, where
+        every name counts)."""
+        out = [path]
         for _ in range(MAX_ALIAS_HOPS if self.aliases else 0):
             up = path
             while up not in self.aliases and up not in ("", "/"):
@@ -495,7 +511,10 @@ class _Analysis:
             if up not in self.aliases:
                 break
             path = self.aliases[up] + path[len(up):]
-        return path
+            if path in out:
+                break
+            out.append(path)
+        return out
 
     def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
         """(path, kind) of the first of names that is a credential location,
@@ -503,7 +522,7 @@ class _Analysis:
         none is."""
         seen = set()
         for name in names:
-            for p in (name, self.original(name)) if name else ():
+            for p in self.names(name) if name else ():
                 kind = None if p in seen else protected.kind(p)
                 if kind:
                     return p, kind
