@@ -160,6 +160,20 @@ def test_a_credential_overwritten_or_removed_unread_shows_no_old_value(repo, tmp
     assert "-intro" in notes.diff and "+INTRO" in notes.diff   # the edit itself is shown
 
 
+@pytest.mark.parametrize("after", ["sed -i 's/^/#/' {p}", "echo 'decoy = nothing-here-123' > {p}",
+                                   "rm {p}"])
+def test_a_credential_read_then_edited_is_still_redacted(repo, tmp_path, home, after):
+    """The adversarial round's repro: read the credential, then comment it out
+    (or replace it by a decoy, or remove it): the run's version holds no
+    values, the host's still does, and those are redacted."""
+    plain_credentials(home, repo)
+    for p in ("~/.aws/credentials", ".env"):
+        r = go(f"cat {p}; " + after.format(p=p), repo, tmp_path, home=home).report
+        text = dump(r) + r.card()
+        assert PLAIN_SECRETS[0] not in text and PLAIN_SECRETS[1] not in text, r.card()
+        assert "testkeyidqwertyuiop" not in text
+
+
 def test_no_diff_line_of_any_file_shows_a_secret_of_its_old_or_new_version(repo, tmp_path):
     """A private key's body lines match no token shape one by one: the diff
     of a file that is no credential location withholds them too."""

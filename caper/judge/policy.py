@@ -294,6 +294,7 @@ class _Judge:
                 self.add(90, "block", f"its output would show secret values ({', '.join(s.kinds)})",
                          "secrets must not reach the agent's context",
                          "read the value where it is needed instead of printing it")
+        self.transformed(report)
         for x in report.processes.refused:
             if x.syscall in self.r.escape_calls or x.reason in ("abi",):
                 self.add(95, "block", f"it tried {x.syscall} ({x.reason}), which caper refused",
@@ -306,6 +307,25 @@ class _Judge:
             self.add(30, "unsure", f"the report had no room for some changes ({hidden[0]})",
                      "effects the policy could not see")
         return sorted(self.findings, reverse=True)
+
+    def transformed(self, report) -> None:
+        """A credential read, then output or a file written: the value may be
+        in it in a form no redaction finds (base64, reversed, encrypted), so
+        verbatim matching cannot clear it; a human or the LLM decides."""
+        read = sorted({p.path for p in report.protected_reads if p.result is None})
+        if not read:
+            return
+        if report.output.stdout.bytes or report.output.stderr.bytes:
+            self.add(75, "unsure", f"it read the credential {_q(read[0])} and printed output, "
+                     "which may carry it in another form", "secrets must not reach the agent's "
+                     "context", "read the value where it is needed, printing nothing of it")
+        # Any file: a descriptor opened before the read can be written after
+        # it (`base64 .env > enc.txt`: the shell opens enc.txt first).
+        wrote = next((c.path for c in report.changes if c.op != "deleted" and c.type == "file"),
+                     next((a.under for a in report.aggregates if a.op != "deleted"), None))
+        if wrote is not None:
+            self.add(75, "unsure", f"it read the credential {_q(read[0])} and wrote {_q(wrote)}, "
+                     "which may carry it in another form", "credentials must not be copied")
 
     # -- file changes --
     def change(self, path: str, op: str, where: str, ftype: str, c, files: int) -> None:
