@@ -243,3 +243,20 @@ def test_a_credential_read_then_output_or_a_file_is_never_allowed(env, command):
     assert "read the credential" in out.reason
     assert not (env / "proj" / "enc.txt").exists()
     assert "dG9r" not in out.stdout.text().decode()        # base64 of "tok", not released
+
+
+@pytest.mark.parametrize("name, body", [
+    (".gemini/oauth_creds.json", '{"access_token": "ya29.plainAccessTokenValue", '
+                                 '"refresh_token": "1//0gPlainRefreshTokenValue"}'),
+    (".pgpass", "db.internal:5432:app:admin:plainPgPassword77\n"),
+    (".claude/.credentials.json", '{"claudeAiOauth": {"accessToken": "plainClaudeTokenValue"}}')])
+def test_an_agents_own_login_is_a_credential(env, name, body):
+    """The adversarial round's list: the gated agents' own OAuth tokens and
+    other tools' passwords were no credential locations: printed raw."""
+    f = env / "home" / name
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(body)
+    for cmd in (f"cat ~/{name}", f"base64 -w0 ~/{name}"):
+        out = gate(env, cmd, "run the tests")
+        assert out.decision != "allow" and not out.committed, out.reason
+        assert "plain" not in out.stdout.text().decode() and "cGxhaW4" not in out.stdout.text().decode()
