@@ -112,7 +112,7 @@ def test_the_permission_prompt_shows_no_line_of_the_runs(tmp_path):
               cwd=str(ws), state_dir=str(state), on_unsure="ask",
               env={**os.environ, "HOME": str(tmp_path)})
     assert out.held and not out.committed
-    answer = json.loads(hooks.ask_human(hooks.AGENTS["claude-code"], out.held, str(state)))
+    answer = json.loads(hooks.ask_human(hooks.AGENTS["claude-code"], out.held, str(state), True))
     prompt = answer["hookSpecificOutput"]["permissionDecisionReason"]
     assert answer["hookSpecificOutput"]["permissionDecision"] == "ask"
     assert "not sure about" in prompt and "\\x1b[2J" in prompt
