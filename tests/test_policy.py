@@ -260,3 +260,27 @@ def test_an_agents_own_login_is_a_credential(env, name, body):
         out = gate(env, cmd, "run the tests")
         assert out.decision != "allow" and not out.committed, out.reason
         assert "plain" not in out.stdout.text().decode() and "cGxhaW4" not in out.stdout.text().decode()
+
+
+@pytest.mark.parametrize("command, words", [
+    ("chown 65534:65534 tool.sh", "hand \"tool.sh\" to user 65534"),
+    ("chown 65534 src", "hand \"src\" to user 65534"),
+    ("chgrp 65534 src/m0.c", "to group 65534"),
+    ("chgrp 65534 src/m1.c; chmod g+w src/m1.c", "writable by group 65534")])
+def test_handing_files_to_another_user_or_group_is_blocked(env, command, words):
+    """The adversarial round's repro: ownership changes were `meta` changes
+    no rule judged, and were committed: that user could rewrite the build
+    script the user runs next."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a file away")
+    before = tree(env / "proj")
+    out = gate(env, command, "run the tests")
+    assert out.decision == "block" and not out.committed and words in out.reason, out.reason
+    assert tree(env / "proj") == before
+    assert (env / "proj" / "tool.sh").stat().st_uid == os.geteuid()
+
+
+def test_chown_to_oneself_and_group_write_for_ones_group_pass(env):
+    out = gate(env, f"chown {os.geteuid()}:{os.getegid()} tool.sh; chmod g+w src/m0.c",
+               "run the tests")
+    assert out.decision == "allow", out.reason

@@ -33,6 +33,7 @@ from caper.report.secrets import Protected, default_patterns, glob_regex, protec
 from caper.report.workspace import GIT_ROUTINE, PathView
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
+_OWNER = re.compile(r"owner (\d+):(\d+)->(\d+):(\d+)")
 
 
 class Rules:
@@ -343,6 +344,7 @@ class _Judge:
             self.workspace_change(path, full, op, where, ftype, c, files)
         if c is not None and c.op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
+            self.owner(path, full, c.detail)
         if c is not None and c.detail and "grants " in c.detail:
             self.grant(path, full, c.detail)
         if c is not None and c.tables:
@@ -449,6 +451,32 @@ class _Judge:
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed")
+
+    def owner(self, path: str, full: str, detail: str) -> None:
+        """A file handed to another user, or to a group the user is not in, or
+        made group-writable for such a group: that user (or group) can then
+        rewrite it, as with a widened mode."""
+        own = _OWNER.search(detail)
+        mode = _MODE.search(detail)
+        uid, gid = (int(own.group(3)), int(own.group(4))) if own else (None, None)
+        if gid is None and mode:
+            try:
+                gid = os.lstat(full).st_gid
+            except OSError:
+                gid = None
+        mine = {os.getegid(), *os.getgroups()}
+        what = []
+        if own and uid != int(own.group(1)) and uid != os.geteuid():
+            what.append(f"hand {_q(path)} to user {uid}")
+        if own and gid != int(own.group(2)) and gid not in mine:
+            what.append(f"give {_q(path)} to group {gid}, which you are not in")
+        if mode and gid is not None and gid not in mine and \
+                int(mode.group(2), 8) & ~int(mode.group(1), 8) & 0o020:
+            what.append(f"make {_q(path)} writable by group {gid}, which you are not in")
+        if what:
+            declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+            self.add(87, "unsure" if declared else "block", "it would " + "; ".join(what),
+                     "permissions for other users", "keep your files your own")
 
     def grant(self, path: str, full: str, detail: str) -> None:
         """An ACL entry for another user or group, or a security.* attribute
