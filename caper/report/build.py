@@ -38,7 +38,7 @@ from caper.display import quote
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.fs.mountinfo import below
 from caper.report.secrets import Protected, Redactor
-from caper.report.workspace import GIT_ROUTINE, PathView
+from caper.report.workspace import GIT_ROUTINE, PathView, history_values
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
@@ -115,6 +115,7 @@ NOTES = {
                  "natively it might have succeeded.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
+MAX_GIT_WORDS = 256              # of a git command line, looked at for credential names
 MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
@@ -410,6 +411,7 @@ class _Analysis:
         self.net: list[Event] = []
         self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
+        self.git_named: dict[str, str] = {}                 # credential a git command named -> kind
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -439,6 +441,13 @@ class _Analysis:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
+            # git reads a tracked (or once tracked) credential from its object
+            # store, which no credential pattern covers: naming one is reading it.
+            if os.path.basename(e.path or "") == "git":
+                for cred, kind in _git_named(e.argv or [], facts.workspace, facts.protected):
+                    self.protected.append((e, kind, cred))
+                    p.reads.append((e.seq, cred))
+                    self.git_named[cred] = kind
             if e.info & Info.ARGV_CHANGED:
                 self.uncertain[ARGV_CHANGED] += 1
         elif k == Kind.OPEN and e.path:
@@ -614,6 +623,21 @@ def build(facts: RunFacts) -> Report:
 _VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
 
 
+def _git_named(argv: list[str], workspace: str, protected: Protected) -> list[tuple[str, str]]:
+    """(path, kind) of each credential location a git command line names:
+    a word, or the path of a `REV:PATH` word, taken below the workspace."""
+    out = []
+    for w in argv[1:1 + MAX_GIT_WORDS]:
+        for name in [w] + ([w.split(":", 1)[1]] if ":" in w and not w.startswith("-") else []):
+            if not name or name.startswith("-"):
+                continue
+            full = os.path.normpath(os.path.join(workspace, name.removeprefix("./")))
+            kind = protected.kind(full)
+            if kind and below(full, workspace):
+                out.append((full, kind))
+    return out
+
+
 def _via(e: Event, cred: str, path) -> str | None:
     """The other name of a credential read: what an open named, what a link
     or rename made."""
@@ -640,6 +664,9 @@ def _draft(facts: RunFacts) -> _Draft:
     # the change reads the host's version even if the run never did.
     for e, kind, cred in an.protected:
         redactor.add_values(facts.tree.credential_values(cred), kind)
+    for cred, kind in an.git_named.items():   # and every version the repository keeps
+        redactor.add_values(history_values(facts.workspace, os.path.relpath(cred, facts.workspace)),
+                            kind)
     loc = facts.tree
     credentials: set[str] = set()   # changed paths that are credential locations
     for c in facts.changes:
