@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from caper.config import Config
-from caper.judge.policy import declared_by_command
+from caper.judge.policy import PolicyApprover, declared_by_command
 from caper.transaction import run
 from conftest import git
 from test_run import tree
@@ -284,3 +284,25 @@ def test_chown_to_oneself_and_group_write_for_ones_group_pass(env):
     out = gate(env, f"chown {os.geteuid()}:{os.getegid()} tool.sh; chmod g+w src/m0.c",
                "run the tests")
     assert out.decision == "allow", out.reason
+
+
+@pytest.mark.parametrize("command, verdict", [
+    ("ln -s /etc/cron.d build-hooks", "block"), ("ln -s ~/.ssh notes-ssh", "unsure"),
+    ("ln -s ../home/.bashrc rc", "block"), ("ln -s ~/.aws/credentials creds", "block"),
+    ("ln -s /usr/bin/python3 py", "allow"), ("ln -s src/m0.c here.c", "allow")])
+def test_a_new_symlink_out_of_the_workspace_is_judged_as_its_target(env, command, verdict):
+    """The adversarial round's repro: a link from the project into /etc/cron.d
+    or ~/.ssh was an untracked file no rule judged; every later write "inside
+    the project" through it (the agent's own file tools) wrote the target."""
+    seen = []
+
+    class Record:
+        name = "policy"
+
+        def decide(self, request):
+            d = PolicyApprover().decide(request)
+            seen.append(d.decision)
+            return d
+    out = gate(env, command, "run the tests", approver=Record())
+    assert seen == [verdict], out.reason
+    assert out.committed is (verdict == "allow")

@@ -342,6 +342,9 @@ class _Judge:
             self.git_internal(path, full, op, c, files)
         elif where in ("tracked", "workspace", "untracked"):
             self.workspace_change(path, full, op, where, ftype, c, files)
+        if c is not None and c.type == "symlink" and c.op != "deleted" and \
+                (c.detail or "").startswith("-> "):
+            self.link(path, full, c.detail[3:])
         if c is not None and c.op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
             self.owner(path, full, c.detail)
@@ -451,6 +454,30 @@ class _Judge:
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed")
+
+    def link(self, path: str, full: str, target: str) -> None:
+        """A symlink out of the workspace: whatever later writes "inside the
+        project" through it (the agent's own file tools, which caper does not
+        gate, the user's cp) writes its target. Into persistence or a
+        credential location it is that harm; into the home or /etc, unsure."""
+        lexical = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
+            if below(t, self.ws):
+                continue
+            if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
+                   for x in (t, t + "/x")):
+                verdict = "unsure" if self.task_says("persistence") else "block"
+                self.add(94, verdict, f"it would link {_q(path)} to {_q(t)}: what is written "
+                         "through the link later runs or configures later sessions, or reads "
+                         "credentials", "persistence outside the workspace",
+                         "link only inside the project")
+                return
+            if (self.home and below(t, self.home) and not self.r.matches(self.r.harmless_home, t)
+                    or below(t, "/etc")):
+                self.add(60, "unsure", f"it would link {_q(path)} to {_q(t)}, outside the "
+                         "workspace: what is written through it lands there",
+                         "writes outside the workspace", "link only inside the project")
+                return
 
     def owner(self, path: str, full: str, detail: str) -> None:
         """A file handed to another user, or to a group the user is not in, or
