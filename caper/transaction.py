@@ -108,7 +108,7 @@ class RunOutcome:
 
 
 def run(command: Sequence[str] | str, *, task: str | None = None,
-        approver: "str | Approver" = "auto", workspace: str | None = None,
+        task_from_transcript: bool = False, approver: "str | Approver" = "auto", workspace: str | None = None,
         backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
         env: Mapping[str, str] | None = None, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
@@ -118,7 +118,9 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
-    approver, the circuit breaker); files an approved run wrote secrets into
+    approver, the circuit breaker); task_from_transcript: the task was read
+    from a file the agent can write (it is evidence, never a reason to be
+    less strict: caper.judge.policy); files an approved run wrote secrets into
     are tainted for every later run. still_wanted: asked just before a
     commit; False (the caller went away) rolls the run back. on_unsure:
     overrides the configuration's (ask: an unsure run is held for a human,
@@ -168,9 +170,9 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
             history = sessions.history(session, config.llm.max_history or 1)
         # Files an earlier approved run wrote secrets into are credentials too.
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
-        outcome = _run(command, text, task, judge, workspace, backend, timeout, cwd, env,
-                       state_dir, tuple(history), config, tainted, home, timings, still_wanted,
-                       max_memory, caller)
+        outcome = _run(command, text, (task, task_from_transcript), judge, workspace, backend,
+                       timeout, cwd, env, state_dir, tuple(history), config, tainted, home,
+                       timings, still_wanted, max_memory, caller)
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
             sessions.record(session, text, verdict, outcome.approver, outcome.reason)
@@ -179,7 +181,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         return outcome
 
 
-def _run(command, text: str, task, judge, workspace: str, backend: str, timeout: float,
+def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: str, backend: str, timeout: float,
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
          still_wanted: "Callable[[], bool] | None", max_memory: int,
@@ -250,8 +252,9 @@ def _run(command, text: str, task, judge, workspace: str, backend: str, timeout:
             timings["report_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
-            request = ApprovalRequest(text, task, report, history, cwd=cwd, workspace=workspace,
-                                      home=home, protected=protected)
+            request = ApprovalRequest(text, task[0], report, history, cwd=cwd,
+                                      workspace=workspace, home=home, protected=protected,
+                                      task_from_transcript=task[1])
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
                         Decision("block", report.late, approver="caper") if report.late else

@@ -153,3 +153,23 @@ def test_examples_run(project, tmp_path):
     assert p.stdout.startswith("exit status 0") and (project / "m.txt").exists()
     servers = json.loads((ex / "mcp-servers.json").read_text())
     assert servers["mcpServers"]["caper"] == {"command": "caper", "args": ["mcp"]}
+
+
+def test_an_mcp_workspace_never_reaches_above_the_clients_root(tmp_path):
+    """The adversarial round: a client scoped to repo/app, the git top level
+    at repo: caper's workspace was repo, so `rm -rf ../lib` deleted "the
+    project's" tracked files. Now the workspace stops at the root, and what
+    lies beyond it is judged as outside."""
+    from caper.front.api import Gate
+    from caper.front.mcp_server import workspace_dir
+    from conftest import git_project
+    repo = git_project(tmp_path / "repo", {"app/main.c": "int main;\n", "lib/x.c": "int x;\n"})
+    app = str(repo / "app")
+    assert workspace_dir(app, [app]) == (app, app)
+    assert workspace_dir(app, [str(repo)]) == (app, str(repo))
+    assert workspace_dir(app, None) == (app, None)
+    out = Gate(approver="block", state_dir=str(tmp_path / "state"),
+               env={**os.environ, "HOME": str(tmp_path)}).run("rm -rf ../lib", cwd=app,
+                                                               workspace=app)
+    assert out.report.workspace == app
+    assert all(c.where != "tracked" for c in out.report.changes), out.report.card()

@@ -22,13 +22,44 @@ def test_rule_forms(pattern, command, hit):
 @pytest.mark.parametrize("command", [
     "rm -rf build", "make && rm -rf build", "echo hi; rm -rf build", "true | rm -rf build",
     "FOO=1 rm -rf build", "sudo rm -rf build", "env X=1 rm -rf build", "timeout 5 rm -rf build",
-    "echo $(rm -rf build)", "echo `rm -rf build`", "make\nrm -rf build", "(rm -rf build)"])
+    "echo $(rm -rf build)", "echo `rm -rf build`", "make\nrm -rf build", "(rm -rf build)",
+    # The adversarial round's forms: compound statements, reserved words,
+    # wrapper options with arguments, a path, nested shells and eval.
+    "{ rm -rf build; }", "if true; then rm -rf build; fi", "if false; then :; else rm x; fi",
+    "for f in build; do rm -rf $f; done", "while true; do rm -rf build; done", "! rm -rf build",
+    "exec -a foo rm -rf build", "timeout -s KILL 5 rm -rf build", "env -u HOME rm -rf build",
+    "/bin/rm -rf build", "./../../bin/rm x", "\\rm x", "'rm' x", "bash -c \"rm -rf build\"",
+    "sh -ec 'echo; rm -rf build'", "eval 'rm -rf build'", "eval rm -rf build",
+    "sudo -u root bash -c 'cd /; rm -rf build'", "bash -c \"bash -c 'rm x'\"",
+    "time -p rm x", "f() { rm x; }; f", "function f { rm x; }", "nice -n 5 rm x",
+    "find . -name '*.o' -exec rm {} \\;", "xargs -I{} rm {}", "env -S 'rm -rf build'",
+    "echo 'unbalanced; rm -rf build"])
 def test_a_deny_rule_reaches_every_simple_command(command, tmp_path):
     (tmp_path / ".claude").mkdir()
     (tmp_path / ".claude" / "settings.json").write_text(
         json.dumps({"permissions": {"deny": ["Bash(rm:*)"], "ask": ["Bash(make:*)"]}}))
     kind, why = cr.verdict(command, str(tmp_path), env={"HOME": str(tmp_path / "home")})
     assert kind == "deny" and "Bash(rm:*)" in why
+
+
+@pytest.mark.parametrize("command, denied", [
+    ("git push", True), ("git -C . push", True), ("git -c core.x=1 --no-pager push origin", True),
+    ("/usr/bin/git push -f", True), ("cd x && git -C sub push", True),
+    ("git log push", False), ("git commit -m 'fix push'", False), ("git status", False)])
+def test_a_rule_with_a_subcommand_sees_past_global_options(command, denied, tmp_path):
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"deny": ["Bash(git push:*)"]}}))
+    got = cr.verdict(command, str(tmp_path), env={"HOME": str(tmp_path / "home")})
+    assert (got is not None and got[0] == "deny") is denied
+
+
+@pytest.mark.parametrize("command", ["echo rm", "ls -l rm", "grep -r 'rm -rf' .", "make"])
+def test_a_rule_does_not_match_its_word_as_an_argument(command, tmp_path):
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"deny": ["Bash(rm:*)"]}}))
+    assert cr.verdict(command, str(tmp_path), env={"HOME": str(tmp_path / "home")}) is None
 
 
 def test_ask_and_none(tmp_path):

@@ -33,6 +33,9 @@ ROUTES = {
     "symlink": ('ln -s "$PWD/.env" /tmp/e', "/tmp/e", ".env"),
     "hard-link": ("ln .env h", "h", ".env"),
     "rename": ("mv .env x", "x", ".env"),
+    # renameat2(RENAME_EXCHANGE) with the credential as the destination
+    "rename-exchange": ("echo hi > x && python3 -c \"import ctypes; "
+                        "ctypes.CDLL(None).renameat2(-100, b'x', -100, b'.env', 2)\"", "x", ".env"),
     "proc-self-root": ("true", "/proc/self/root{repo}/.env", ".env"),
     "proc-self-cwd": ("true", "/proc/self/cwd/.env", ".env"),
     "symlinked-dir": ("ln -s . d", "d/.env", ".env"),
@@ -181,3 +184,23 @@ def test_rootless_a_credential_by_another_name_is_redacted_from_a_blocked_runs_o
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.parametrize("command", ["git cat-file -p HEAD~1:.env", "git show HEAD~1:./.env",
+                                     "git log -p --all -- .env"])
+def test_a_credential_read_through_gits_object_store_is_a_credential_read(repo, tmp_path,
+                                                                          command):
+    """The adversarial round's repro: a .env committed once and removed since
+    is read from .git/objects, which no credential pattern covers: reported,
+    its values (from the repository's history) redacted, and not allowed."""
+    from conftest import git
+    git(repo, "add", "-f", ".env")
+    git(repo, "commit", "-qm", "oops")
+    git(repo, "rm", "-q", "--cached", ".env")
+    (repo / ".env").unlink()
+    git(repo, "commit", "-qm", "remove it")
+    r = go(command, repo, tmp_path).report
+    assert (".env", "dotenv") in [(p.path, p.kind) for p in r.protected_reads], r.card()
+    assert SECRET not in r.to_json() and SECRET not in r.card()
+    out = go(command, repo, tmp_path, approver="policy", task="run the tests")
+    assert out.decision != "allow" and SECRET not in out.stdout.text().decode()

@@ -20,3 +20,21 @@ def test_an_unusable_state_directory_fails_with_its_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPER_STATE_DIR", str(tmp_path / "file" / "state"))
     text, status = doctor.report(doctor.check_state_dir())
     assert status == 1 and "FAIL" in text and "fix: set CAPER_STATE_DIR" in text
+
+
+def test_doctor_never_runs_an_agent_binary_of_the_project(tmp_path, monkeypatch):
+    """The adversarial round's repro: PATH=/usr/bin:/bin: (an empty entry, the
+    cwd) and a ./claude in the project. Doctor does not run it."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    fake = project / "claude"
+    fake.write_text("#!/bin/sh\nid > PWNED-by-doctor\necho 1.0.0\n")
+    fake.chmod(0o755)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin:")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for path in ("/usr/bin:/bin:", f"/usr/bin:{project}", ".:/usr/bin"):
+        monkeypatch.setenv("PATH", path)
+        checks = doctor.check_agent("claude-code", str(project))
+        assert not (project / "PWNED-by-doctor").exists()
+        assert not any("1.0.0" in c.what for c in checks), checks

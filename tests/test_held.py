@@ -111,16 +111,28 @@ def test_hosts_that_cannot_ask_leave_it_to_the_user(agent, project, tmp_path):
     assert '"deny"' in text and "only the user may apply" in text
 
 
-@pytest.mark.parametrize("mode", ["bypassPermissions", "auto", "dontAsk"])
-def test_claude_code_in_a_mode_where_an_ask_reaches_nobody_leaves_it_to_the_user(mode, project,
-                                                                                 tmp_path):
-    """In these permission modes Claude Code answers an "ask" without its
-    human (it is taken as allow): the agent would apply its own held run."""
-    commit = f"{BIN / 'caper'} commit 0123456789abcdef"
-    doc = hook_input("claude-code", commit, project, tmp_path / "none")
-    doc["permission_mode"] = mode
-    rc, out = run_hook("claude-code", json.dumps(doc).encode(), project, tmp_path)
-    spec = out["hookSpecificOutput"]
+@pytest.mark.parametrize("mode", ["bypassPermissions", "auto", "dontAsk", "somethingNew", None])
+def test_claude_code_modes_that_may_not_ask_leave_it_to_the_user(mode, project, tmp_path):
+    """The adversarial round: in some permission modes Claude Code takes a
+    hook's "ask" as an allow (anthropics/claude-code#89561, #77212), so the
+    model would apply its own held run. There, and in any mode caper does not
+    know, the hook denies: the user runs `caper commit` in a terminal; no run
+    is held for a question nobody sees, and a user's ask rule is a deny."""
+    def hook(command: str) -> dict:
+        doc = hook_input("claude-code", command, project, tmp_path / "none")
+        doc.pop("permission_mode")
+        if mode is not None:
+            doc["permission_mode"] = mode
+        return run_hook("claude-code", json.dumps(doc).encode(), project, tmp_path)[1]
+    spec = hook(f"{BIN / 'caper'} commit 0123456789abcdef")["hookSpecificOutput"]
     assert spec["permissionDecision"] == "deny" and "only the user may apply" in \
-        spec["permissionDecisionReason"] and "updatedInput" not in spec
-    assert "caper commit 0123456789abcdef" in out["systemMessage"]
+        spec["permissionDecisionReason"]
+    spec = hook("rm -rf src")["hookSpecificOutput"]
+    assert spec["permissionDecision"] == "allow"
+    assert "--on-unsure ask" not in spec["updatedInput"]["command"]
+    (project / ".claude").mkdir(exist_ok=True)
+    (project / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"ask": ["Bash(make:*)"]}}))
+    spec = hook("make clean")["hookSpecificOutput"]
+    assert spec["permissionDecision"] == "deny" and "does not ask the user" in \
+        spec["permissionDecisionReason"]

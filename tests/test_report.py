@@ -121,6 +121,73 @@ def test_protected_read_is_recorded_even_when_nothing_else_happens(repo, tmp_pat
     assert r.changes == [] and AWS_SECRET not in dump(r)
 
 
+PLAIN_SECRETS = ("s3cr3tValueZZZ9876plainwords", "plainstripevalue123",
+                 "QyNTUxOQAAACDfaketestkeymaterialXXXXXXXXXXXXXXXXXXXXXXXXXXXXAAAA")
+KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
+       "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+       f"{PLAIN_SECRETS[2]}\n-----END OPENSSH PRIVATE KEY-----\n")
+
+
+def plain_credentials(home: Path, ws: Path) -> None:
+    """Credentials whose values match no token shape: only knowing them as a
+    credential's values keeps them out of the report."""
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".aws" / "credentials").write_text(
+        f"[default]\naws_access_key_id = testkeyidqwertyuiop\n"
+        f"aws_secret_access_key = {PLAIN_SECRETS[0]}\n")
+    (home / ".ssh" / "id_ed25519").write_text(KEY)
+    (ws / ".env").write_text(f"STRIPE_KEY={PLAIN_SECRETS[1]}\nDEBUG=1\n")
+
+
+@pytest.mark.parametrize("how", ["echo x >", "rm", ": >"])
+def test_a_credential_overwritten_or_removed_unread_shows_no_old_value(repo, tmp_path, home, how):
+    """Reporting the change reads the host's version of the credential even
+    though the run never did: its values are redacted and its diff withheld."""
+    plain_credentials(home, repo)
+    (repo / "notes.txt").write_text("intro\n" + KEY + "outro\n")   # not a credential location
+    cmd = "; ".join(f"{how} {p}" for p in ("~/.aws/credentials", "~/.ssh/id_ed25519", ".env"))
+    r = go(cmd + "; sed -i 's/intro/INTRO/' notes.txt", repo, tmp_path, home=home).report
+    text = dump(r)
+    for v in PLAIN_SECRETS + ("testkeyidqwertyuiop", "b3BlbnNzaC1rZXktdjEAAAAA"):
+        assert v not in text, v
+    changed = {c.path: c for c in r.changes}
+    for p in ("~/.aws/credentials", "~/.ssh/id_ed25519", ".env"):
+        assert changed[p].size[0] > 0 and all(
+            line.startswith("@@") or line.endswith("<withheld>") for line in changed[p].diff or [])
+    if how == "echo x >":   # what changed is still said: which keys, not their values
+        assert "-aws_secret_access_key =<withheld>" in changed["~/.aws/credentials"].diff
+    notes = changed["notes.txt"]
+    assert "-intro" in notes.diff and "+INTRO" in notes.diff   # the edit itself is shown
+
+
+@pytest.mark.parametrize("after", ["sed -i 's/^/#/' {p}", "echo 'decoy = nothing-here-123' > {p}",
+                                   "rm {p}"])
+def test_a_credential_read_then_edited_is_still_redacted(repo, tmp_path, home, after):
+    """The adversarial round's repro: read the credential, then comment it out
+    (or replace it by a decoy, or remove it): the run's version holds no
+    values, the host's still does, and those are redacted."""
+    plain_credentials(home, repo)
+    for p in ("~/.aws/credentials", ".env"):
+        r = go(f"cat {p}; " + after.format(p=p), repo, tmp_path, home=home).report
+        text = dump(r) + r.card()
+        assert PLAIN_SECRETS[0] not in text and PLAIN_SECRETS[1] not in text, r.card()
+        assert "testkeyidqwertyuiop" not in text
+
+
+def test_no_diff_line_of_any_file_shows_a_secret_of_its_old_or_new_version(repo, tmp_path):
+    """A private key's body lines match no token shape one by one: the diff
+    of a file that is no credential location withholds them too."""
+    body = "AAAAC3NzaC1lZDI1NTE5AAAAIOtherKeyBodyLineNotSeenElsewhere0123"
+    tail = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=="   # reads as a KEY= line
+    key = f"-----BEGIN PRIVATE KEY-----\n{body}\n{tail}\n-----END PRIVATE KEY-----\n"
+    (repo / "notes.txt").write_text("intro\n" + key + "outro\n")
+    r = go("printf 'INTRO\\nnew\\n' > notes.txt", repo, tmp_path).report
+    notes = next(c for c in r.changes if c.path == "notes.txt")
+    assert "-intro" in notes.diff and "+INTRO" in notes.diff
+    assert any("<secret withheld" in line for line in notes.diff)
+    assert body not in dump(r) and "QUJDREVG" not in dump(r)
+
+
 def test_secret_copied_into_a_written_file_is_evidence_and_redacted(repo, tmp_path, home):
     r = go("cp ~/.aws/credentials leaked.txt; echo hi >> src/m1.c", repo, tmp_path,
            home=home).report

@@ -125,7 +125,7 @@ out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sy
                 state_dir=sys.argv[5])
 print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code,
                   "stdout": out.stdout.text().decode(), "notes": list(out.notes),
-                  "backend": out.report.backend}))
+                  "backend": out.report.backend, "report": out.report.to_json()}))
 """
 
 
@@ -317,3 +317,63 @@ def test_a_write_below_a_directory_of_a_foreign_group_says_why_it_failed():
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_rootless_run_removing_an_unread_credential_shows_none_of_its_values():
+    """Rootless too, the report reads the host's version of a credential the
+    run deleted without reading it: none of its values reach the card."""
+    need_rootless_venv()
+    tmp_path = Path(tempfile.mkdtemp(prefix="caper-rootless-cred-"))
+    atexit.register(shutil.rmtree, tmp_path, True)
+    home, ws, state = tmp_path / "home", tmp_path / "ws", tmp_path / "state"
+    (home / ".aws").mkdir(parents=True)
+    ws.mkdir()
+    secret = "s3cr3tValueZZZ9876plainwords"
+    (home / ".aws" / "credentials").write_text(f"[default]\naws_secret_access_key = {secret}\n")
+    for d in (tmp_path, home, home / ".aws", ws):
+        os.chown(d, NOBODY, NOBODY)
+    os.chown(home / ".aws" / "credentials", NOBODY, NOBODY)
+    out = run_as_nobody(ws, "rm ~/.aws/credentials", "block", state, home=home)
+    assert '"~/.aws/credentials"' in out["report"] and secret not in out["report"]
+
+
+HOLD_AS_NOBODY = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from caper.config import Config
+from caper.judge.base import Decision
+from caper.transaction import run
+
+class Unsure:
+    name = "test"
+    def decide(self, request):
+        return Decision("unsure", "not sure", approver="test")
+
+out = run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=Unsure(), on_unsure="ask",
+          state_dir=sys.argv[4], config=Config(keep_quota_mb=8), env=dict(os.environ))
+print(json.dumps({"held": out.held, "reason": out.reason}))
+"""
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_rootless_run_that_closes_what_it_wrote_is_not_held_past_the_quota(closed):
+    """The adversarial round's repro: 16 MiB written into a directory the run
+    then chmods 000. Rootless, caper cannot read it, so it used to count as
+    nothing and the run was held past an 8 MiB quota; now a run caper cannot
+    measure is not held."""
+    need_rootless_venv()
+    base = Path(tempfile.mkdtemp(prefix="caper-rootless-quota-"))
+    atexit.register(subprocess.run, ["chmod", "-R", "u+rwx", str(base)], check=False)
+    atexit.register(shutil.rmtree, base, True)
+    ws = base / "ws"
+    ws.mkdir()
+    for d in (base, ws):
+        os.chown(d, NOBODY, NOBODY)
+    cmd = "mkdir d; head -c 16777216 /dev/urandom > d/big" + ("; chmod 000 d" if closed else "")
+    p = _as_nobody(ROOTLESS_VENV, "-c", HOLD_AS_NOBODY, str(source_root()), str(ws), cmd,
+                   str(base / "state"), timeout=120, cwd="/",
+                   env={"PATH": "/usr/bin:/bin", "HOME": str(base)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["held"] is None and "Not held for a human" in out["reason"], out
+    assert ("cannot measure" if closed else "quota of 8 MiB") in out["reason"], out

@@ -42,9 +42,12 @@ class Gate:
         self.max_memory = max_memory   # None: config.toml's, else caper's default
 
     def run(self, command: str | Sequence[str], *, task: str | None = None,
-            cwd: str | None = None, timeout: float | None = None) -> RunOutcome:
-        """Run the command once in the sandbox; commit it if approved."""
-        return run(command, task=task, approver=self.approver, workspace=self.workspace,
+            cwd: str | None = None, timeout: float | None = None,
+            workspace: str | None = None) -> RunOutcome:
+        """Run the command once in the sandbox; commit it if approved.
+        workspace: this call's, instead of the gate's."""
+        return run(command, task=task, approver=self.approver,
+                   workspace=workspace or self.workspace,
                    backend=self.backend, timeout=timeout or self.timeout,
                    cwd=cwd or self.workspace, env=self.env, state_dir=self.state_dir,
                    config=self.config, session=self.session, max_memory=self.max_memory)

@@ -28,9 +28,25 @@ import shlex
 MANAGED_SETTINGS = "/etc/claude-code/managed-settings.json"
 OPERATORS = set("&|;()<>\n")
 # Words that run the rest of their arguments as the command: a rule about
-# `rm` also holds for `sudo rm`, `env X=1 rm`, `nohup rm`.
-WRAPPERS = {"sudo", "env", "command", "builtin", "exec", "nohup", "nice", "time", "timeout",
-            "xargs"}
+# `rm` also holds for `sudo rm`, `env X=1 rm`, `nohup rm`. Their options may
+# take arguments (`timeout -s KILL 5 rm`, `exec -a name rm`): every word
+# after a wrapper is taken as where the command may start.
+WRAPPERS = {"sudo", "doas", "env", "command", "builtin", "exec", "nohup", "nice", "time",
+            "timeout", "xargs", "setsid", "stdbuf", "ionice", "chrt", "taskset", "flock",
+            "unbuffer", "watch", "strace", "ltrace", "chroot", "runuser", "sg", "busybox"}
+# Reserved words a simple command may follow (`{ rm x; }`, `then rm x`, `! rm x`).
+# (`time` is a wrapper: `time -p rm x`.)
+RESERVED = {"{", "}", "!", "if", "then", "else", "elif", "fi", "do", "done", "while", "until",
+            "for", "case", "esac", "in", "select", "coproc", "[[", "]]"}
+# Shells whose `-c STRING` is a command line of its own; `eval` joins its words into one.
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox", "su", "fish"}
+# find's words that run the words after them, up to `;` or `+`.
+EXEC_OPTIONS = {"-exec", "-execdir", "-ok", "-okdir"}
+MAX_DEPTH = 8   # nested `sh -c` and eval; deeper is uncertain, and then every word may start one
+# Where a command may start after a wrapper, or after options: the first
+# this many words (each start costs a join of the rest; no real command has
+# more options than this before its command word).
+MAX_STARTS = 64
 MAX_SETTINGS = 1 << 20
 
 
@@ -77,10 +93,13 @@ def bash_rules(project_dir: str, env=None) -> list[tuple[str, str, str]]:
     return out
 
 
-def simple_commands(command: str) -> list[str]:
+def simple_commands(command: str, depth: int = 0) -> list[str]:
     """The command, and each simple command in it (split at shell operators,
-    inside $(...) and backquotes too), with leading assignments and wrapper
-    words taken off, as space-joined words."""
+    inside $(...) and backquotes too, inside `sh -c STRING` and `eval`), with
+    reserved words, leading assignments and wrappers taken off, the command
+    word also by its basename, as space-joined words. Where the text cannot
+    be parsed as the shell would, more forms rather than fewer: a rule
+    errs toward matching."""
     pieces = [command] + [a or b for a, b in re.findall(r"\$\(([^()]*)\)|`([^`]*)`", command)]
     out = []
     for piece in pieces:
@@ -88,32 +107,69 @@ def simple_commands(command: str) -> list[str]:
         lex.whitespace_split = True
         try:
             tokens = list(lex)
-        except ValueError:             # unbalanced quotes: the raw text only
-            tokens = piece.split()
+        except ValueError:             # unbalanced quotes: every word may start a command
+            words = piece.split()
+            out += [" ".join(words[i:]) for i in range(min(len(words), MAX_STARTS))]
+            continue
         words: list[str] = []
         for tok in tokens + [";"]:
             if tok and set(tok) <= OPERATORS:
-                out += _unwrap(words)
+                out += _forms(words, depth)
                 words = []
             else:
                 words.append(tok)
     return list(dict.fromkeys([command.strip()] + [c for c in out if c]))
 
 
-def _unwrap(words: list[str]) -> list[str]:
-    """The words as a command, and again without each leading assignment or
-    wrapper (with the options and numbers that follow a wrapper)."""
+def _forms(words: list[str], depth: int) -> list[str]:
+    """Every form a simple command's words may be run as."""
     forms = [" ".join(words)]
-    wrapped = False
-    while words:
-        w = words[0]
-        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w, re.S) or \
-                os.path.basename(w) in WRAPPERS:
-            wrapped = True
-        elif not (wrapped and (w.startswith("-") or re.fullmatch(r"[0-9.]+[smhd]?", w))):
-            break
-        words = words[1:]
-        forms.append(" ".join(words))
+    while words and words[0] in RESERVED | {"function"}:
+        words = words[2:] if words[0] == "function" else words[1:]   # function NAME
+    for i, w in enumerate(words):
+        if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", w, re.S):
+            continue                                    # an assignment before the command
+        forms += _command_forms(words[i:], depth)
+        if os.path.basename(w) in WRAPPERS:             # any later word may be the command
+            for j in range(i + 1, min(len(words), i + 1 + MAX_STARTS)):
+                forms += _command_forms(words[j:], depth)
+        break
+    return forms
+
+
+def _command_forms(words: list[str], depth: int) -> list[str]:
+    """The command as written and with its command word's basename
+    (`/bin/rm`), also without the leading options (and each option's possible
+    argument) between the command word and the rest (`git -C . push`), and
+    what it runs: `sh -c STRING`, `eval WORDS`, find's `-exec ...`."""
+    if not words:
+        return []
+    name = os.path.basename(words[0])
+    rest = words[1:]
+    forms = [" ".join(words), " ".join([name] + rest)]
+    i = 0
+    while i < min(len(rest), MAX_STARTS) and rest[i].startswith("-"):
+        i += 1
+        forms.append(" ".join([name] + rest[i:]))       # the option took no argument
+        if i < len(rest) and not rest[i].startswith("-"):
+            i += 1
+            forms.append(" ".join([name] + rest[i:]))   # it took the next word
+    nested: list[str] = []
+    if name == "eval":
+        nested.append(" ".join(rest))
+    if name in SHELLS:
+        nested += [rest[k + 1] for k, w in enumerate(rest[:-1])
+                   if re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", w)][:1]
+    # The first -exec's words (a later one's are among them: the recursion finds it).
+    k = next((k for k, w in enumerate(rest) if w in EXEC_OPTIONS), None)
+    if k is not None:
+        nested.append(" ".join(rest[k + 1:]))
+    for text in nested:
+        if depth >= MAX_DEPTH:          # uncertain: every word may start a command
+            ws = text.split()
+            forms += [" ".join(ws[j:]) for j in range(min(len(ws), MAX_STARTS))]
+        else:
+            forms += simple_commands(text, depth + 1)
     return forms
 
 

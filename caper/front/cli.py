@@ -115,9 +115,10 @@ def cmd_trace(args, parser) -> int:
     return EXIT_CAPER_FAILED
 
 
-def _call_task(args, parser, command, state: str) -> str | None:
+def _call_task(args, parser, command, state: str) -> tuple[str | None, bool]:
     """The task of a hook's call (--call): from its record, which must name
-    this session and exactly this command; it serves one run."""
+    this session and exactly this command; it serves one run. Also whether
+    it came from the transcript (a file the agent can write)."""
     from caper.front.tasks import take_call
     if args.task is not None:
         parser.error("--call takes the task from the hook's record: no --task with it")
@@ -134,7 +135,8 @@ def cmd_run(args, parser) -> int:
     command = _command(args, parser)
     try:
         state = state_dir()
-        task = _call_task(args, parser, command, state) if args.call else args.task
+        task, from_transcript = (_call_task(args, parser, command, state) if args.call
+                                 else (args.task, False))
     except ConfigError as e:
         return _failed(args, str(e))
     except TaskRecordError as e:
@@ -142,7 +144,8 @@ def cmd_run(args, parser) -> int:
     caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
-        payload = {"command": command, "task": task, "approver": args.approver,
+        payload = {"command": command, "task": task, "task_from_transcript": from_transcript,
+                   "approver": args.approver,
                    "backend": args.backend, "timeout": args.timeout,
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
@@ -165,7 +168,8 @@ def cmd_run(args, parser) -> int:
     from caper.errors import CaperError
     from caper.transaction import run
     try:
-        outcome = run(command, task=task, approver=args.approver, backend=args.backend,
+        outcome = run(command, task=task, task_from_transcript=from_transcript,
+                      approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
                       on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state,
                       caller=caller)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from caper.front import claude_rules
 from caper.front import hooks
+from caper.fs.programs import find_program
+from caper.report.workspace import find_workspace
 
 OK, WARN, FAIL, INFO = "ok", "WARN", "FAIL", "--"
 VERSION_TIMEOUT_S = 15
@@ -49,8 +51,8 @@ def _json(path: str) -> dict | None:
 
 
 def _version(exe: str) -> str | None:
-    try:
-        p = subprocess.run([exe, "--version"], capture_output=True, text=True,
+    try:   # from /: nothing of the project's is loaded by the way
+        p = subprocess.run([exe, "--version"], capture_output=True, text=True, cwd="/",
                            timeout=VERSION_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -80,9 +82,13 @@ def _starts(command: str) -> str | None:
 
 def check_agent(name: str, cwd: str) -> list[Check]:
     agent = hooks.AGENTS[name]
-    exe = shutil.which(BINARIES[name])
+    # Doctor runs the agent's binary: never one an empty or relative PATH
+    # entry finds in the project (an earlier run may have committed a ./claude).
+    exe = find_program(BINARIES[name], os.environ.get("PATH"),
+                       avoid=(os.path.realpath(cwd), find_workspace(cwd)))
     if exe is None:
-        return [Check(INFO, f"{name}: not installed ({BINARIES[name]} is not on PATH)")]
+        return [Check(INFO, f"{name}: not installed ({BINARIES[name]} is not on PATH, outside "
+                            "the project)")]
     version = _version(exe)
     label = f"{name} {version or '(version unknown)'}"
     reinstall = f"caper install {name}"

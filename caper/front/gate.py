@@ -349,7 +349,9 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             if why:
                 return {"decline": f"{why}: run it in the caller's process"}
             try:
-                out = run(req["command"], task=req.get("task"), approver=req.get("approver", "auto"),
+                out = run(req["command"], task=req.get("task"),
+                          task_from_transcript=req.get("task_from_transcript") is not False,
+                          approver=req.get("approver", "auto"),
                           workspace=req.get("workspace"), backend=req.get("backend", "auto"),
                           timeout=float(req.get("timeout", 600)), cwd=caller.cwd,
                           env=caller.env, state_dir=state_dir, session=req.get("session"),

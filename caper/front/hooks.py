@@ -155,12 +155,16 @@ def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> s
 
 def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
     """The task for a gated call, and where it came from: the prompts the
-    agent's prompt event recorded, else the transcript, else none."""
+    agent's prompt event recorded, else (no record at all) the transcript,
+    else none. A record caper did not make is none: the strictest case."""
     from caper.front.transcripts import task_from_transcript
-    from caper.front.tasks import recorded_task
-    task = recorded_task(state, session)
-    if task:
-        return task, "prompt-event"
+    from caper.front.tasks import TaskRecordError, recorded_task
+    try:
+        recorded, task = recorded_task(state, session)
+    except TaskRecordError:
+        return None, "none"
+    if recorded:
+        return task, "prompt-event" if task else "none"
     path = hook.get("transcript_path")
     task = task_from_transcript(path if isinstance(path, str) else None)
     return task, "transcript" if task else "none"
@@ -251,6 +255,18 @@ def project_dir(hook: dict) -> str:
     return d
 
 
+# Claude Code's permission modes whose "ask" puts the question to the human.
+# Others (bypassPermissions, auto, dontAsk, and any unknown or missing) may
+# treat a hook's ask as an allow (anthropics/claude-code#89561, #77212).
+ASKING_MODES = {"default", "acceptEdits", "plan"}
+
+
+def can_ask(agent: Agent, hook: dict) -> bool:
+    """Whether a hook's "ask" reaches the human in this session."""
+    return agent.can_ask and (agent.name != "claude-code" or
+                              hook.get("permission_mode") in ASKING_MODES)
+
+
 def answer(agent: Agent, hook) -> str:
     """The hook's answer (JSON text, or "" to let the call through) for one input."""
     if not isinstance(hook, dict):
@@ -277,13 +293,15 @@ def answer(agent: Agent, hook) -> str:
         return ""        # the wrapped command the hook asked for: it runs once, there
     held = held_commit(command)
     if held is not None:
-        return ask_human(agent, held, state, hook.get("permission_mode"))
+        return ask_human(agent, held, state, can_ask(agent, hook))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
     rule = claude_rules.verdict(inner or command, project_dir(hook)) \
         if agent.name == "claude-code" else None
-    if rule is not None and rule[0] == "deny":
-        return _out(agent, "deny", f"caper: not run: {rule[1]} (deny)")
+    if rule is not None and (rule[0] == "deny" or not can_ask(agent, hook)):
+        return _out(agent, "deny", f"caper: not run: {rule[1]} ({rule[0]}"
+                                   + ("" if rule[0] == "deny" else ": this session's permission "
+                                      "mode does not ask the user") + ")")
     decision, why = ("ask", f"caper: {rule[1]} (ask); the command then runs once in caper's "
                             "sandbox") if rule else \
         ("allow", "caper: the command runs once in a sandbox and counts only if its effects "
@@ -294,10 +312,10 @@ def answer(agent: Agent, hook) -> str:
     call = new_call(state, session, command, task, source)
     if agent.name == "claude-code":
         caper_s, tool_ms = claude_timeouts(tool_input)
-        wrapped = wrap(command, session, call, ask=agent.can_ask, timeout=caper_s,
+        wrapped = wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
                        shell=agent.shell)
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
-    wrapped = wrap(command, session, call, ask=agent.can_ask, shell=agent.shell)
+    wrapped = wrap(command, session, call, ask=can_ask(agent, hook), shell=agent.shell)
     if mode(agent) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
@@ -338,24 +356,18 @@ def held_commit(command: str) -> str | None:
     return None
 
 
-# Claude Code permission modes in which an "ask" reaches no human (it is
-# taken as allow, or answered without asking): there a held run is the user's
-# to apply in a terminal.
-UNATTENDED_MODES = ("bypassPermissions", "auto", "dontAsk")
-
-
-def ask_human(agent: Agent, run_id: str, state: str, permission_mode=None) -> str:
+def ask_human(agent: Agent, run_id: str, state: str, asks: bool) -> str:
     """Applying a held run is the human's call, never the agent's: the host's
-    permission prompt shows them the effect card; a host that cannot ask, or
-    that runs in a mode where an ask reaches nobody, is told to leave it to
-    the user. Every run-derived string in the prompt is escaped: a file name
-    cannot add a line of its own."""
+    permission prompt shows them the effect card; a host that cannot ask is
+    told to leave it to the user, and so is one whose session's permission
+    mode does not ask (asks: False). Every run-derived string in the prompt is
+    escaped: a file name cannot add a line of its own."""
     from caper.display import escape
     from caper.errors import ConfigError
     from caper.held import load
     yours = f"caper held run {run_id} for you: to apply it, run `caper commit {run_id}` in a " \
             f"terminal (`caper discard {run_id}` drops it)"
-    if not agent.can_ask or permission_mode in UNATTENDED_MODES:
+    if not asks:
         return _out(agent, "deny", f"only the user may apply a run caper held for them: ask "
                                    f"them to run `caper commit {run_id}` in a terminal",
                     tell_user=yours)

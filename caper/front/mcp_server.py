@@ -37,10 +37,13 @@ def root_paths(roots) -> list[str]:
     return out
 
 
-def workspace_dir(cwd: str, roots: list[str] | None) -> str:
+def workspace_dir(cwd: str, roots: list[str] | None) -> tuple[str, str | None]:
     """The directory a call runs in: absolute, existing, not the root
     directory, and inside one of the client's roots when it declared any;
-    ValueError (its text for the model) otherwise."""
+    ValueError (its text for the model) otherwise. And its workspace: the
+    git top level above it, but never above the root it lies in (a client
+    scoped to one package of a monorepo): what lies beyond the root is
+    outside, and judged so. None: caper finds it."""
     if not cwd or not os.path.isabs(cwd):
         raise ValueError(f"cwd must be the absolute path of the project, not {cwd!r}")
     real = os.path.realpath(cwd)
@@ -52,7 +55,12 @@ def workspace_dir(cwd: str, roots: list[str] | None) -> str:
                                      for r in roots):
         raise ValueError(f"cwd {cwd!r} is outside the roots this client declared "
                       f"({', '.join(roots) or 'none'})")
-    return real
+    if roots is None:
+        return real, None
+    from caper.report.workspace import find_workspace
+    root = max((r for r in roots if real == r or real.startswith(r.rstrip("/") + "/")), key=len)
+    top = find_workspace(real)
+    return real, top if top == root or top.startswith(root.rstrip("/") + "/") else root
 
 
 def build_server():
@@ -90,11 +98,11 @@ def build_server():
             return result(f"caper did not run this command: the client's roots could not be "
                           f"read ({e})", True)
         try:
-            where = workspace_dir(cwd, roots)
+            where, workspace = workspace_dir(cwd, roots)
         except ValueError as e:
             return result(f"caper did not run this command: {e}", True)
         try:
-            out = await gate.arun(command, task=task or None, cwd=where)
+            out = await gate.arun(command, task=task or None, cwd=where, workspace=workspace)
         except Exception as e:   # a failure of caper's is a block, said plainly
             return result(f"caper blocked this command: caper failed ({escape(str(e))}). "
                           "Nothing was changed.", True)

@@ -14,10 +14,15 @@ directory (which only the user can write, see caper.state):
 The wrapped command names the call (`caper run --session S --call ID -c X`),
 never a task: `caper run` takes the task from the record, and only if the
 record was made for that session and exactly that command X. A record
-serves one run. Each record carries an HMAC under `<state>/tasks/key`: the
-agent's shell never sees the state directory (the sandbox hides it), so an
-agent tool that can write files but not read them there (Codex's
-apply_patch) cannot make a record caper accepts. A `--task` typed on caper's command line is what whoever
+serves one run. Each record, prompt and call alike, carries an HMAC under
+`<state>/tasks/key`: the agent's shell never sees the state directory (the
+sandbox hides it), so an agent tool that can write files but not read them
+there (Codex's apply_patch) cannot make a record caper accepts. A prompt
+record that is not caper's (no MAC, a wrong one, another owner) is no task,
+the strictest case: it does not fall back to the transcript, which the agent
+could have written to as well. The transcript is the fallback only when no
+prompt record exists; a task found there is marked as such and never lowers
+the policy's strictness (caper.judge.policy treats it as no task). A `--task` typed on caper's command line is what whoever
 ran caper says: a human's or a script's own call, never a hooked agent's
 (the hooks wrap every command but the exact `--call` form, so an agent's
 `caper run --task ...` runs inside the sandbox, where caper cannot run).
@@ -89,28 +94,42 @@ def task_text(prompts: list[str]) -> str | None:
     return "\n".join(texts[-PROMPTS_KEPT:])[-TASK_CHARS:] or None
 
 
+_PROMPT_FIELDS = ("session", "prompts", "time")
+
+
+def _prompts(state: str, session: str) -> list[str] | None:
+    """The prompts recorded for session, None if there is no record; a
+    record caper did not make (or made for another session) is
+    TaskRecordError."""
+    path = _prompt_path(state, session)
+    doc = _read(path)
+    if doc is None:
+        return None
+    import hmac
+    if not isinstance(doc.get("mac"), str) or not hmac.compare_digest(
+            doc["mac"], _mac(os.path.dirname(path), doc, _PROMPT_FIELDS)):
+        raise TaskRecordError(f"{path}: the prompt record was not made by caper's hook")
+    if doc.get("session") != session or not isinstance(doc.get("prompts"), list):
+        raise TaskRecordError(f"{path}: the prompt record is for another session")
+    return [p for p in doc["prompts"] if isinstance(p, str)]
+
+
 def record_prompt(state: str, session: str, prompt: str) -> None:
     """The human typed `prompt` in `session` (the agent's prompt event)."""
     path = _prompt_path(state, session)
     try:
-        old = _read(path) or {}
+        kept = _prompts(state, session) or []
     except TaskRecordError:
-        old = {}
-    kept = [p for p in old.get("prompts", []) if isinstance(p, str)] \
-        if old.get("session") == session else []
-    _write(path, {"session": session, "prompts": (kept + [prompt])[-PROMPTS_KEPT:],
-                  "time": time.time()})
+        kept = []     # a record not caper's: the user's new words replace it
+    doc = {"session": session, "prompts": (kept + [prompt])[-PROMPTS_KEPT:], "time": time.time()}
+    _write(path, {**doc, "mac": _mac(os.path.dirname(path), doc, _PROMPT_FIELDS)})
 
 
-def recorded_task(state: str, session: str) -> str | None:
-    """The task from the prompts recorded for this session, or None."""
-    try:
-        doc = _read(_prompt_path(state, session))
-    except TaskRecordError:
-        return None
-    if not doc or doc.get("session") != session or not isinstance(doc.get("prompts"), list):
-        return None
-    return task_text(doc["prompts"])
+def recorded_task(state: str, session: str) -> tuple[bool, str | None]:
+    """Whether prompts were recorded for this session, and the task they
+    make; TaskRecordError if the record is not caper's."""
+    prompts = _prompts(state, session)
+    return prompts is not None, task_text(prompts or [])
 
 
 def _key(d: str) -> bytes:
@@ -141,11 +160,14 @@ def _key(d: str) -> bytes:
     return key
 
 
-def _mac(d: str, doc: dict) -> str:
+_CALL_FIELDS = ("id", "session", "command", "task", "source", "created")
+
+
+def _mac(d: str, doc: dict, fields: tuple[str, ...]) -> str:
     import hashlib
     import hmac
-    body = json.dumps([doc.get(k) for k in ("id", "session", "command", "task", "source",
-                                             "created")])
+    # The kind of record is in the MAC: a call record's fields never pass for a prompt's.
+    body = json.dumps([fields] + [doc.get(k) for k in fields])
     return hmac.new(_key(d), body.encode(), hashlib.sha256).hexdigest()
 
 
@@ -156,7 +178,7 @@ def new_call(state: str, session: str, command: str, task: str | None, source: s
     call = os.urandom(16).hex()
     doc = {"id": call, "session": session, "command": command, "task": task,
            "source": source, "created": time.time()}
-    _write(os.path.join(d, f"call-{call}.json"), {**doc, "mac": _mac(d, doc)})
+    _write(os.path.join(d, f"call-{call}.json"), {**doc, "mac": _mac(d, doc, _CALL_FIELDS)})
     return call
 
 
@@ -182,20 +204,21 @@ def check_call(state: str, call: str, session: str, command: str) -> dict:
         raise TaskRecordError(f"call {call}: the record is malformed or expired")
     import hmac
     if not isinstance(doc.get("mac"), str) or \
-            not hmac.compare_digest(doc["mac"], _mac(os.path.dirname(path), doc)):
+            not hmac.compare_digest(doc["mac"], _mac(os.path.dirname(path), doc, _CALL_FIELDS)):
         raise TaskRecordError(f"call {call}: the record was not made by caper's hook")
     return doc
 
 
-def take_call(state: str, call: str, session: str, command: str) -> str | None:
-    """The task recorded for this call (None: no task was known), once: the
-    record is removed, so it serves exactly one run."""
+def take_call(state: str, call: str, session: str, command: str) -> tuple[str | None, bool]:
+    """The task recorded for this call (None: no task was known) and whether
+    it came from the transcript, once: the record is removed, so it serves
+    exactly one run."""
     doc = check_call(state, call, session, command)
     try:
         os.unlink(_call_path(state, call))
     except FileNotFoundError:
         raise TaskRecordError(f"call {call} was used by another run meanwhile") from None
-    return doc["task"]
+    return doc["task"], doc.get("source") == "transcript"
 
 
 def _expire(d: str) -> None:

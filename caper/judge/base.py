@@ -25,6 +25,7 @@ class ApprovalRequest:
     home: str | None = None
     protected: Protected | None = None   # the run's credential locations (defaults, config, tainted)
     unsure: str | None = None        # what the offline policy could not judge, for the LLM
+    task_from_transcript: bool = False   # the task was read from a file the agent can write
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,9 @@ def _evidence(request: ApprovalRequest, max_history: int) -> str:
     history = [{k: str(v)[:300] for k, v in h.items() if k in ("command", "decision", "reason")}
                for h in request.history[-max_history:]] if max_history else []
     doc = {"task": request.task or "(no task given)", "history": history,
+           **({"task_source": "the agent's transcript file, which the agent can write: not "
+                              "proof of what the user asked"} if request.task_from_transcript
+              else {}),
            "command": request.command, "effect_report": request.report.to_dict()}
     if request.unsure:      # caper's own words, not the run's: why the offline judge asked
         doc["offline_policy_unsure"] = request.unsure

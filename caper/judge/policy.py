@@ -298,7 +298,9 @@ class PolicyApprover:
                           default_state_dir())
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
-        intent = task_intent(request.task, rules)
+        # A task from the transcript may be the agent's own words (it can
+        # write that file): it lowers no strictness, as if no task were known.
+        intent = None if request.task_from_transcript else task_intent(request.task, rules)
         protected = request.protected or protected_for(default_patterns(), request.home, workspace)
         judge = _Judge(rules, declared, intent, request.home, workspace, protected)
         findings = judge.run(report)
@@ -351,6 +353,7 @@ class _Judge:
                 self.add(90, "block", f"its output would show secret values ({', '.join(s.kinds)})",
                          "secrets must not reach the agent's context",
                          "read the value where it is needed instead of printing it")
+        self.transformed(report)
         for x in report.processes.refused:
             if x.syscall in self.r.escape_calls or x.reason in ("abi",):
                 self.add(95, "block", f"it tried {x.syscall} ({x.reason}), which caper refused",
@@ -366,6 +369,25 @@ class _Judge:
             self.add(45, "unsure", "caper could not tell which commits or uncommitted changes "
                      "the run would lose", "git state that git cannot give back")
         return sorted(self.findings, reverse=True)
+
+    def transformed(self, report) -> None:
+        """A credential read, then output or a file written: the value may be
+        in it in a form no redaction finds (base64, reversed, encrypted), so
+        verbatim matching cannot clear it; a human or the LLM decides."""
+        read = sorted({p.path for p in report.protected_reads if p.result is None})
+        if not read:
+            return
+        if report.output.stdout.bytes or report.output.stderr.bytes:
+            self.add(75, "unsure", f"it read the credential {_q(read[0])} and printed output, "
+                     "which may carry it in another form", "secrets must not reach the agent's "
+                     "context", "read the value where it is needed, printing nothing of it")
+        # Any file: a descriptor opened before the read can be written after
+        # it (`base64 .env > enc.txt`: the shell opens enc.txt first).
+        wrote = next((c.path for c in report.changes if c.op != "deleted" and c.type == "file"),
+                     next((a.under for a in report.aggregates if a.op != "deleted"), None))
+        if wrote is not None:
+            self.add(75, "unsure", f"it read the credential {_q(read[0])} and wrote {_q(wrote)}, "
+                     "which may carry it in another form", "credentials must not be copied")
 
     # -- file changes --
     def change(self, c) -> None:
@@ -395,6 +417,8 @@ class _Judge:
                      "agent sessions read and follow", "agent configuration: what later "
                      "sessions are told to do", "edit it only when the task asks for it", path)
         self.privilege(path, full, c)
+        if c.type == "symlink" and op != "deleted" and (c.detail or "").startswith("-> "):
+            self.link(path, full, c.detail[3:])
         if op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
             self.owner(path, full, c.detail)
@@ -618,22 +642,55 @@ class _Judge:
                      f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed", path)
 
+    def link(self, path: str, full: str, target: str) -> None:
+        """A symlink out of the workspace: whatever later writes "inside the
+        project" through it (the agent's own file tools, which caper does not
+        gate, the user's cp) writes its target. Into persistence or a
+        credential location it is that harm; into the home or /etc, unsure."""
+        lexical = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
+            if below(t, self.ws):
+                continue
+            if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
+                   for x in (t, t + "/x")):
+                verdict = "unsure" if self.task_says("persistence") else "block"
+                self.add(94, verdict, f"it would link {_q(path)} to {_q(t)}: what is written "
+                         "through the link later runs or configures later sessions, or reads "
+                         "credentials", "persistence outside the workspace",
+                         "link only inside the project")
+                return
+            if (self.home and below(t, self.home) and not self.r.matches(self.r.harmless_home, t)
+                    or below(t, "/etc")):
+                self.add(60, "unsure", f"it would link {_q(path)} to {_q(t)}, outside the "
+                         "workspace: what is written through it lands there",
+                         "writes outside the workspace", "link only inside the project")
+                return
+
     def owner(self, path: str, full: str, detail: str) -> None:
-        """Giving a file to another user, or to a group the user is not in, is
-        a permission grant like a widened mode: the new owner may change it
-        (a build script that every later build runs, a source directory)."""
-        m = _OWNER.search(detail)
-        if not m:
-            return
-        old_uid, old_gid, uid, gid = map(int, m.groups())
+        """A file handed to another user, or to a group the user is not in, or
+        made group-writable for such a group: that user (or group) can then
+        rewrite it, as with a widened mode."""
+        own = _OWNER.search(detail)
+        mode = _MODE.search(detail)
+        uid, gid = (int(own.group(3)), int(own.group(4))) if own else (None, None)
+        if gid is None and mode:
+            try:
+                gid = os.lstat(full).st_gid
+            except OSError:
+                gid = None
         mine = {os.getegid(), *os.getgroups()}
-        if (uid == old_uid or uid == os.geteuid()) and (gid == old_gid or gid in mine):
-            return
-        declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
-        self.add(87, "unsure" if declared else "block",
-                 f"it would give {_q(path)} to {uid}:{gid} (was {old_uid}:{old_gid})",
-                 "permissions for other users: a new owner may change what later runs",
-                 "keep the user's ownership", path)
+        what = []
+        if own and uid != int(own.group(1)) and uid != os.geteuid():
+            what.append(f"hand {_q(path)} to user {uid}")
+        if own and gid != int(own.group(2)) and gid not in mine:
+            what.append(f"give {_q(path)} to group {gid}, which you are not in")
+        if mode and gid is not None and gid not in mine and \
+                int(mode.group(2), 8) & ~int(mode.group(1), 8) & 0o020:
+            what.append(f"make {_q(path)} writable by group {gid}, which you are not in")
+        if what:
+            declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
+            self.add(87, "unsure" if declared else "block", "it would " + "; ".join(what),
+                     "permissions for other users", "keep your files your own", path)
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]

@@ -41,7 +41,7 @@ from caper.display import quote
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.fs.mountinfo import below
 from caper.report.secrets import Protected, Redactor
-from caper.report.workspace import GIT_ROUTINE, PathView
+from caper.report.workspace import GIT_ROUTINE, PathView, history_values
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
@@ -118,6 +118,7 @@ NOTES = {
                  "natively it might have succeeded.",
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
+MAX_GIT_WORDS = 256              # of a git command line, looked at for credential names
 MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
@@ -498,6 +499,7 @@ class _Proc:
     reads: list[tuple[int, str]] = field(default_factory=list)             # seq, path
 
 
+RENAME_EXCHANGE = 2   # renameat2: each name takes the other's object
 _WRITE_KINDS = (Kind.UNLINK, Kind.RMDIR, Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR,
                 Kind.MKNOD)
 _CHANGING_KINDS = _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)   # besides opens
@@ -522,6 +524,7 @@ class _Analysis:
         self.net: list[Event] = []
         self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
+        self.git_named: dict[str, str] = {}                 # credential a git command named -> kind
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -551,6 +554,13 @@ class _Analysis:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
+            # git reads a tracked (or once tracked) credential from its object
+            # store, which no credential pattern covers: naming one is reading it.
+            if os.path.basename(e.path or "") == "git":
+                for cred, kind in _git_named(e.argv or [], facts.workspace, facts.protected):
+                    self.protected.append((e, kind, cred))
+                    p.reads.append((e.seq, cred))
+                    self.git_named[cred] = kind
             if e.info & Info.ARGV_CHANGED:
                 self.uncertain[ARGV_CHANGED] += 1
         elif k == Kind.OPEN and e.path:
@@ -579,11 +589,19 @@ class _Analysis:
                 # A credential linked or moved elsewhere (or a directory holding
                 # one) is read by that name from now on: the link or rename
                 # itself counts as reading it.
-                cred = self.credential(facts.protected, e.real, e.path)
-                if cred:
-                    self.protected.append((e, cred[1], cred[0]))
-                    p.reads.append((e.seq, cred[0]))
-                self.aliases[e.path2] = self.original(e.real or e.path)
+                # An exchange moves the destination's object to the source's
+                # name as well: each name is a source, and each the other's alias.
+                exchange = k == Kind.RENAME and e.flags & RENAME_EXCHANGE
+                sources = [(e.real, e.path)] + ([(None, e.path2)] if exchange else [])
+                for names in sources:
+                    cred = self.credential(facts.protected, *names)
+                    if cred:
+                        self.protected.append((e, cred[1], cred[0]))
+                        p.reads.append((e.seq, cred[0]))
+                was = self.original(e.real or e.path)
+                if exchange:
+                    self.aliases[e.path] = self.original(e.path2)
+                self.aliases[e.path2] = was
             if k == Kind.RENAME and e.path:
                 self.writers[e.path] = (e.pid, e.seq)
                 self.renames[e.path2] = self.renames.pop(e.path, e.path)
@@ -601,6 +619,13 @@ class _Analysis:
     def original(self, path: str) -> str:
         """path as it was named before the run's links and renames put it (or
         a directory above it) there."""
+        return self.names(path)[-1]
+
+    def names(self, path: str) -> list[str]:
+        """path and each name it had before, back through the run's links and
+        renames (an exchange makes two names each other's: a cycle, where
+        every name counts)."""
+        out = [path]
         for _ in range(MAX_ALIAS_HOPS if self.aliases else 0):
             up = path
             while up not in self.aliases and up not in ("", "/"):
@@ -608,7 +633,10 @@ class _Analysis:
             if up not in self.aliases:
                 break
             path = self.aliases[up] + path[len(up):]
-        return path
+            if path in out:
+                break
+            out.append(path)
+        return out
 
     def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
         """(path, kind) of the first of names that is a credential location,
@@ -616,7 +644,7 @@ class _Analysis:
         none is."""
         seen = set()
         for name in names:
-            for p in (name, self.original(name)) if name else ():
+            for p in self.names(name) if name else ():
                 kind = None if p in seen else protected.kind(p)
                 if kind:
                     return p, kind
@@ -743,6 +771,21 @@ def _full_changes(d: "_Draft") -> list[FileChange]:
 _VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
 
 
+def _git_named(argv: list[str], workspace: str, protected: Protected) -> list[tuple[str, str]]:
+    """(path, kind) of each credential location a git command line names:
+    a word, or the path of a `REV:PATH` word, taken below the workspace."""
+    out = []
+    for w in argv[1:1 + MAX_GIT_WORDS]:
+        for name in [w] + ([w.split(":", 1)[1]] if ":" in w and not w.startswith("-") else []):
+            if not name or name.startswith("-"):
+                continue
+            full = os.path.normpath(os.path.join(workspace, name.removeprefix("./")))
+            kind = protected.kind(full)
+            if kind and below(full, workspace):
+                out.append((full, kind))
+    return out
+
+
 def _via(e: Event, cred: str, path) -> str | None:
     """The other name of a credential read: what an open named, what a link
     or rename made."""
@@ -765,14 +808,22 @@ def _draft(facts: RunFacts) -> _Draft:
     an = _Analysis(facts, view)
     redactor = Redactor()
     # Values of every credential file the run read (or tried to) are secrets,
-    # wherever they show up, and so are those it changed.
+    # wherever they show up, and so are those of one it changed or removed,
+    # by its name or by what the run's links and renames made it: reporting
+    # the change reads the host's version even if the run never did.
     for e, kind, cred in an.protected:
         redactor.add_values(facts.tree.credential_values(cred), kind)
+    for cred, kind in an.git_named.items():   # and every version the repository keeps
+        redactor.add_values(history_values(facts.workspace, os.path.relpath(cred, facts.workspace)),
+                            kind)
     loc = facts.tree
+    credentials: set[str] = set()   # changed paths that are credential locations
     for c in facts.changes:
-        kind = facts.protected.kind(c.path)
-        if kind and c.kind != "deleted":
-            redactor.add_values(loc.credential_values(c.path), kind)
+        cred = an.credential(facts.protected, c.path)
+        if cred:
+            credentials.add(c.path)
+            for p in {c.path, cred[0]}:
+                redactor.add_values(loc.credential_values(p), cred[1])
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     uncertain: dict[str, int] = dict(an.uncertain)
@@ -837,7 +888,8 @@ def _draft(facts: RunFacts) -> _Draft:
                 spent >= MAX_INSPECT_BYTES:
             uncertain["files-not-inspected"] = uncertain.get("files-not-inspected", 0) + 1
             continue
-        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from, deadline)
+        d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from, deadline,
+                    credential=fc.path in credentials or fc.renamed_from in credentials)
         details[fc.path] = d
         spent += (d.size_before or 0) + (d.size_after or 0)
         for u in d.uncertain:

@@ -11,16 +11,16 @@ file: where the run left a file, the host may hold a FIFO or a device node.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 import sqlite3
 import stat
 import time
-import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 
 from caper.fs.mountinfo import below
-from caper.report.secrets import MAX_SECRET_FILE, Redactor, values_in
+from caper.report.secrets import MAX_SECRET_FILE, Redactor, key_of, values_in
 from caper.fs.syscalls import open_regular
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
@@ -58,16 +58,19 @@ class RunTree:
         return None
 
     def credential_values(self, path: str) -> list[str]:
-        """Secret values of the credential file at path as the run saw it: its
-        run version, else the host's, opened without following any symlink
-        (path comes from the command: what it names must not be looked up in
-        caper's own view of the filesystem)."""
+        """Secret values of the credential file at path: those of its run
+        version and of the host's (a run that overwrote or deleted it without
+        reading it still makes caper read the host's to report the change),
+        each opened without following any symlink (path comes from the
+        command: what it names must not be looked up in caper's own view of
+        the filesystem)."""
         where = self.locate(path)
+        found: list[str] = []
         for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
             blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
             if blob is not None:
-                return values_in(blob.data)
-        return []
+                found += values_in(blob.data)
+        return list(dict.fromkeys(found))
 
 
 @dataclass(slots=True)
@@ -232,11 +235,40 @@ def _unified(m: _Matcher) -> list[str]:
     return out
 
 
+def _withhold_secret_lines(lines: list[str], redactor: Redactor, salt: bytes) -> list[str]:
+    """lines with each one that holds (part of) a secret replaced by the key
+    it sets and a keyed digest of it: a private key's body lines match no
+    shape one by one, and a diff line must not show them. Equal lines still
+    compare equal, so the diff keeps its shape; the per-report key makes the
+    digest no hint."""
+    text = "\n".join(lines)
+    spans = redactor.spans(text)
+    if not spans:
+        return lines
+    out, pos, i = [], 0, 0
+    for line in lines:
+        end = pos + len(line)
+        while i < len(spans) and spans[i][1] <= pos:
+            i += 1
+        if i < len(spans) and spans[i][0] < max(end, pos + 1) and spans[i][1] > pos:
+            tag = hashlib.blake2b(line.encode(), key=salt, digest_size=4).hexdigest()
+            key = key_of(line)
+            if spans[i][0] < pos + len(key):   # the "key" is part of the secret (a base64 tail)
+                key = ""
+            line = f"{key}<secret withheld {tag}>"
+        out.append(line)
+        pos = end + 1
+    return out
+
+
 def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
-            old_path: str | None = None, deadline: float | None = None) -> FileDetail:
+            old_path: str | None = None, deadline: float | None = None,
+            credential: bool = False) -> FileDetail:
     """Compare the host's version of path (of old_path, for a rename) with
     the run's. A created file has no host version, a deleted one no run version.
-    deadline (time.monotonic()): the diff's, at most DIFF_DEADLINE_S from now."""
+    deadline (time.monotonic()): the diff's, at most DIFF_DEADLINE_S from now.
+    A credential location's diff shows only the keys its lines set, and no
+    diff line of any file shows a secret of either version."""
     d = FileDetail()
     where = tree.locate(path)
     old_path = old_path or path
@@ -272,7 +304,9 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     if too_large:
         d.uncertain.append("too-large-to-diff")
         return d
-    a, b = old.splitlines(), new.splitlines()
+    salt = os.urandom(16)
+    a = _withhold_secret_lines(old.splitlines(), redactor, salt)
+    b = _withhold_secret_lines(new.splitlines(), redactor, salt)
     end = time.monotonic() + DIFF_DEADLINE_S
     m = _Matcher(a, b, end if deadline is None else min(end, deadline))
     try:
@@ -289,5 +323,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
         d.removed = sum(1 for s in lines if s.startswith("-"))
     d.overwritten = bool(a) and (not b or (len(a) >= OVERWRITE_MIN_LINES and
                                            d.removed >= OVERWRITE_SHARE * len(a)))
+    if credential:   # the keys it changes, never their values
+        lines = [s if s.startswith("@@") else s[:1] + key_of(s[1:]) + "<withheld>" for s in lines]
     d.diff = lines[:MAX_DIFF_LINES]
     return d

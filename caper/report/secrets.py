@@ -125,6 +125,7 @@ SHAPES: list[tuple[str, re.Pattern, tuple[str, ...]]] = [
         ("password", r"(?i:(?<=password))[\"']?\s*[:=]\s*[\"']?[^\s\"',;]{6,}", ("password",)),
     ]]
 
+_KEY = re.compile(r"""^\s*(?:export\s+)?["']?[\w.\-]+["']?\s*[:=]""")
 _ASSIGN = re.compile(r"""^\s*(?:export\s+)?["']?([\w.\-]+)["']?\s*[:=]\s*(.*?)\s*,?\s*$""")
 # Keys of credential files whose values are settings, not secrets
 # (`region = eu-west-1` in ~/.aws/config): shown, never redacted.
@@ -140,6 +141,8 @@ _PLACEHOLDER = re.compile(r"""(?ix)^(?:change[-_ ]?me|replace[-_ ]?me|your[-_ ].
 
 def placeholder(value: str) -> bool:
     return bool(_PLACEHOLDER.search(value.strip()))
+
+
 _KEYWORD = re.compile(r"(?i)\b(?:password|passwd|secret|token|login)\s+(\S+)")
 
 
@@ -168,6 +171,14 @@ def values_in(data: bytes) -> list[str]:
         if not m and " " not in s:
             found.append(s)
     return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_LEN and not placeholder(v)]
+
+
+def key_of(line: str) -> str:
+    """The `KEY=` a line starts with (`registry=` says what a change to a
+    credential file does), or "": a line that sets no key (a private key's
+    body, a bare token) may be all secret."""
+    m = _KEY.match(line)
+    return m.group(0) if m else ""
 
 
 def _json_strings(doc) -> list[str]:
@@ -216,6 +227,27 @@ class Redactor:
                 if found is not None:
                     found.add(kind)
         return s
+
+    def spans(self, s: str) -> list[tuple[int, int]]:
+        """(start, end) of every known value and token shape in s, in order
+        and merged: what `text` would replace, located in s itself."""
+        found = []
+        for v in self._order:
+            i = s.find(v)
+            while i >= 0:
+                found.append((i, i + len(v)))
+                i = s.find(v, i + 1)
+        low = s.lower()
+        for _, rx, anchors in SHAPES:
+            if any(a in low for a in anchors):
+                found += [m.span() for m in rx.finditer(s)]
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted(found):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return merged
 
     def cut_ends(self, s: str, start: bool, end: bool, found: set[str] | None = None) -> str:
         """Also redact a value cut by a boundary of held output: a prefix of a

@@ -79,6 +79,36 @@ class _Git:
         return out
 
 
+HISTORY_COMMITS = 64           # of a credential's history, read for its values
+MAX_HISTORY_BYTES = 4 << 20
+
+
+def history_values(workspace: str, rel: str) -> list[str]:
+    """Secret values a file at rel held in any version the repository keeps
+    (the last HISTORY_COMMITS commits that touched it, on any ref): what a
+    `git show REV:.env` or `git log -p -- .env` can print though the file is
+    gone. None found (or git failing) is an empty list."""
+    from caper.report.secrets import MAX_SECRET_FILE, values_in
+    try:
+        out = _Git(workspace, "log", "--all", "-p", "--format=", "--no-ext-diff", "--no-textconv",
+                   "-n", str(HISTORY_COMMITS), "--", rel).result((0,))
+    except (OSError, subprocess.SubprocessError):
+        return []
+    lines = [ln[1:] for ln in out[:MAX_HISTORY_BYTES].split(b"\n")
+             if ln[:1] in (b"+", b"-") and not ln.startswith((b"+++", b"---"))]
+    found: list[str] = []
+    chunk: list[bytes] = []
+    size = 0
+    for ln in lines + [None]:            # values_in parses at most MAX_SECRET_FILE at once
+        if ln is None or size + len(ln) + 1 > MAX_SECRET_FILE:
+            found += values_in(b"\n".join(chunk))
+            chunk, size = [], 0
+        if ln is not None and len(ln) < MAX_SECRET_FILE:
+            chunk.append(ln)
+            size += len(ln) + 1
+    return list(dict.fromkeys(found))
+
+
 def find_workspace(cwd: str) -> str:
     """The git top level of cwd (the nearest directory up with a .git, a
     directory or the file of a worktree or submodule), else cwd itself. Found

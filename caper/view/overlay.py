@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
+import re
 import shutil
 import threading
 import time
@@ -589,10 +590,12 @@ def expire_kept(state_dir: str, max_age_s: float) -> list[str]:
     return out
 
 
-def tree_bytes(path: str) -> int:
-    """The disk space a tree takes (allocated blocks; not following links).
-    Directories a run closed (mode 000) count as empty: they hold nothing
-    the run could have written without opening them again first."""
+def tree_bytes(path: str) -> int | None:
+    """The disk space a tree takes (allocated blocks; not following links),
+    or None if it holds a directory caper cannot read: one the run closed
+    (chmod 000) after writing into it, rootless, where caper has no power to
+    look past permissions. Overlay work dirs (the kernel's, mode 000
+    rootless, never visible to the run) are not asked."""
     total = 0
     stack = [path]
     while stack:
@@ -602,10 +605,14 @@ def tree_bytes(path: str) -> int:
                 for e in it:
                     st = e.stat(follow_symlinks=False)
                     total += st.st_blocks * 512
-                    if e.is_dir(follow_symlinks=False):
+                    if e.is_dir(follow_symlinks=False) and not (   # <scratch>/layerN/work
+                            e.name == "work" and os.path.dirname(d) == path and
+                            re.fullmatch(r"layer\d+", os.path.basename(d))):
                         stack.append(e.path)
-        except (FileNotFoundError, PermissionError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError):
             continue
+        except PermissionError:
+            return None
     return total
 
 
@@ -618,8 +625,15 @@ def over_keep_quota(state_dir: str, scratch: str, quota_mb: float) -> str | None
                 if n.endswith(".kept")]
     except FileNotFoundError:
         kept = []
-    used = sum(tree_bytes(k) for k in kept if k != scratch)
+    sizes = [tree_bytes(k) for k in kept if k != scratch]
     size = tree_bytes(scratch)
+    if size is None:
+        return ("it holds a directory it closed (no read or search permission for caper), so "
+                "caper cannot measure what it takes against the quota for kept runs")
+    if None in sizes:
+        return ("a kept run holds a directory caper cannot measure, so the quota for kept "
+                "runs cannot be checked (`caper discard ID` frees a held run)")
+    used = sum(sizes)
     if used + size <= quota_mb * (1 << 20):
         return None
     return (f"it takes {size / (1 << 20):.1f} MiB, and the {len(kept)} held and kept runs "
