@@ -62,9 +62,10 @@ class Rules:
         # there is persistence wherever it is (the approver's PATH: the
         # agent's, for a hook), and so is caper's own state dir, however
         # it is reached.
+        self.path_dirs = {d.rstrip("/") for d in path.split(os.pathsep)
+                          if os.path.isabs(d) and d.rstrip("/")}
         self.persistence = self._globs(list(data["persistence"]) + [
-            d.rstrip("/") + "/*" for d in path.split(os.pathsep)
-            if os.path.isabs(d) and d.rstrip("/")] + [
+            d + "/*" for d in sorted(self.path_dirs)] + [
             d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}])
         self.code_caches = self._globs(data["code_caches"])
         self.instructions = self._globs(data["agent_instructions"])
@@ -651,6 +652,8 @@ class _Judge:
         for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
             if below(t, self.ws):
                 continue
+            if os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
+                continue    # a program on PATH (a venv's python): the link runs it, writes nothing
             if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
                    for x in (t, t + "/x")):
                 verdict = "unsure" if self.task_says("persistence") else "block"
