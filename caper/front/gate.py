@@ -96,9 +96,12 @@ def _connect(path: str) -> _socket.socket:
 
 def _start(state_dir: str) -> None:
     """Start the gate (one at a time: a lock), detached from this process."""
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    lock = os.open(os.path.join(state_dir, "gate.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                   0o600)
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        lock = os.open(os.path.join(state_dir, "gate.lock"),
+                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:   # a read-only state dir (caper inside caper's sandbox)
+        raise GateUnavailable(f"open {state_dir}/gate.lock: {e.strerror}") from e
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
