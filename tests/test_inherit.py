@@ -20,10 +20,10 @@ from caper.front import gate
 from test_gate import _alive, _gate_pid, _stop, env  # noqa: F401 (fixture)
 
 PROBE = ("umask; ulimit -n; ulimit -s; ulimit -c; nice; id -g; id -G; pwd; "
-         "echo \"$LANG $CAPER_PROBE\"; touch f; mkdir d; stat -c '%n %a' f d; rm -r f d")
+         "echo \"$LANG $INHERIT_PROBE\"; touch f; mkdir d; stat -c '%n %a' f d; rm -r f d")
 # The caller's context differs from the gate's in every item: the gate was
 # started with the defaults (and sets umask 077 for itself).
-CONTEXT = "umask 002; ulimit -n 512; ulimit -s 4096; ulimit -c 0; export LANG=C.UTF-8 CAPER_PROBE=p"
+CONTEXT = "umask 002; ulimit -n 512; ulimit -s 4096; ulimit -c 0; export LANG=C.UTF-8 INHERIT_PROBE=p"
 
 
 def _caller(env, cwd: Path, script: str, wrap: list[str] = ()) -> subprocess.CompletedProcess:
