@@ -3,6 +3,7 @@ model's own command (tests/test_real_agents.py runs them in the real client)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,45 @@ def test_claude_timeouts():
     assert hooks.claude_timeouts({"timeout": 600_000}, {}) == (540.0, 600_000)
     assert hooks.claude_timeouts({}, {"BASH_DEFAULT_TIMEOUT_MS": "5000",
                                       "BASH_MAX_TIMEOUT_MS": "900000"}) == (5.0, 65_000)
+
+
+def test_launch_rules_are_read_as_claude_codes_option_parser_reads_them(tmp_path):
+    """`--disallowedTools A B,C` takes words up to the next option and splits
+    them at commas and spaces outside parentheses; `--opt=V` one value;
+    `--settings` a JSON text or a file relative to Claude Code's cwd."""
+    (tmp_path / "s.json").write_text('{"permissions": {"ask": ["Bash(git push:*)"]}}')
+    launch = cr.Launch.parse(
+        ["claude", "-p", "--disallowedTools", "Edit,Bash(git *)", "Bash(rm:*)", "--verbose",
+         "--disallowed-tools=Bash(curl:*)", "--settings", "s.json", "hi"],
+        str(tmp_path), "Claude Code (pid 1)")
+    assert launch.disallowed == ["Edit", "Bash(git *)", "Bash(rm:*)", "Bash(curl:*)"]
+    rules = cr.bash_rules(str(tmp_path / "none"), {"HOME": str(tmp_path)}, launch)
+    assert [(k, p) for k, p, _ in rules] == [
+        ("deny", "git *"), ("deny", "rm:*"), ("deny", "curl:*"), ("ask", "git push:*")]
+    assert cr.verdict("cd x && rm -rf y", str(tmp_path / "none"), {"HOME": str(tmp_path)},
+                      launch)[0] == "deny"
+
+
+def test_launch_rules_come_from_the_nearest_claude_code_ancestor(tmp_path):
+    """A process started (through a shell) by a program named claude finds that
+    program's --disallowedTools; a process with no such ancestor finds none."""
+    import subprocess
+    import sys
+    probe = (f"import sys; sys.path.insert(0, {str(Path(cr.__file__).parents[2])!r});"
+             "from caper.front import claude_rules as cr;"
+             "l = cr.Launch.of_ancestor(); print(l and l.disallowed)")
+    claude = tmp_path / "claude"
+    claude.write_text(f"#!/bin/sh\n{sys.executable} -c \"$PROBE\"\n")
+    claude.chmod(0o755)
+    env = {"PROBE": probe, "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([str(claude), "--disallowedTools", "Bash(rm:*)"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['Bash(rm:*)']"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "None"
+
+
+def test_an_unreadable_settings_file_on_the_command_line_fails_closed(tmp_path):
+    with pytest.raises(ValueError, match="--settings"):
+        cr.Launch.parse(["claude", "--settings", "missing.json"], str(tmp_path), "Claude Code")

@@ -199,6 +199,30 @@ def test_claude_code_permission_rules_hold_against_the_original_command(
         assert json.loads(run.stdout)["permission_denials"], run.stdout
 
 
+@pytest.mark.parametrize("launch", ["disallowed", "settings-file", "settings-json"])
+def test_claude_code_command_line_rules_hold_against_the_original_command(
+        launch, installed, project, tmp_path):
+    """`Bash(rm:*)` given on Claude Code's own command line, which its hooks
+    are not told (`--disallowedTools`, or a `--settings` file or JSON text):
+    `rm -rf build` is not run, and the model is told which rule."""
+    (project / "build").mkdir()
+    (project / "build" / "app").write_text("old\n")
+    model, client = claude(tmp_path, commands("rm -rf build"), project)
+    deny = json.dumps({"permissions": {"deny": ["Bash(rm:*)"]}})
+    (tmp_path / "extra.json").write_text(deny)
+    args = {"disallowed": ["--disallowedTools", "Edit,Bash(rm:*)"],
+            "settings-file": ["--settings", str(tmp_path / "extra.json")],
+            "settings-json": ["--settings", deny]}[launch]
+    try:
+        run = client.run(TASK, project, "--allowedTools", "Bash", *args)
+    finally:
+        model.close()
+    assert model.asked == ["rm -rf build"], (run.stdout, run.stderr)
+    assert (project / "build" / "app").read_text() == "old\n"
+    [told] = model.results
+    assert "Bash(rm:*)" in told and ("--disallowedTools" in told or "--settings" in told), told
+
+
 def test_claude_code_hook_deadline_answers_deny(installed, project, tmp_path):
     """The hook is stuck (the held run it must read is a FIFO nobody writes):
     it answers deny at half its configured timeout, before Claude Code

@@ -13,8 +13,10 @@ errs toward matching: deny and ask rules may only get stricter here.
 Rule forms (https://docs.anthropic.com/en/docs/claude-code/iam): `Bash` or
 `Bash(*)` every command; `Bash(npm run test:*)` a prefix, on a word boundary;
 `Bash(git * main)` `*` as a wildcard; anything else the exact command.
-Rules given on Claude Code's command line (--disallowedTools) are not seen
-by a hook; those stay Claude Code's to apply.
+Rules given on Claude Code's command line (`--disallowedTools`,
+`--settings`) never reach a hook in its input, so the hook reads them from
+the command line of the Claude Code process it runs under (its nearest
+ancestor that is Claude Code, through /proc).
 
 Standard library only: this runs once per command.
 """
@@ -61,8 +63,10 @@ def settings_files(project_dir: str, env=None) -> list[tuple[str, str]]:
             ("local", os.path.join(project_dir, ".claude", "settings.local.json"))]
 
 
-def bash_rules(project_dir: str, env=None) -> list[tuple[str, str, str]]:
-    """(kind deny|ask, the rule's pattern, where it came from) of every Bash rule.
+def bash_rules(project_dir: str, env=None, launch: "Launch | None" = None
+               ) -> list[tuple[str, str, str]]:
+    """(kind deny|ask, the rule's pattern, where it came from) of every Bash rule:
+    the settings files', then those Claude Code was started with (launch).
     A settings file that exists but cannot be read raises ValueError: the
     hook then denies, as Claude Code's own rules are unknown."""
     out = []
@@ -74,23 +78,127 @@ def bash_rules(project_dir: str, env=None) -> list[tuple[str, str, str]]:
             continue
         except OSError as e:
             raise ValueError(f"cannot read Claude Code's {scope} settings {path}: {e}") from e
-        if not raw.strip():
-            continue
-        try:
-            doc = json.loads(raw)
-        except ValueError as e:
-            raise ValueError(f"Claude Code's {scope} settings {path} are not JSON ({e})") from e
-        perms = doc.get("permissions") if isinstance(doc, dict) else None
-        if not isinstance(perms, dict):
-            continue
-        for kind in ("deny", "ask"):
-            for rule in perms.get(kind) or []:
-                if not isinstance(rule, str):
-                    continue
-                m = re.fullmatch(r"\s*Bash\s*(?:\((.*)\))?\s*", rule, re.S)
-                if m:
-                    out.append((kind, (m.group(1) or "*").strip(), f"{rule!r} in {path}"))
+        out += _settings_rules(raw, f"Claude Code's {scope} settings {path}", f"in {path}")
+    if launch is not None:
+        out += [("deny", pattern, f"{rule!r} in {launch.where}'s --disallowedTools")
+                for rule, pattern in ((r, _bash_pattern(r)) for r in launch.disallowed)
+                if pattern is not None]
+        for text, where in launch.settings:
+            out += _settings_rules(text.encode(), f"{launch.where}'s --settings {where}",
+                                   f"in --settings {where}")
     return out
+
+
+def _bash_pattern(rule: str) -> str | None:
+    """The pattern of a Bash rule (`Bash` alone: every command), None for another tool's."""
+    m = re.fullmatch(r"\s*Bash\s*(?:\((.*)\))?\s*", rule, re.S)
+    return (m.group(1) or "*").strip() if m else None
+
+
+def _settings_rules(raw: bytes, what: str, where: str) -> list[tuple[str, str, str]]:
+    """The deny/ask Bash rules of one settings document."""
+    if not raw.strip():
+        return []
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"{what} are not JSON ({e})") from e
+    perms = doc.get("permissions") if isinstance(doc, dict) else None
+    if not isinstance(perms, dict):
+        return []
+    out = []
+    for kind in ("deny", "ask"):
+        for rule in perms.get(kind) or []:
+            pattern = _bash_pattern(rule) if isinstance(rule, str) else None
+            if pattern is not None:
+                out.append((kind, pattern, f"{rule!r} {where}"))
+    return out
+
+
+class Launch:
+    """What Claude Code was started with that its hooks are not told: the
+    `--disallowedTools` rules and the `--settings` documents (file or JSON
+    text) of the Claude Code process a hook runs under."""
+
+    def __init__(self, where: str, disallowed: list[str], settings: list[tuple[str, str]]):
+        self.where, self.disallowed, self.settings = where, disallowed, settings
+
+    @classmethod
+    def of_ancestor(cls, pid: int | None = None) -> "Launch | None":
+        """The nearest ancestor of pid (default: this process) that is Claude
+        Code, None when there is none (the hook was not started by Claude Code).
+        Its command line or a --settings file that cannot be read raises
+        ValueError: its rules are then unknown."""
+        pid = os.getppid() if pid is None else pid
+        for depth in range(MAX_ANCESTORS):
+            if pid <= 1:
+                return None
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError) as e:
+                if depth == 0:      # the hook's own parent is its agent's, and readable
+                    raise ValueError(f"cannot read process {pid}'s command line: {e}") from e
+                return None         # past another user's process (hidepid): no Claude Code
+            if _is_claude_code(argv):
+                return cls.parse(argv, f"/proc/{pid}/cwd", f"Claude Code (pid {pid})")
+            pid = ppid
+        return None
+
+    @classmethod
+    def parse(cls, argv: list[str], cwd: str, where: str) -> "Launch":
+        """Read Claude Code's argv as its option parser does: `--opt V...` takes
+        every word up to the next option, `--opt=V` one; a tool list splits at
+        commas and spaces outside parentheses (`Bash(git *)` is one rule)."""
+        disallowed: list[str] = []
+        settings: list[tuple[str, str]] = []
+        i = 0
+        while i < len(argv):
+            name, eq, value = argv[i].partition("=")
+            i += 1
+            if name not in DISALLOWED_OPTIONS and name != "--settings":
+                continue
+            values = [value] if eq else []
+            while not eq and i < len(argv) and not argv[i].startswith("-"):
+                values.append(argv[i])
+                i += 1
+                if name == "--settings":
+                    break
+            if name == "--settings":
+                settings += [_settings_text(v, cwd) for v in values]
+            else:
+                for v in values:
+                    disallowed += [t for t in re.findall(r"(?:[^,\s(]|\([^)]*\))+", v)]
+        return cls(where, disallowed, settings)
+
+
+DISALLOWED_OPTIONS = {"--disallowedTools", "--disallowed-tools"}
+MAX_ANCESTORS = 16
+
+
+def _is_claude_code(argv: list[str]) -> bool:
+    """Claude Code's native binary (`claude`, npm's `claude.exe`) or its
+    JavaScript entry run by node (`node .../@anthropic-ai/claude-code/cli.js`)."""
+    return bool(argv) and any(os.path.basename(a) in CLAUDE_PROGRAMS or
+                              "/@anthropic-ai/claude-code/" in a for a in argv[:2])
+
+
+CLAUDE_PROGRAMS = {"claude", "claude.exe"}
+
+
+def _settings_text(value: str, cwd: str) -> tuple[str, str]:
+    """(the JSON text, where it came from) of one --settings value: the JSON
+    itself when it is an object, else a file (relative to Claude Code's cwd)."""
+    if value.lstrip().startswith("{"):
+        return value, "(inline JSON)"
+    path = value if os.path.isabs(value) else os.path.join(cwd, value)
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_SETTINGS + 1).decode(errors="replace"), value
+    except OSError as e:
+        raise ValueError(f"cannot read Claude Code's --settings {value}: {e}") from e
 
 
 def simple_commands(command: str, depth: int = 0) -> list[str]:
@@ -185,9 +293,10 @@ def matches(pattern: str, command: str) -> bool:
     return command == pattern
 
 
-def verdict(command: str, project_dir: str, env=None) -> tuple[str, str] | None:
+def verdict(command: str, project_dir: str, env=None, launch: Launch | None = None
+            ) -> tuple[str, str] | None:
     """("deny" | "ask", why) for the strictest rule that matches, else None."""
-    rules = bash_rules(project_dir, env)
+    rules = bash_rules(project_dir, env, launch)
     if not rules:
         return None
     forms = simple_commands(command)

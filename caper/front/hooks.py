@@ -296,7 +296,8 @@ def answer(agent: Agent, hook) -> str:
         return ask_human(agent, held, state, can_ask(agent, hook))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
-    rule = claude_rules.verdict(inner or command, project_dir(hook)) \
+    rule = claude_rules.verdict(inner or command, project_dir(hook),
+                                launch=claude_rules.Launch.of_ancestor()) \
         if agent.name == "claude-code" else None
     if rule is not None and (rule[0] == "deny" or not can_ask(agent, hook)):
         return _out(agent, "deny", f"caper: not run: {rule[1]} ({rule[0]}"
