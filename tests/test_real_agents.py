@@ -286,6 +286,42 @@ def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed
     assert (project / "src" / "main.c").exists()
 
 
+def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(installed, project,
+                                                                           tmp_path):
+    """`claude -p` with text output shows the user only the model's answer,
+    never a hook's systemMessage: the hook writes the held run's id and the
+    command that applies it to the terminal Claude Code's errors go to
+    (here its stdout is a file, as in `claude -p ... > answer.txt`)."""
+    import pty
+
+    def script(results):
+        if not results:
+            return "rm -rf src; echo gone"
+        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
+        return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
+    model, client = claude(tmp_path, script, project)
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run(client.argv("tidy up", "--allowedTools", "Bash", "--output-format",
+                                       "text"), cwd=project, env=client.env,
+                           stdout=subprocess.PIPE, stderr=slave, text=True,
+                           stdin=subprocess.DEVNULL, timeout=clients.CLIENT_TIMEOUT_S)
+        os.set_blocking(master, False)
+        try:
+            terminal = os.read(master, 1 << 16).decode(errors="replace")
+        except BlockingIOError:
+            terminal = ""
+    finally:
+        model.close()
+        os.close(master)
+        os.close(slave)
+    held = re.search(r"caper commit ([0-9a-f]{16})", model.results[0]).group(1)
+    assert f"caper held run {held} for you" in terminal and f"caper commit {held}" in terminal, \
+        (terminal, p.stdout)
+    assert "caper held run" not in p.stdout
+    assert (project / "src" / "main.c").exists()
+
+
 def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(installed, project,
                                                                              tmp_path):
     """Codex's default sandbox leaves caper nothing to snapshot: the command

@@ -120,8 +120,13 @@ class Launch:
     `--disallowedTools` rules and the `--settings` documents (file or JSON
     text) of the Claude Code process a hook runs under."""
 
-    def __init__(self, where: str, disallowed: list[str], settings: list[tuple[str, str]]):
+    def __init__(self, where: str, disallowed: list[str], settings: list[tuple[str, str]],
+                 prints_text: bool = False):
         self.where, self.disallowed, self.settings = where, disallowed, settings
+        # `claude -p` with text output prints only the model's answer: a hook's
+        # systemMessage reaches the user nowhere (with JSON output, it is there).
+        self.prints_text = prints_text
+        self.pid: int | None = None
 
     @classmethod
     def of_ancestor(cls, pid: int | None = None) -> "Launch | None":
@@ -143,7 +148,9 @@ class Launch:
                     raise ValueError(f"cannot read process {pid}'s command line: {e}") from e
                 return None         # past another user's process (hidepid): no Claude Code
             if _is_claude_code(argv):
-                return cls.parse(argv, f"/proc/{pid}/cwd", f"Claude Code (pid {pid})")
+                launch = cls.parse(argv, f"/proc/{pid}/cwd", f"Claude Code (pid {pid})")
+                launch.pid = pid
+                return launch
             pid = ppid
         return None
 
@@ -154,10 +161,14 @@ class Launch:
         commas and spaces outside parentheses (`Bash(git *)` is one rule)."""
         disallowed: list[str] = []
         settings: list[tuple[str, str]] = []
+        prints = "-p" in argv or "--print" in argv
+        output_format = "text"
         i = 0
         while i < len(argv):
             name, eq, value = argv[i].partition("=")
             i += 1
+            if name == "--output-format":
+                output_format = value if eq else (argv[i] if i < len(argv) else "")
             if name not in DISALLOWED_OPTIONS and name != "--settings":
                 continue
             values = [value] if eq else []
@@ -171,7 +182,7 @@ class Launch:
             else:
                 for v in values:
                     disallowed += [t for t in re.findall(r"(?:[^,\s(]|\([^)]*\))+", v)]
-        return cls(where, disallowed, settings)
+        return cls(where, disallowed, settings, prints and output_format == "text")
 
 
 DISALLOWED_OPTIONS = {"--disallowedTools", "--disallowed-tools"}

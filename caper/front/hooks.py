@@ -417,7 +417,33 @@ def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None 
     if text:
         stdout.write(text + "\n")
         stdout.flush()
+        if agent.name == "claude-code":
+            tell_terminal(text)
     return 0
+
+
+def tell_terminal(text: str) -> None:
+    """Where Claude Code shows a hook's systemMessage nowhere (`claude -p`
+    with text output), write it where Claude Code's own errors go, when that
+    is a terminal (Claude Code starts hooks without one of their own)."""
+    try:
+        message = json.loads(text).get("systemMessage")
+        launch = claude_rules.Launch.of_ancestor() if message else None
+    except ValueError:
+        return
+    if launch is None or not launch.prints_text or launch.pid is None:
+        return
+    try:
+        fd = os.open(f"/proc/{launch.pid}/fd/2", os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        if os.isatty(fd):           # a file or a pipe is not the user's eyes
+            os.write(fd, f"caper: {message}\n".encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # --- install / uninstall -------------------------------------------------------------------
