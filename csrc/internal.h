@@ -163,6 +163,37 @@ struct status_msg {
 int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
                struct watcher *w, struct caper_result *r, struct caper_failure *f);
 
+/* ---- acting for the tracee on unix sockets (unixsock.c) ---------------- */
+
+/* A unix socket file, by identity: a path can be swapped for a symlink. */
+struct sock_id {
+    dev_t dev;
+    ino_t ino;
+    int64_t ctime_sec;   /* when the file was made (for bind, see trace.c) */
+};
+
+/* The unix sockets bound inside the sandbox: the only ones it may reach. */
+struct bound_socks {
+    struct sock_id *v;
+    size_t n, cap;
+};
+
+/* A tracee's descriptor duplicated into the tracer (pidfd_getfd), or -1. */
+int tracee_fd(pid_t tid, uint64_t fd);
+/* The identity of the unix socket file the tracee names (follow: a final
+ * symlink). 0, or -errno (-ECONNREFUSED: no socket of the sandbox's). */
+int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id);
+void unix_add_bound(struct bound_socks *b, const struct sock_id *id);
+/* 1 if raw names a socket a sandbox process bound (for reports only). */
+int unix_bound_here(const struct bound_socks *b, pid_t tid, const char *raw);
+/* connect(fd, raw) and sendto/sendmsg(a) to raw, done by the tracer for
+ * tid: the result the tracee gets (0 / bytes, or -errno). *refused is set
+ * when the name is refused (a host socket, or unsafe to resolve). */
+int unix_connect_for(const struct bound_socks *b, pid_t tid, uint64_t fd, const char *raw,
+                     int *refused);
+int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a, int is_sendto,
+                      const char *raw, int *refused);
+
 /* ---- paths (paths.c) ---------------------------------------------------- */
 
 /* Read a NUL-terminated string from the tracee, page by page. Returns its

@@ -57,13 +57,6 @@ struct pending {
     char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
 };
 
-/* A unix socket file, by identity: a path can be swapped for a symlink. */
-struct sock_id {
-    dev_t dev;
-    ino_t ino;
-    int64_t ctime_sec;   /* when the file was made (for bind, see on_syscall_exit) */
-};
-
 struct proc {
     struct proc *next;
     pid_t tid, ppid;
@@ -85,9 +78,8 @@ struct tracer {
     pid_t init_pid;
     int killed;          /* the sandbox was killed on purpose: end says why */
     int noise_off;       /* a directory on the way to noise was changed: trace every open */
-    struct sock_id *bound;  /* unix sockets bound inside the sandbox */
+    struct bound_socks bound;  /* unix sockets bound inside the sandbox */
     struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
-    size_t n_bound, cap_bound;
     uint64_t falloc_inflight; /* granted to fallocate() calls not returned yet */
     int pinned;              /* the sandbox runs on the CPUs of pin (CAPER_F_SHARE_CPU) */
     cpu_set_t pin;
@@ -284,51 +276,6 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 
 /* ---- sockets ---------------------------------------------------------------- */
 
-/* The identity of the unix socket file a tracee names, resolved inside its
- * root (tracee_open). follow: follow a final symlink (connect, sendto) or
- * not (the name bind just made). 0, or -errno. */
-static int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id)
-{
-    int refused;
-    int fd = tracee_open(tid, AT_FDCWD, raw, follow, &refused);
-    if (fd < 0)
-        return fd;
-    struct stat st;
-    int r = 0;
-    if (fstat(fd, &st) < 0)
-        r = -errno;
-    else if (!S_ISSOCK(st.st_mode) || !in_mount_ns_of(tid, fd))
-        r = -ECONNREFUSED;
-    close(fd);
-    if (r == 0) {
-        id->dev = st.st_dev;
-        id->ino = st.st_ino;
-        id->ctime_sec = st.st_ctim.tv_sec;
-    }
-    return r;
-}
-
-static int is_bound(struct tracer *t, const struct sock_id *id)
-{
-    for (size_t i = 0; i < t->n_bound; i++)
-        if (t->bound[i].dev == id->dev && t->bound[i].ino == id->ino)
-            return 1;
-    return 0;
-}
-
-static void add_bound(struct tracer *t, const struct sock_id *id)
-{
-    if (t->n_bound == t->cap_bound) {
-        size_t cap = t->cap_bound ? 2 * t->cap_bound : 16;
-        struct sock_id *b = realloc(t->bound, cap * sizeof *b);
-        if (!b)
-            return;
-        t->bound = b;
-        t->cap_bound = cap;
-    }
-    t->bound[t->n_bound++] = *id;
-}
-
 /* Decode a sockaddr into family (flags), text (slot 0) and port (arg0). */
 static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uint64_t len)
 {
@@ -512,241 +459,6 @@ static void watch_noise_ways(struct tracer *t, struct proc *p, struct pending *p
     }
 }
 
-/* A tracee's file descriptor, duplicated into the tracer (pidfd_getfd needs
- * the same access as ptrace). The same open file description: what the
- * tracer does with it, the tracee's socket does. */
-static int tracee_fd(pid_t tid, uint64_t fd)
-{
-    int pidfd = (int)syscall(SYS_pidfd_open, tid, 0);
-    if (pidfd < 0 && errno == EINVAL)  /* not a thread-group leader (Linux >= 6.9) */
-        pidfd = (int)syscall(SYS_pidfd_open, tid, O_EXCL /* PIDFD_THREAD */);
-    if (pidfd < 0)
-        return -1;
-    int dup = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
-    int saved = errno;
-    close(pidfd);
-    errno = saved;
-    return dup;
-}
-
-/* The unix socket file a tracee names, opened once (O_PATH, following
- * symlinks as connect and sendto do, resolved inside the process's own root,
- * see tracee_open) and checked on that descriptor: usable only if it is on a
- * mount of the sandbox and a sandbox process bound that inode, so no name,
- * symlink or chroot can dress a host socket up as a sandbox one. A host
- * socket, or a name that cannot be resolved safely, is refused (EACCES,
- * reported as refused); a name that is no socket gets the kernel's error.
- * Returns the descriptor, or -errno for the tracee. */
-static int open_checked_socket(struct tracer *t, struct proc *p, struct pending *pd)
-{
-    int refused;
-    int target = tracee_open(p->tid, AT_FDCWD, pd->unix_raw, 1, &refused);
-    if (target < 0) {
-        if (refused)
-            pd->ev.h.info |= CAPER_INFO_REFUSED;
-        return target;
-    }
-    struct stat st;
-    int r = target;
-    if (fstat(target, &st) < 0) {
-        r = -errno;
-    } else if (!S_ISSOCK(st.st_mode)) {
-        r = -ECONNREFUSED;
-    } else if (!in_mount_ns_of(p->tid, target) ||
-               !is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
-        pd->ev.h.info |= CAPER_INFO_REFUSED;
-        r = -EACCES;
-    }
-    if (r < 0)
-        close(target);
-    return r;
-}
-
-/* The address of exactly that inode, whatever its path becomes. */
-static struct sockaddr_un fd_address(int target)
-{
-    struct sockaddr_un a = { .sun_family = AF_UNIX };
-    snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d", target);
-    return a;
-}
-
-/* A call on a tracee's socket that would wait (a full backlog or buffer)
- * must not stall the tracer: a 2 s send timeout while the tracer acts, the
- * socket's own put back after. */
-struct send_timeout { struct timeval keep; int set; };
-
-static void bound_send_timeout(int sock, struct send_timeout *st)
-{
-    struct timeval bound = { 2, 0 };
-    socklen_t n = sizeof st->keep;
-    st->set = getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, &n) == 0 &&
-              setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound) == 0;
-}
-
-static void restore_send_timeout(int sock, const struct send_timeout *st)
-{
-    if (st->set)
-        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, sizeof st->keep);
-}
-
-/* connect() of a unix path, done by the tracer for the tracee. Checking the
- * address and then letting the tracee's call run would let another thread
- * rewrite it in between (the kernel reads it again). Instead the socket file
- * is opened once, its identity checked on that descriptor, and the tracee's
- * socket connected to exactly that inode through /proc/self/fd: nothing the
- * tracee does after the check can change what it connects to. Returns 0 or
- * -errno, the result the tracee gets. */
-static int connect_for(struct tracer *t, struct proc *p, uint64_t fd, struct pending *pd)
-{
-    int target = open_checked_socket(t, p, pd);
-    if (target < 0)
-        return target;
-    int r;
-    int sock = tracee_fd(p->tid, fd);
-    if (sock < 0) {
-        r = -EBADF;
-    } else {
-        struct send_timeout keep;
-        struct sockaddr_un a = fd_address(target);
-        bound_send_timeout(sock, &keep);
-        r = connect(sock, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
-        restore_send_timeout(sock, &keep);
-        close(sock);
-    }
-    close(target);
-    return r;
-}
-
-#define SEND_MAX (4u << 20)     /* bytes of one datagram the tracer copies */
-#define CONTROL_MAX 65536u      /* above the kernel's optmem_max default */
-#define IOV_MAX_ 1024u          /* UIO_MAXIOV */
-#define SCM_MAX_FD_ 253         /* descriptors one SCM_RIGHTS message may carry */
-
-/* The descriptors an SCM_RIGHTS message names, duplicated from the tracee
- * into the tracer in place; -EBADF when one is not the tracee's. */
-static int take_rights(pid_t tid, struct msghdr *m, int *taken, size_t cap, size_t *n_taken)
-{
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
-        /* The tracee wrote these lengths: the kernel's own check (CMSG_OK). */
-        if (c->cmsg_len < sizeof *c ||
-            c->cmsg_len > (size_t)((char *)m->msg_control + m->msg_controllen - (char *)c))
-            return -EINVAL;
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        int *fds = (int *)CMSG_DATA(c);
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            if (*n_taken == cap)
-                return -EINVAL;             /* as the kernel says for too many */
-            int mine = tracee_fd(tid, (uint64_t)fds[i]);
-            if (mine < 0)
-                return -EBADF;
-            taken[(*n_taken)++] = mine;
-            fds[i] = mine;
-        }
-    }
-    return 0;
-}
-
-/* sendto()/sendmsg() of a datagram to a unix path, done by the tracer for
- * the tracee, for connect_for's reason: the kernel would read the address
- * again after the check, and another thread can rewrite it in between. The
- * message is copied out of the tracee (its data, and its descriptors under
- * SCM_RIGHTS duplicated into the tracer) and sent on the tracee's own socket
- * to exactly the checked inode. A receiver's SCM_CREDENTIALS check sees the
- * tracer as the sender. Returns the bytes sent or -errno. */
-static int64_t send_for(struct tracer *t, struct proc *p, const __u64 *a, int is_sendto,
-                        struct pending *pd)
-{
-    struct msghdr tm;                       /* the tracee's, pointers into its memory */
-    memset(&tm, 0, sizeof tm);
-    int flags;
-    struct iovec one;
-    if (is_sendto) {
-        one = (struct iovec){ (void *)(uintptr_t)a[1], (size_t)a[2] };
-        tm.msg_iov = &one;
-        tm.msg_iovlen = 1;
-        flags = (int)a[3];
-    } else {
-        if (tracee_read(p->tid, a[1], &tm, sizeof tm) < 0)
-            return -EFAULT;
-        flags = (int)a[2];
-    }
-    if (tm.msg_iovlen > IOV_MAX_ || tm.msg_controllen > CONTROL_MAX)
-        return tm.msg_iovlen > IOV_MAX_ ? -EMSGSIZE : -ENOBUFS;
-    int target = open_checked_socket(t, p, pd);
-    if (target < 0)
-        return target;
-    int64_t r;
-    struct iovec *iov = is_sendto ? &one : calloc(tm.msg_iovlen ? tm.msg_iovlen : 1, sizeof *iov);
-    char *data = NULL, *control = NULL;
-    int taken[SCM_MAX_FD_];
-    size_t n_taken = 0;
-    int sock = -1;
-    if (!iov) {
-        r = -ENOMEM;
-        goto out;
-    }
-    if (!is_sendto && tm.msg_iovlen &&
-        tracee_read(p->tid, (uint64_t)(uintptr_t)tm.msg_iov, iov, tm.msg_iovlen * sizeof *iov) < 0) {
-        r = -EFAULT;
-        goto out;
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < tm.msg_iovlen; i++) {
-        if (iov[i].iov_len > SEND_MAX - total) {
-            r = -EMSGSIZE;
-            goto out;
-        }
-        total += iov[i].iov_len;
-    }
-    data = malloc(total ? total : 1);
-    control = malloc(tm.msg_controllen ? tm.msg_controllen : 1);
-    if (!data || !control) {
-        r = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0, at = 0; i < tm.msg_iovlen; at += iov[i].iov_len, i++) {
-        if (iov[i].iov_len &&
-            tracee_read(p->tid, (uint64_t)(uintptr_t)iov[i].iov_base, data + at, iov[i].iov_len) < 0) {
-            r = -EFAULT;
-            goto out;
-        }
-    }
-    struct iovec whole = { data, total };
-    struct sockaddr_un dest = fd_address(target);
-    struct msghdr m = { .msg_name = &dest, .msg_namelen = sizeof dest, .msg_iov = &whole,
-                        .msg_iovlen = 1, .msg_control = tm.msg_controllen ? control : NULL,
-                        .msg_controllen = tm.msg_controllen };
-    if (tm.msg_controllen &&
-        tracee_read(p->tid, (uint64_t)(uintptr_t)tm.msg_control, control, tm.msg_controllen) < 0) {
-        r = -EFAULT;
-        goto out;
-    }
-    if ((r = take_rights(p->tid, &m, taken, sizeof taken / sizeof *taken, &n_taken)) < 0)
-        goto out;
-    if ((sock = tracee_fd(p->tid, a[0])) < 0) {
-        r = -EBADF;
-        goto out;
-    }
-    struct send_timeout keep;
-    bound_send_timeout(sock, &keep);
-    ssize_t sent = sendmsg(sock, &m, flags | MSG_NOSIGNAL);
-    r = sent < 0 ? -errno : sent;
-    restore_send_timeout(sock, &keep);
-out:
-    if (sock >= 0)
-        close(sock);
-    for (size_t i = 0; i < n_taken; i++)
-        close(taken[i]);
-    if (iov != &one)
-        free(iov);
-    free(data);
-    free(control);
-    close(target);
-    return r;
-}
-
 /* The type and protocol of a tracee's socket (SOCK_STREAM | IPPROTO_TCP << 8),
  * read from a copy of its descriptor: a tracer may take it (pidfd_getfd needs
  * the same access as ptrace). 0 when unknown. */
@@ -764,14 +476,6 @@ static uint32_t socket_kind(pid_t tid, uint64_t fd)
         proto = 0;
     close(sock);
     return (uint32_t)(type & 0xff) | (uint32_t)(proto & 0xff) << 8;
-}
-
-/* A unix path a sandbox process bound? (For reports only: what is sent is
- * checked on an open descriptor, see open_checked_socket.) */
-static int bound_here(struct tracer *t, struct proc *p, const char *raw)
-{
-    struct sock_id id;
-    return unix_identity(p->tid, raw, 1, &id) == 0 && is_bound(t, &id);
 }
 
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
@@ -799,7 +503,7 @@ static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
             memset(&scratch->ev, 0, sizeof scratch->ev);
         take_sockaddr(p, into, (uint64_t)(uintptr_t)m.msg_hdr.msg_name, m.msg_hdr.msg_namelen);
         if (into->ev.h.flags == CAPER_AF_UNIX) {
-            int host = !bound_here(t, p, into->unix_raw);
+            int host = !unix_bound_here(&t->bound, p->tid, into->unix_raw);
             if (into != pd && (found < 2 || host)) {  /* report this one */
                 memcpy(pd->s[0], into->s[0], into->ev.n[0]);
                 pd->ev.n[0] = into->ev.n[0];
@@ -988,7 +692,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     case DEC_MMSGHDR: {
         /* Every message may name its own destination. One to a unix path
          * refuses the call: the kernel would read it again after the check
-         * (send_for's reason), and the tracer does not send for sendmmsg. */
+         * (unix_send_for's reason), and the tracer does not send for sendmmsg. */
         int dests = take_mmsg_dests(t, p, pd, a[1], a[2]);
         if (!dests)
             return;
@@ -1023,7 +727,10 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     if (s->nr == SYS_connect && h->flags == CAPER_AF_UNIX) {
         /* Done here, by the tracer, on the address it checked: the call
          * itself is skipped and returns what the tracer's connect did. */
-        int r = connect_for(t, p, a[0], pd);
+        int refused;
+        int r = unix_connect_for(&t->bound, p->tid, a[0], pd->unix_raw, &refused);
+        if (refused)
+            h->info |= CAPER_INFO_REFUSED;
         h->result = r;
         emit_folded(t, p, &pd->ev);
         deny(p->tid, -r);
@@ -1031,7 +738,11 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     }
     if (s->kind == CAPER_EV_SENDTO && h->flags == CAPER_AF_UNIX) {
         /* The same for a datagram to a unix path: sent by the tracer. */
-        int64_t r = send_for(t, p, a, s->nr == SYS_sendto, pd);
+        int refused;
+        int64_t r = unix_send_for(&t->bound, p->tid, (const uint64_t *)a, s->nr == SYS_sendto,
+                                  pd->unix_raw, &refused);
+        if (refused)
+            h->info |= CAPER_INFO_REFUSED;
         h->result = r;
         emit_folded(t, p, &pd->ev);
         deny(p->tid, (int)-r);
@@ -1123,7 +834,7 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
          * a directory on the way meanwhile, for one holding an older socket
          * (a host socket seen through a read-only bind). The socket this bind
          * made is no older than the call (a whole-second clock at worst). */
-        add_bound(t, &id);
+        unix_add_bound(&t->bound, &id);
     emit_folded(t, p, &pd->ev);
 }
 
@@ -1406,7 +1117,7 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
     for (int i = 0; i < BUCKETS; i++)
         while (t.buckets[i])
             destroy(&t, t.buckets[i]);
-    free(t.bound);
+    free(t.bound.v);
     free(t.scratch);
     (void)w;
     return 0;
