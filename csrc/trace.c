@@ -55,12 +55,19 @@ struct pending {
     int dirfd[2];    /* the path arguments as the process wrote them, and their dirfds */
     char raw[2][CAPER_PATH_MAX + 1];
     char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
+    /* connect and the sends: the socket file pinned at the stop (-1: none;
+     * sock_errno: why), its domain and type, and the destination as copied
+     * (dest_bad: unreadable; quiet: no destination, nothing to report). */
+    int sock, sock_errno, sock_domain, sock_type;
+    struct sock_dest dest;
+    uint8_t dest_bad, quiet;
 };
 
 struct proc {
     struct proc *next;
     pid_t tid, ppid;
     uint8_t attached, announced, held, is_init, is_command, in_call;
+    uint8_t shares_files;  /* its descriptor table is another task's too (CLONE_FILES) */
     uint64_t falloc;     /* bytes granted to the fallocate() it is in, until its exit */
     char *cwd;
     struct pending *pend;
@@ -285,8 +292,11 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
         len = sizeof ss;
     if (!addr || len < sizeof(sa_family_t) || tracee_read(p->tid, addr, &ss, len) < 0) {
         pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        pd->dest_bad = 1;
         return;
     }
+    pd->dest.addr = ss;
+    pd->dest.len = (socklen_t)len;
     char *out = pd->s[0];
     switch (ss.ss_family) {
     case AF_INET: {
@@ -317,6 +327,7 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
         char *raw = pd->unix_raw;
         memcpy(raw, un->sun_path, n);
         raw[n] = '\0';
+        pd->dest.raw = raw;
         pd->ev.h.flags = CAPER_AF_UNIX;
         pd->ev.n[0] = resolve(p, AT_FDCWD, raw, out, &pd->ev.h.info);
         pd->ev.s[0] = out;
@@ -459,23 +470,55 @@ static void watch_noise_ways(struct tracer *t, struct proc *p, struct pending *p
     }
 }
 
-/* The type and protocol of a tracee's socket (SOCK_STREAM | IPPROTO_TCP << 8),
- * read from a copy of its descriptor: a tracer may take it (pidfd_getfd needs
- * the same access as ptrace). 0 when unknown. */
-static uint32_t socket_kind(pid_t tid, uint64_t fd)
+/* Pin the socket a connect or send names (pidfd_getfd: the same open file,
+ * whatever the descriptor table holds by the time the kernel would look)
+ * into pd, with its domain and type. Returns its type and protocol
+ * (SOCK_STREAM | IPPROTO_TCP << 8) for the report, 0 when unknown. */
+static uint32_t pin_socket(struct proc *p, struct pending *pd, uint64_t fd)
 {
-    int sock = tracee_fd(tid, fd);
-    if (sock < 0)
+    pd->sock_domain = pd->sock_type = -1;
+    pd->sock_errno = 0;
+    if ((pd->sock = tracee_fd(p->tid, fd)) < 0) {
+        pd->sock_errno = errno == EBADF ? EBADF : EPERM;
         return 0;
-    int type = 0, proto = 0;
-    socklen_t n = sizeof type;
-    if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &n) < 0)
-        type = 0;
+    }
+    int proto = 0;
+    socklen_t n = sizeof pd->sock_domain;
+    if (getsockopt(pd->sock, SOL_SOCKET, SO_DOMAIN, &pd->sock_domain, &n) < 0) {
+        pd->sock_errno = errno;             /* ENOTSOCK: the kernel's answer too */
+        pd->sock_domain = -1;
+        return 0;
+    }
+    n = sizeof pd->sock_type;
+    if (getsockopt(pd->sock, SOL_SOCKET, SO_TYPE, &pd->sock_type, &n) < 0)
+        pd->sock_type = -1;
     n = sizeof proto;
-    if (getsockopt(sock, SOL_SOCKET, SO_PROTOCOL, &proto, &n) < 0)
+    if (getsockopt(pd->sock, SOL_SOCKET, SO_PROTOCOL, &proto, &n) < 0)
         proto = 0;
-    close(sock);
-    return (uint32_t)(type & 0xff) | (uint32_t)(proto & 0xff) << 8;
+    return pd->sock_type < 0 ? 0 : (uint32_t)(pd->sock_type & 0xff) | (uint32_t)(proto & 0xff) << 8;
+}
+
+static void unpin_socket(struct pending *pd)
+{
+    if (pd->sock >= 0)
+        close(pd->sock);
+    pd->sock = -1;
+}
+
+/* Whether the tracer does this connect or send itself. The kernel would read
+ * the descriptor and the address from the tracee again after any check, so
+ * it may run the call only where no rereading can reach a host socket: a
+ * connect never (it is cheap to do here); a send on a unix datagram socket
+ * never (its name, or a NULL one, can be rewritten); any send by a task
+ * whose descriptor table another task shares (the descriptor can be
+ * swapped for such a socket). Unix stream and seqpacket sockets take no
+ * name on a send, other domains no unix name. */
+static int tracer_acts(const struct proc *p, const struct pending *pd, const struct sysent *s)
+{
+    if (s->nr == SYS_connect || p->shares_files || pd->sock < 0)
+        return 1;
+    return pd->sock_domain == AF_UNIX && pd->sock_type != SOCK_STREAM &&
+           pd->sock_type != SOCK_SEQPACKET;
 }
 
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
@@ -630,6 +673,10 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     struct pending *pd = p->pend;
     init_ev(&pd->ev, p, s->kind);
     pd->unix_bind = 0;
+    pd->sock = -1;
+    pd->dest.raw = NULL;
+    pd->dest.len = 0;
+    pd->dest_bad = pd->quiet = 0;
     struct caper_event *h = &pd->ev.h;
     h->sysno = s->nr;
     h->arch = si.arch;
@@ -675,28 +722,48 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         h->arg0 = 0;
         break;
     case DEC_SOCKADDR:
+        if (s->nr == SYS_bind) {
+            take_sockaddr(p, pd, a[1], a[2]);
+            break;
+        }
+        h->mode = pin_socket(p, pd, a[0]);
         if (s->nr == SYS_sendto)
             take_sockaddr(p, pd, a[4], a[5]);
         else
             take_sockaddr(p, pd, a[1], a[2]);
-        h->mode = socket_kind(p->tid, a[0]);
         break;
     case DEC_MSGHDR: {
         struct msghdr m;
-        if (tracee_read(p->tid, a[1], &m, sizeof m) < 0 || !m.msg_name)
-            return;  /* no destination: the socket's connect was already seen */
-        take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
-        h->mode = socket_kind(p->tid, a[0]);
+        h->mode = pin_socket(p, pd, a[0]);
+        if (tracee_read(p->tid, a[1], &m, sizeof m) < 0)
+            pd->dest_bad = pd->quiet = 1;
+        else if (!m.msg_name)
+            pd->quiet = 1;  /* no destination: the socket's connect was already seen */
+        else
+            take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
         break;
     }
     case DEC_MMSGHDR: {
+        /* The tracer does not send for sendmmsg. Where it would have to
+         * (tracer_acts), ENOSYS: libc falls back to sendmsg, which it does. */
+        h->mode = pin_socket(p, pd, a[0]);
+        int acts = tracer_acts(p, pd, s);
+        unpin_socket(pd);
         /* Every message may name its own destination. One to a unix path
-         * refuses the call: the kernel would read it again after the check
-         * (unix_send_for's reason), and the tracer does not send for sendmmsg. */
+         * refuses the call: the kernel would read it again after the check. */
         int dests = take_mmsg_dests(t, p, pd, a[1], a[2]);
+        if (acts) {
+            if (dests) {            /* reported as named, as far as the copy shows */
+                if (dests == 2)
+                    h->info |= CAPER_INFO_REFUSED;
+                h->result = -ENOSYS;
+                emit_folded(t, p, &pd->ev);
+            }
+            deny(p->tid, ENOSYS);
+            return;
+        }
         if (!dests)
             return;
-        h->mode = socket_kind(p->tid, a[0]);
         if (dests == 2) {
             h->info |= CAPER_INFO_REFUSED;
             h->result = -EACCES;
@@ -724,27 +791,34 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         t->r->noise++;
         return;  /* no exit stop: the result of noise does not matter */
     }
-    if (s->nr == SYS_connect && h->flags == CAPER_AF_UNIX) {
-        /* Done here, by the tracer, on the address it checked: the call
-         * itself is skipped and returns what the tracer's connect did. */
-        int refused;
-        int r = unix_connect_for(&t->bound, p->tid, a[0], pd->unix_raw, &refused);
+    if (s->nr == SYS_connect || s->kind == CAPER_EV_SENDTO) {
+        if (!tracer_acts(p, pd, s)) {
+            unpin_socket(pd);
+            if (pd->quiet)
+                return;     /* the kernel sends where the socket is connected */
+            p->in_call = 1;
+            return;
+        }
+        /* Done here, by the tracer, on the socket and the address it
+         * checked: the call itself is skipped and returns what this did. */
+        int refused = 0;
+        int64_t r;
+        if (pd->sock < 0)
+            r = -pd->sock_errno;
+        else if (pd->dest_bad)
+            r = -EFAULT;
+        else if (s->nr == SYS_connect)
+            r = sock_connect_for(&t->bound, p->tid, pd->sock, &pd->dest, &refused);
+        else
+            r = sock_send_for(&t->bound, p->tid, pd->sock, (const uint64_t *)a,
+                              s->nr == SYS_sendto, pd->sock_type == SOCK_STREAM, &pd->dest,
+                              &refused);
+        unpin_socket(pd);
         if (refused)
             h->info |= CAPER_INFO_REFUSED;
         h->result = r;
-        emit_folded(t, p, &pd->ev);
-        deny(p->tid, -r);
-        return;
-    }
-    if (s->kind == CAPER_EV_SENDTO && h->flags == CAPER_AF_UNIX) {
-        /* The same for a datagram to a unix path: sent by the tracer. */
-        int refused;
-        int64_t r = unix_send_for(&t->bound, p->tid, (const uint64_t *)a, s->nr == SYS_sendto,
-                                  pd->unix_raw, &refused);
-        if (refused)
-            h->info |= CAPER_INFO_REFUSED;
-        h->result = r;
-        emit_folded(t, p, &pd->ev);
+        if (!pd->quiet)
+            emit_folded(t, p, &pd->ev);
         deny(p->tid, (int)-r);
         return;
     }
@@ -864,6 +938,12 @@ static void on_new_child(struct tracer *t, struct proc *p, int event)
         flags = ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, rdi), 0);
     else if (event == PTRACE_EVENT_VFORK)
         flags = 0x4100;  /* CLONE_VFORK | CLONE_VM */
+    /* clone(CLONE_FILES | SIGCHLD) is reported as a fork: its flags are in rdi too. */
+    int64_t files = event == PTRACE_EVENT_CLONE ? flags :
+        ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, orig_rax), 0) == SYS_clone
+            ? ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, rdi), 0) : 0;
+    if (files & CLONE_FILES)
+        p->shares_files = c->shares_files = 1;  /* for good: tracer_acts errs toward acting */
     announce(t, c, flags);
     if (c->held) {
         c->held = 0;

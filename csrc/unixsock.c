@@ -1,10 +1,14 @@
-/* unixsock.c: acting for the tracee on unix sockets. A connect() or a
- * datagram to a unix path is done here, by the tracer, on the socket file it
- * checked (the kernel would read the address again after any check), and only
- * to a socket a sandbox process bound: no name, symlink or chroot can reach a
- * host socket. The decoder (trace.c) calls in and reports the result. */
+/* unixsock.c: acting for the tracee on sockets. connect() and the sends the
+ * kernel would otherwise do from the tracee's memory are done here, by the
+ * tracer, on the socket file it pinned (pidfd_getfd) and with its own copy of
+ * the address: after any check the kernel would read the descriptor table
+ * and the address again, and another thread (or a process sharing the
+ * memory) can change both in between. A unix path is reached only if a
+ * sandbox process bound that socket: no name, symlink, chroot or race can
+ * reach a host socket. The decoder (trace.c) calls in and reports the result. */
 #include "internal.h"
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,32 +141,51 @@ static void restore_send_timeout(int sock, const struct send_timeout *st)
         setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, sizeof st->keep);
 }
 
-/* connect() of a unix path, done by the tracer for the tracee. Checking the
- * address and then letting the tracee's call run would let another thread
- * rewrite it in between (the kernel reads it again). Instead the socket file
- * is opened once, its identity checked on that descriptor, and the tracee's
- * socket connected to exactly that inode through /proc/self/fd: nothing the
- * tracee does after the check can change what it connects to. Returns 0 or
+/* The destination of a call the tracer makes: a unix path it checks and
+ * opens (raw), else the address as copied (addr, len; len 0: none). */
+static int dest_name(const struct bound_socks *b, pid_t tid, const struct sock_dest *d,
+                     struct sockaddr_un *path, const struct sockaddr **name, socklen_t *len,
+                     int *target, int *refused)
+{
+    *refused = 0;
+    *target = -1;
+    *name = NULL;
+    *len = 0;
+    if (d->raw) {
+        if ((*target = open_checked_socket(b, tid, d->raw, refused)) < 0)
+            return *target;
+        *path = fd_address(*target);
+        *name = (const struct sockaddr *)path;
+        *len = sizeof *path;
+    } else if (d->len) {
+        *name = (const struct sockaddr *)&d->addr;
+        *len = d->len;
+    }
+    return 0;
+}
+
+/* connect() done by the tracer for the tracee, on its pinned socket sock.
+ * A unix path: the socket file is opened once, its identity checked on that
+ * descriptor, and the socket connected to exactly that inode through
+ * /proc/self/fd. Any other address: as copied (an abstract name is looked
+ * up in the socket's own network namespace, the sandbox's). Returns 0 or
  * -errno, the result the tracee gets. */
-int unix_connect_for(const struct bound_socks *b, pid_t tid, uint64_t fd, const char *raw,
+int sock_connect_for(const struct bound_socks *b, pid_t tid, int sock, const struct sock_dest *d,
                      int *refused)
 {
-    int target = open_checked_socket(b, tid, raw, refused);
-    if (target < 0)
-        return target;
-    int r;
-    int sock = tracee_fd(tid, fd);
-    if (sock < 0) {
-        r = -EBADF;
-    } else {
-        struct send_timeout keep;
-        struct sockaddr_un a = fd_address(target);
-        bound_send_timeout(sock, &keep);
-        r = connect(sock, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
-        restore_send_timeout(sock, &keep);
-        close(sock);
-    }
-    close(target);
+    struct sockaddr_un path;
+    const struct sockaddr *name;
+    socklen_t len;
+    int target;
+    int r = dest_name(b, tid, d, &path, &name, &len, &target, refused);
+    if (r < 0)
+        return r;
+    struct send_timeout keep;
+    bound_send_timeout(sock, &keep);
+    r = connect(sock, name, len) < 0 ? -errno : 0;
+    restore_send_timeout(sock, &keep);
+    if (target >= 0)
+        close(target);
     return r;
 }
 
@@ -197,15 +220,16 @@ static int take_rights(pid_t tid, struct msghdr *m, int *taken, size_t cap, size
     return 0;
 }
 
-/* sendto()/sendmsg() of a datagram to a unix path, done by the tracer for
- * the tracee, for unix_connect_for's reason: the kernel would read the address
- * again after the check, and another thread can rewrite it in between. The
- * message is copied out of the tracee (its data, and its descriptors under
- * SCM_RIGHTS duplicated into the tracer) and sent on the tracee's own socket
- * to exactly the checked inode. A receiver's SCM_CREDENTIALS check sees the
- * tracer as the sender. Returns the bytes sent or -errno. */
-int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a, int is_sendto,
-                      const char *raw, int *refused)
+/* sendto()/sendmsg() done by the tracer for the tracee, on its pinned
+ * socket sock, to d (sock_connect_for's names; none: where the socket is
+ * connected), for sock_connect_for's reason. The message is copied out of
+ * the tracee (its data, and its descriptors under SCM_RIGHTS duplicated
+ * into the tracer). stream: a stream socket, whose send may be short (at
+ * most SEND_MAX bytes are copied); a longer datagram is EMSGSIZE. A
+ * receiver's SCM_CREDENTIALS check sees the tracer as the sender. Returns
+ * the bytes sent or -errno. */
+int64_t sock_send_for(const struct bound_socks *b, pid_t tid, int sock, const uint64_t *a,
+                      int is_sendto, int stream, const struct sock_dest *d, int *refused)
 {
     *refused = 0;
     struct msghdr tm;                       /* the tracee's, pointers into its memory */
@@ -224,15 +248,17 @@ int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a,
     }
     if (tm.msg_iovlen > IOV_MAX_ || tm.msg_controllen > CONTROL_MAX)
         return tm.msg_iovlen > IOV_MAX_ ? -EMSGSIZE : -ENOBUFS;
-    int target = open_checked_socket(b, tid, raw, refused);
-    if (target < 0)
-        return target;
-    int64_t r;
+    struct sockaddr_un path;
+    const struct sockaddr *name;
+    socklen_t namelen;
+    int target;
+    int64_t r = dest_name(b, tid, d, &path, &name, &namelen, &target, refused);
+    if (r < 0)
+        return r;
     struct iovec *iov = is_sendto ? &one : calloc(tm.msg_iovlen ? tm.msg_iovlen : 1, sizeof *iov);
     char *data = NULL, *control = NULL;
     int taken[SCM_MAX_FD_];
     size_t n_taken = 0;
-    int sock = -1;
     if (!iov) {
         r = -ENOMEM;
         goto out;
@@ -242,11 +268,15 @@ int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a,
         r = -EFAULT;
         goto out;
     }
-    size_t total = 0;
-    for (size_t i = 0; i < tm.msg_iovlen; i++) {
+    size_t total = 0, n_iov = tm.msg_iovlen;
+    for (size_t i = 0; i < n_iov; i++) {
         if (iov[i].iov_len > SEND_MAX - total) {
-            r = -EMSGSIZE;
-            goto out;
+            if (!stream) {
+                r = -EMSGSIZE;
+                goto out;
+            }
+            iov[i].iov_len = SEND_MAX - total;  /* a short send, as a full buffer makes */
+            n_iov = i + 1;
         }
         total += iov[i].iov_len;
     }
@@ -256,7 +286,7 @@ int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a,
         r = -ENOMEM;
         goto out;
     }
-    for (size_t i = 0, at = 0; i < tm.msg_iovlen; at += iov[i].iov_len, i++) {
+    for (size_t i = 0, at = 0; i < n_iov; at += iov[i].iov_len, i++) {
         if (iov[i].iov_len &&
             tracee_read(tid, (uint64_t)(uintptr_t)iov[i].iov_base, data + at, iov[i].iov_len) < 0) {
             r = -EFAULT;
@@ -264,8 +294,7 @@ int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a,
         }
     }
     struct iovec whole = { data, total };
-    struct sockaddr_un dest = fd_address(target);
-    struct msghdr m = { .msg_name = &dest, .msg_namelen = sizeof dest, .msg_iov = &whole,
+    struct msghdr m = { .msg_name = (void *)name, .msg_namelen = namelen, .msg_iov = &whole,
                         .msg_iovlen = 1, .msg_control = tm.msg_controllen ? control : NULL,
                         .msg_controllen = tm.msg_controllen };
     if (tm.msg_controllen &&
@@ -275,25 +304,22 @@ int64_t unix_send_for(const struct bound_socks *b, pid_t tid, const uint64_t *a,
     }
     if ((r = take_rights(tid, &m, taken, sizeof taken / sizeof *taken, &n_taken)) < 0)
         goto out;
-    if ((sock = tracee_fd(tid, a[0])) < 0) {
-        r = -EBADF;
-        goto out;
-    }
     struct send_timeout keep;
     bound_send_timeout(sock, &keep);
     ssize_t sent = sendmsg(sock, &m, flags | MSG_NOSIGNAL);
     r = sent < 0 ? -errno : sent;
     restore_send_timeout(sock, &keep);
+    if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
+        syscall(SYS_tkill, tid, SIGPIPE);   /* what the kernel's own send would raise */
 out:
-    if (sock >= 0)
-        close(sock);
     for (size_t i = 0; i < n_taken; i++)
         close(taken[i]);
     if (iov != &one)
         free(iov);
     free(data);
     free(control);
-    close(target);
+    if (target >= 0)
+        close(target);
     return r;
 }
 
