@@ -61,6 +61,7 @@ struct pending {
     int sock, sock_errno, sock_domain, sock_type;
     struct sock_dest dest;
     uint8_t dest_bad, quiet;
+    uint8_t noise;   /* an open judged noise at its stop: confirmed at its exit, or reported */
 };
 
 struct proc {
@@ -316,6 +317,8 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
     case AF_UNIX: {
         struct sockaddr_un *un = (void *)&ss;
         size_t n = len - offsetof(struct sockaddr_un, sun_path);
+        if (n > sizeof un->sun_path)   /* the tracee's length: never past sun_path */
+            n = sizeof un->sun_path;
         if (n > 0 && un->sun_path[0] == '\0') {
             pd->ev.h.flags = CAPER_AF_ABSTRACT;
             out[0] = '@';
@@ -676,7 +679,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     pd->sock = -1;
     pd->dest.raw = NULL;
     pd->dest.len = 0;
-    pd->dest_bad = pd->quiet = 0;
+    pd->dest_bad = pd->quiet = pd->noise = 0;
     struct caper_event *h = &pd->ev.h;
     h->sysno = s->nr;
     h->arch = si.arch;
@@ -787,9 +790,11 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     if (s->kind == CAPER_EV_OPEN && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
         (h->flags & O_ACCMODE) == O_RDONLY && !(h->flags & (O_CREAT | O_TRUNC)) &&
         is_noise(t, p, pd)) {
-        p->noise++;
-        t->r->noise++;
-        return;  /* no exit stop: the result of noise does not matter */
+        /* Judged by its name, which the kernel reads again after this stop
+         * (another thread can rewrite it): what was opened decides, at the exit. */
+        pd->noise = 1;
+        p->in_call = 1;
+        return;
     }
     if (s->nr == SYS_connect || s->kind == CAPER_EV_SENDTO) {
         if (!tracer_acts(p, pd, s)) {
@@ -866,6 +871,27 @@ static int device_of(pid_t tid, int64_t rv, const char *path, dev_t *rdev)
     return 1;
 }
 
+/* The access mode (O_ACCMODE | O_PATH) of the tracee's descriptor fd, from
+ * /proc/<tid>/fdinfo; unknown: O_RDWR, which counts as a read and a write. */
+static uint32_t fd_access(pid_t tid, int64_t fd)
+{
+    char at[64], buf[256];
+    snprintf(at, sizeof at, "/proc/%d/fdinfo/%d", (int)tid, (int)fd);
+    int f = open(at, O_RDONLY | O_CLOEXEC);
+    if (f < 0)
+        return O_RDWR;
+    ssize_t n = read(f, buf, sizeof buf - 1);
+    close(f);
+    if (n <= 0)
+        return O_RDWR;
+    buf[n] = '\0';
+    const char *line = strstr(buf, "flags:");
+    if (!line)
+        return O_RDWR;
+    unsigned long flags = strtoul(line + 6, NULL, 8);
+    return (uint32_t)(flags & (O_ACCMODE | O_PATH));
+}
+
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -884,6 +910,11 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         return;  /* the kernel runs it again, and it stops again */
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
+    if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && pd->ev.h.sysno == SYS_openat2)
+        /* openat2's flags were read from memory the kernel read again: the
+         * file's own access mode is what it was opened for. */
+        pd->ev.h.flags = (pd->ev.h.flags & ~(uint32_t)(O_ACCMODE | O_PATH)) |
+                         fd_access(p->tid, rv);
     if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && (pd->ev.h.flags & O_ACCMODE) != O_WRONLY) {
         /* What was opened (slot 2), whatever name led there: symlinks,
          * /proc/self/root or cwd, a renamed directory. */
@@ -893,6 +924,15 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         if (n > 0) {
             pd->ev.n[2] = (size_t)n;
             pd->ev.s[2] = pd->s[2];
+        }
+    }
+    if (pd->noise) {
+        /* Noise only if nothing was opened, or what was is noise too. */
+        if (rv < 0 || (pd->ev.s[2] && noise_match(t->c, pd->ev.s[2], pd->ev.n[2]) &&
+                       (pd->ev.h.flags & O_ACCMODE) == O_RDONLY)) {
+            p->noise++;
+            t->r->noise++;
+            return;
         }
     }
     dev_t rdev;

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_report import SECRET, go, home, repo  # noqa: F401  (fixtures)
+from test_report import AWS_SECRET, SECRET, go, home, repo  # noqa: F401  (fixtures)
 
 SSH_SECRET = "plainSshKeyMaterial-7c1d2e"
 PY = "/usr/bin/python3"
@@ -204,3 +204,22 @@ def test_a_credential_read_through_gits_object_store_is_a_credential_read(repo, 
     assert SECRET not in r.to_json() and SECRET not in r.card()
     out = go(command, repo, tmp_path, approver="policy", task="run the tests")
     assert out.decision != "allow" and SECRET not in out.stdout.text().decode()
+
+
+@pytest.mark.parametrize("fixture", ["race_open_noise", "race_openat2_flags"])
+def test_a_credential_name_changed_after_the_tracers_look_is_still_a_credential_read(
+        fixture, home, repo, tmp_path, cfixture):
+    """What the tracer read at the stop, the kernel reads again: a second
+    thread rewrites the name (from a missing noise path to the credential) or
+    openat2's flags (O_WRONLY to O_RDONLY) the moment the tracer's read faults
+    the page in. What was opened decides, at the exit: the credential read is
+    reported and the blocked run's output (the secret, reversed) is withheld.
+    Before, the run returned the secret in every try."""
+    prog = cfixture(fixture, "-pthread")
+    cred = os.path.relpath(home / ".aws" / "credentials", repo)   # shorter than the decoy
+    out = go(f"{prog} {cred}", repo, tmp_path, home)
+    assert out.exit_code == 0, out.report.card()
+    assert any(r.kind == "aws-credentials" for r in out.report.protected_reads), \
+        out.report.protected_reads
+    assert out.withheld
+    assert AWS_SECRET[::-1] not in json.dumps(out.to_json()) + out.card()
