@@ -223,3 +223,16 @@ def test_a_credential_name_changed_after_the_tracers_look_is_still_a_credential_
         out.report.protected_reads
     assert out.withheld
     assert AWS_SECRET[::-1] not in json.dumps(out.to_json()) + out.card()
+
+
+def test_capers_own_config_is_a_credential(home, repo, tmp_path):
+    """[llm] api_key in caper's config file: reading the file is a credential
+    read, so a blocked run that prints it reversed gives the agent nothing of
+    it (before, the key came back whole)."""
+    key = "approver-key-51c0ffee-bd1"
+    conf = home / ".config" / "caper" / "config.toml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f'[llm]\napi_key = "{key}"\n')
+    out = go(f"rev {conf}", repo, tmp_path, home)
+    assert [r.kind for r in out.report.protected_reads] == ["caper-config"]
+    assert out.withheld and key[::-1] not in json.dumps(out.to_json()) + out.card()

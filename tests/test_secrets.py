@@ -98,3 +98,17 @@ def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
     assert r.cut_ends("345678 rest", start=True, end=False) == "<redacted:dotenv> rest"
     # Not at a cut: a name that merely ends like a value begins stays as it is.
     assert r.text("src/abcd") == "src/abcd"
+
+
+@pytest.mark.parametrize("rel, kind", [
+    (".ssh/github_deploy", "ssh-private-key"), (".ssh/id_ed25519", "ssh-private-key"),
+    (".ssh/id_ed25519.pub", None), (".ssh/known_hosts", None), (".ssh/known_hosts.old", None),
+    (".ssh/config", None), (".ssh/authorized_keys", None), (".claude.json", "claude-code-login"),
+    (".cache/huggingface/token", "huggingface-token"),
+    (".config/rclone/rclone.conf", "rclone-credentials"), (".bash_history", "shell-history")])
+def test_credential_stores_by_location(rel, kind):
+    """Round 3 read these unseen: a key under any name in ~/.ssh (its public
+    halves, known_hosts, config and authorized_keys are none), Claude Code's
+    ~/.claude.json, tokens of Hugging Face and rclone, shell histories."""
+    from caper.report.secrets import Protected, default_patterns
+    assert Protected(default_patterns(), "/home/u").kind(f"/home/u/{rel}") == kind
