@@ -62,6 +62,10 @@ struct pending {
     struct sock_dest dest;
     uint8_t dest_bad, quiet;
     uint8_t noise;   /* an open judged noise at its stop: confirmed at its exit, or reported */
+    /* link/rename: the source object the check saw (src_known 0: none). */
+    uint8_t src_known;
+    dev_t src_dev;
+    ino_t src_ino;
 };
 
 struct proc {
@@ -218,6 +222,17 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
             pd->ev.n[2] = (size_t)n;
             pd->ev.s[2] = pd->s[2];
         }
+        /* The kernel reads the name again: the object itself is checked
+         * against what the new name holds after the call (on_syscall_exit). */
+        struct stat st;
+        int refused, fd = tracee_open(p->tid, dirfd, raw, follow, &refused);
+        if (fd >= 0 && fstat(fd, &st) == 0) {
+            pd->src_known = 1;
+            pd->src_dev = st.st_dev;
+            pd->src_ino = st.st_ino;
+        }
+        if (fd >= 0)
+            close(fd);
     }
 }
 
@@ -679,7 +694,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     pd->sock = -1;
     pd->dest.raw = NULL;
     pd->dest.len = 0;
-    pd->dest_bad = pd->quiet = pd->noise = 0;
+    pd->dest_bad = pd->quiet = pd->noise = pd->src_known = 0;
     struct caper_event *h = &pd->ev.h;
     h->sysno = s->nr;
     h->arch = si.arch;
@@ -892,6 +907,22 @@ static uint32_t fd_access(pid_t tid, int64_t fd)
     return (uint32_t)(flags & (O_ACCMODE | O_PATH));
 }
 
+/* Whether the new name of a link or rename holds the source object its
+ * check saw (a second thread may have rewritten the source name the kernel
+ * read after the check: a credential linked under a decoy's name). */
+static int source_kept(struct proc *p, const struct pending *pd)
+{
+    if (!pd->src_known || !pd->ev.s[1])
+        return 0;
+    struct stat st;
+    int refused, fd = tracee_open(p->tid, pd->dirfd[1], pd->raw[1], 0, &refused);
+    int same = fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == pd->src_dev &&
+               st.st_ino == pd->src_ino;
+    if (fd >= 0)
+        close(fd);
+    return same;
+}
+
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -926,6 +957,9 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
             pd->ev.s[2] = pd->s[2];
         }
     }
+    if ((pd->ev.h.kind == CAPER_EV_LINK || pd->ev.h.kind == CAPER_EV_RENAME) && rv == 0 &&
+        !source_kept(p, pd))
+        pd->ev.h.info |= CAPER_INFO_SOURCE_CHANGED;
     if (pd->noise) {
         /* Noise only if nothing was opened, or what was is noise too. */
         if (rv < 0 || (pd->ev.s[2] && noise_match(t->c, pd->ev.s[2], pd->ev.n[2]) &&

@@ -236,3 +236,18 @@ def test_capers_own_config_is_a_credential(home, repo, tmp_path):
     out = go(f"rev {conf}", repo, tmp_path, home)
     assert [r.kind for r in out.report.protected_reads] == ["caper-config"]
     assert out.withheld and key[::-1] not in json.dumps(out.to_json()) + out.card()
+
+
+def test_a_link_whose_source_name_changed_after_the_check_counts_as_a_credential_read(
+        repo, tmp_path, cfixture):
+    """link(name, "x") where a second thread rewrites name from a decoy to
+    .env the moment the tracer's read faults its page in: the tracer saw the
+    decoy, the kernel linked the credential. The new name holds another file
+    than the one checked, so the run counts as having read a credential: its
+    output (the secret, reversed) is withheld. Before, it was released."""
+    (repo / "dcoy").write_text("DECOY\n")
+    prog = cfixture("race_link_source", "-pthread")
+    out = go(f"{prog} 3000 {repo}/namepage && rm -f namepage; cat x | rev; rm -f x",
+             repo, tmp_path)
+    assert out.withheld, out.report.card()
+    assert SECRET[::-1] not in json.dumps(out.to_json()) + out.card()
