@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from caper.commit.engine import CommitConflict, CommitError, CommitIncomplete, commit, plan_changes
-from caper.config import Config, load_config
+from caper.config import Config, config_path, load_config
 from caper.errors import BtrfsError, CaperError, ConfigError, ReportError
 from caper.fs import mountinfo
 from caper.held import hold
@@ -236,8 +236,10 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
             t = time.perf_counter()
             roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
             roots += [(workspace, bsnap.path)] if bsnap else []
+            # caper's own config may hold the approver's key: reading it is a credential read.
+            own_config = (ProtectedPattern(os.path.realpath(config_path(env)), "caper-config"),)
             protected = protected_for(default_patterns() + tuple(config.protected_patterns())
-                                      + tainted, home, workspace)
+                                      + tainted + own_config, home, workspace)
             try:
                 report = build(RunFacts(
                     command=text, events=events, result=result,

@@ -114,8 +114,10 @@ enum caper_info {
     CAPER_INFO_FD_PATH        = 16, /* path was found from a file descriptor, not a string */
     CAPER_INFO_DEVICE         = 32, /* an open reached a device node (or was refused at
                                        one); arg1 is its st_rdev */
-    CAPER_INFO_ARGV_CHANGED   = 64  /* exec: the argv the kernel ran (the event's) is not
+    CAPER_INFO_ARGV_CHANGED   = 64, /* exec: the argv the kernel ran (the event's) is not
                                        the one read when the call was checked */
+    CAPER_INFO_SOURCE_CHANGED = 128 /* link/rename: what the new name holds after the call
+                                       is not the source the tracer saw at the check */
 };
 
 /* caper_config.flags */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <sys/socket.h>
 #include "caper.h"
 
 #define CAPER_PATH_MAX 4096
@@ -51,7 +52,9 @@ enum filter {
                             == 0, else stop */
     FL_SKIP_IF_NULL,     /* allow when arg == 0, else stop */
     FL_TRACE_IF_FLAG,    /* stop when (arg & filter_value) != 0, else allow */
-    FL_ENOSYS            /* fail with ENOSYS without stopping (clone3: libc falls back) */
+    FL_ENOSYS,           /* fail with ENOSYS without stopping (clone3: libc falls back) */
+    FL_FAMILY            /* allow when arg is a family a network namespace holds, else
+                            EAFNOSUPPORT without stopping */
 };
 
 struct sysent {
@@ -162,6 +165,44 @@ struct status_msg {
 
 int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
                struct watcher *w, struct caper_result *r, struct caper_failure *f);
+
+/* ---- acting for the tracee on unix sockets (unixsock.c) ---------------- */
+
+/* A unix socket file, by identity: a path can be swapped for a symlink. */
+struct sock_id {
+    dev_t dev;
+    ino_t ino;
+    int64_t ctime_sec;   /* when the file was made (for bind, see trace.c) */
+};
+
+/* The unix sockets bound inside the sandbox: the only ones it may reach. */
+struct bound_socks {
+    struct sock_id *v;
+    size_t n, cap;
+};
+
+/* A tracee's descriptor duplicated into the tracer (pidfd_getfd), or -1. */
+int tracee_fd(pid_t tid, uint64_t fd);
+/* The identity of the unix socket file the tracee names (follow: a final
+ * symlink). 0, or -errno (-ECONNREFUSED: no socket of the sandbox's). */
+int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id);
+void unix_add_bound(struct bound_socks *b, const struct sock_id *id);
+/* 1 if raw names a socket a sandbox process bound (for reports only). */
+int unix_bound_here(const struct bound_socks *b, pid_t tid, const char *raw);
+/* Where a call the tracer makes for the tracee goes: a unix path (raw, as
+ * the tracee wrote it), else the address as copied (len 0: none). */
+struct sock_dest {
+    const char *raw;
+    struct sockaddr_storage addr;
+    socklen_t len;
+};
+/* connect() and sendto/sendmsg(a), done by the tracer for tid on its pinned
+ * socket sock: the result the tracee gets (0 / bytes, or -errno). *refused
+ * is set when a unix path is refused (a host socket, or unsafe to resolve). */
+int sock_connect_for(const struct bound_socks *b, pid_t tid, int sock, const struct sock_dest *d,
+                     int *refused);
+int64_t sock_send_for(const struct bound_socks *b, pid_t tid, int sock, const uint64_t *a,
+                      int is_sendto, int stream, const struct sock_dest *d, int *refused);
 
 /* ---- paths (paths.c) ---------------------------------------------------- */
 

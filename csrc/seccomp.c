@@ -27,6 +27,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -58,12 +59,19 @@ static int put(struct prog *p, uint16_t code, uint8_t jt, uint8_t jf, uint32_t k
 #define JSET(k, t, f) put(p, BPF_JMP | BPF_JSET | BPF_K, (t), (f), (k))
 
 /* Instructions one entry takes after its "nr ==" test (see emit_entry). */
+/* The socket families the sandbox's own network namespace holds. Others
+ * (AF_VSOCK, which no namespace isolates, and whatever a kernel adds) would
+ * reach past it. */
+static const uint32_t FAMILIES[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+#define N_FAMILIES ((int)(sizeof FAMILIES / sizeof *FAMILIES))
+
 static int entry_len(const struct sysent *e)
 {
     switch (e->filter) {
     case FL_SKIP_IF_FLAG:  return 5;  /* ld arg; jset unless; jset; ret; ret */
     case FL_TRACE_IF_FLAG: return 4;  /* ld arg; jset; ret; ret */
     case FL_SKIP_IF_NULL:  return 6;  /* ld lo; jeq; ld hi; jeq; ret allow; ret trace */
+    case FL_FAMILY:        return 3 + N_FAMILIES;  /* ld; jeq each; ret errno; ret allow */
     default:               return 1;
     }
 }
@@ -96,6 +104,13 @@ static int emit_entry(struct prog *p, const struct sysent *e, uint32_t index)
         break;
     case FL_ENOSYS:
         r |= RET(SECCOMP_RET_ERRNO | ENOSYS);
+        break;
+    case FL_FAMILY:
+        r |= LD(OFF_ARG_LO(e->filter_arg));
+        for (int i = 0; i < N_FAMILIES; i++)
+            r |= JEQ(FAMILIES[i], (uint8_t)(N_FAMILIES - i), 0);
+        r |= RET(SECCOMP_RET_ERRNO | EAFNOSUPPORT);
+        r |= RET(SECCOMP_RET_ALLOW);
         break;
     default:
         r |= RET(trace);
@@ -152,6 +167,7 @@ static const char *filter_name(const struct sysent *e)
     case FL_SKIP_IF_NULL:  return "allow if arg == 0, else trace";
     case FL_TRACE_IF_FLAG: return "trace if arg & v, else allow";
     case FL_ENOSYS:        return "errno ENOSYS";
+    case FL_FAMILY:        return "allow if arg is AF_UNIX/INET/INET6/NETLINK, else errno EAFNOSUPPORT";
     default:               return "trace";
     }
 }

@@ -74,6 +74,10 @@ const struct sysent caper_sysent[] = {
       N, 0, N, N, N, N, 1, N, 0 },      /* a0: the argv pointer's index */
     { SYS_execveat, "execveat", CAPER_EV_EXEC, DEC_EXEC, FL_TRACE, N, 0, 0,
       0, 1, N, N, 4, N, 2, N, 0 },
+    /* Only the families the sandbox's network namespace holds. */
+    { SYS_socket, "socket", 0, DEC_REFUSE, FL_FAMILY, 0, 0, 0, N, N, N, N, N, N, N, N, 0 },
+    { SYS_socketpair, "socketpair", 0, DEC_REFUSE, FL_FAMILY, 0, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
     NET(connect,  CONNECT, DEC_SOCKADDR, FL_TRACE, N),
     NET(bind,     BIND,    DEC_SOCKADDR, FL_TRACE, N),
     /* sendto without a destination goes where connect() already went. */

@@ -55,19 +55,24 @@ struct pending {
     int dirfd[2];    /* the path arguments as the process wrote them, and their dirfds */
     char raw[2][CAPER_PATH_MAX + 1];
     char unix_raw[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];  /* as the process wrote it */
-};
-
-/* A unix socket file, by identity: a path can be swapped for a symlink. */
-struct sock_id {
-    dev_t dev;
-    ino_t ino;
-    int64_t ctime_sec;   /* when the file was made (for bind, see on_syscall_exit) */
+    /* connect and the sends: the socket file pinned at the stop (-1: none;
+     * sock_errno: why), its domain and type, and the destination as copied
+     * (dest_bad: unreadable; quiet: no destination, nothing to report). */
+    int sock, sock_errno, sock_domain, sock_type;
+    struct sock_dest dest;
+    uint8_t dest_bad, quiet;
+    uint8_t noise;   /* an open judged noise at its stop: confirmed at its exit, or reported */
+    /* link/rename: the source object the check saw (src_known 0: none). */
+    uint8_t src_known;
+    dev_t src_dev;
+    ino_t src_ino;
 };
 
 struct proc {
     struct proc *next;
     pid_t tid, ppid;
     uint8_t attached, announced, held, is_init, is_command, in_call;
+    uint8_t shares_files;  /* its descriptor table is another task's too (CLONE_FILES) */
     uint64_t falloc;     /* bytes granted to the fallocate() it is in, until its exit */
     char *cwd;
     struct pending *pend;
@@ -85,9 +90,8 @@ struct tracer {
     pid_t init_pid;
     int killed;          /* the sandbox was killed on purpose: end says why */
     int noise_off;       /* a directory on the way to noise was changed: trace every open */
-    struct sock_id *bound;  /* unix sockets bound inside the sandbox */
+    struct bound_socks bound;  /* unix sockets bound inside the sandbox */
     struct pending *scratch; /* sendmmsg's other destinations, decoded one by one */
-    size_t n_bound, cap_bound;
     uint64_t falloc_inflight; /* granted to fallocate() calls not returned yet */
     int pinned;              /* the sandbox runs on the CPUs of pin (CAPER_F_SHARE_CPU) */
     cpu_set_t pin;
@@ -218,6 +222,17 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
             pd->ev.n[2] = (size_t)n;
             pd->ev.s[2] = pd->s[2];
         }
+        /* The kernel reads the name again: the object itself is checked
+         * against what the new name holds after the call (on_syscall_exit). */
+        struct stat st;
+        int refused, fd = tracee_open(p->tid, dirfd, raw, follow, &refused);
+        if (fd >= 0 && fstat(fd, &st) == 0) {
+            pd->src_known = 1;
+            pd->src_dev = st.st_dev;
+            pd->src_ino = st.st_ino;
+        }
+        if (fd >= 0)
+            close(fd);
     }
 }
 
@@ -284,51 +299,6 @@ static void take_argv(struct tracer *t, struct proc *p, struct pending *pd, uint
 
 /* ---- sockets ---------------------------------------------------------------- */
 
-/* The identity of the unix socket file a tracee names, resolved inside its
- * root (tracee_open). follow: follow a final symlink (connect, sendto) or
- * not (the name bind just made). 0, or -errno. */
-static int unix_identity(pid_t tid, const char *raw, int follow, struct sock_id *id)
-{
-    int refused;
-    int fd = tracee_open(tid, AT_FDCWD, raw, follow, &refused);
-    if (fd < 0)
-        return fd;
-    struct stat st;
-    int r = 0;
-    if (fstat(fd, &st) < 0)
-        r = -errno;
-    else if (!S_ISSOCK(st.st_mode) || !in_mount_ns_of(tid, fd))
-        r = -ECONNREFUSED;
-    close(fd);
-    if (r == 0) {
-        id->dev = st.st_dev;
-        id->ino = st.st_ino;
-        id->ctime_sec = st.st_ctim.tv_sec;
-    }
-    return r;
-}
-
-static int is_bound(struct tracer *t, const struct sock_id *id)
-{
-    for (size_t i = 0; i < t->n_bound; i++)
-        if (t->bound[i].dev == id->dev && t->bound[i].ino == id->ino)
-            return 1;
-    return 0;
-}
-
-static void add_bound(struct tracer *t, const struct sock_id *id)
-{
-    if (t->n_bound == t->cap_bound) {
-        size_t cap = t->cap_bound ? 2 * t->cap_bound : 16;
-        struct sock_id *b = realloc(t->bound, cap * sizeof *b);
-        if (!b)
-            return;
-        t->bound = b;
-        t->cap_bound = cap;
-    }
-    t->bound[t->n_bound++] = *id;
-}
-
 /* Decode a sockaddr into family (flags), text (slot 0) and port (arg0). */
 static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uint64_t len)
 {
@@ -338,8 +308,11 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
         len = sizeof ss;
     if (!addr || len < sizeof(sa_family_t) || tracee_read(p->tid, addr, &ss, len) < 0) {
         pd->ev.h.info |= CAPER_INFO_UNREADABLE;
+        pd->dest_bad = 1;
         return;
     }
+    pd->dest.addr = ss;
+    pd->dest.len = (socklen_t)len;
     char *out = pd->s[0];
     switch (ss.ss_family) {
     case AF_INET: {
@@ -359,6 +332,8 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
     case AF_UNIX: {
         struct sockaddr_un *un = (void *)&ss;
         size_t n = len - offsetof(struct sockaddr_un, sun_path);
+        if (n > sizeof un->sun_path)   /* the tracee's length: never past sun_path */
+            n = sizeof un->sun_path;
         if (n > 0 && un->sun_path[0] == '\0') {
             pd->ev.h.flags = CAPER_AF_ABSTRACT;
             out[0] = '@';
@@ -370,6 +345,7 @@ static void take_sockaddr(struct proc *p, struct pending *pd, uint64_t addr, uin
         char *raw = pd->unix_raw;
         memcpy(raw, un->sun_path, n);
         raw[n] = '\0';
+        pd->dest.raw = raw;
         pd->ev.h.flags = CAPER_AF_UNIX;
         pd->ev.n[0] = resolve(p, AT_FDCWD, raw, out, &pd->ev.h.info);
         pd->ev.s[0] = out;
@@ -512,266 +488,55 @@ static void watch_noise_ways(struct tracer *t, struct proc *p, struct pending *p
     }
 }
 
-/* A tracee's file descriptor, duplicated into the tracer (pidfd_getfd needs
- * the same access as ptrace). The same open file description: what the
- * tracer does with it, the tracee's socket does. */
-static int tracee_fd(pid_t tid, uint64_t fd)
+/* Pin the socket a connect or send names (pidfd_getfd: the same open file,
+ * whatever the descriptor table holds by the time the kernel would look)
+ * into pd, with its domain and type. Returns its type and protocol
+ * (SOCK_STREAM | IPPROTO_TCP << 8) for the report, 0 when unknown. */
+static uint32_t pin_socket(struct proc *p, struct pending *pd, uint64_t fd)
 {
-    int pidfd = (int)syscall(SYS_pidfd_open, tid, 0);
-    if (pidfd < 0 && errno == EINVAL)  /* not a thread-group leader (Linux >= 6.9) */
-        pidfd = (int)syscall(SYS_pidfd_open, tid, O_EXCL /* PIDFD_THREAD */);
-    if (pidfd < 0)
-        return -1;
-    int dup = (int)syscall(SYS_pidfd_getfd, pidfd, (int)fd, 0);
-    int saved = errno;
-    close(pidfd);
-    errno = saved;
-    return dup;
-}
-
-/* The unix socket file a tracee names, opened once (O_PATH, following
- * symlinks as connect and sendto do, resolved inside the process's own root,
- * see tracee_open) and checked on that descriptor: usable only if it is on a
- * mount of the sandbox and a sandbox process bound that inode, so no name,
- * symlink or chroot can dress a host socket up as a sandbox one. A host
- * socket, or a name that cannot be resolved safely, is refused (EACCES,
- * reported as refused); a name that is no socket gets the kernel's error.
- * Returns the descriptor, or -errno for the tracee. */
-static int open_checked_socket(struct tracer *t, struct proc *p, struct pending *pd)
-{
-    int refused;
-    int target = tracee_open(p->tid, AT_FDCWD, pd->unix_raw, 1, &refused);
-    if (target < 0) {
-        if (refused)
-            pd->ev.h.info |= CAPER_INFO_REFUSED;
-        return target;
-    }
-    struct stat st;
-    int r = target;
-    if (fstat(target, &st) < 0) {
-        r = -errno;
-    } else if (!S_ISSOCK(st.st_mode)) {
-        r = -ECONNREFUSED;
-    } else if (!in_mount_ns_of(p->tid, target) ||
-               !is_bound(t, &(struct sock_id){ st.st_dev, st.st_ino })) {
-        pd->ev.h.info |= CAPER_INFO_REFUSED;
-        r = -EACCES;
-    }
-    if (r < 0)
-        close(target);
-    return r;
-}
-
-/* The address of exactly that inode, whatever its path becomes. */
-static struct sockaddr_un fd_address(int target)
-{
-    struct sockaddr_un a = { .sun_family = AF_UNIX };
-    snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d", target);
-    return a;
-}
-
-/* A call on a tracee's socket that would wait (a full backlog or buffer)
- * must not stall the tracer: a 2 s send timeout while the tracer acts, the
- * socket's own put back after. */
-struct send_timeout { struct timeval keep; int set; };
-
-static void bound_send_timeout(int sock, struct send_timeout *st)
-{
-    struct timeval bound = { 2, 0 };
-    socklen_t n = sizeof st->keep;
-    st->set = getsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, &n) == 0 &&
-              setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof bound) == 0;
-}
-
-static void restore_send_timeout(int sock, const struct send_timeout *st)
-{
-    if (st->set)
-        setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &st->keep, sizeof st->keep);
-}
-
-/* connect() of a unix path, done by the tracer for the tracee. Checking the
- * address and then letting the tracee's call run would let another thread
- * rewrite it in between (the kernel reads it again). Instead the socket file
- * is opened once, its identity checked on that descriptor, and the tracee's
- * socket connected to exactly that inode through /proc/self/fd: nothing the
- * tracee does after the check can change what it connects to. Returns 0 or
- * -errno, the result the tracee gets. */
-static int connect_for(struct tracer *t, struct proc *p, uint64_t fd, struct pending *pd)
-{
-    int target = open_checked_socket(t, p, pd);
-    if (target < 0)
-        return target;
-    int r;
-    int sock = tracee_fd(p->tid, fd);
-    if (sock < 0) {
-        r = -EBADF;
-    } else {
-        struct send_timeout keep;
-        struct sockaddr_un a = fd_address(target);
-        bound_send_timeout(sock, &keep);
-        r = connect(sock, (struct sockaddr *)&a, sizeof a) < 0 ? -errno : 0;
-        restore_send_timeout(sock, &keep);
-        close(sock);
-    }
-    close(target);
-    return r;
-}
-
-#define SEND_MAX (4u << 20)     /* bytes of one datagram the tracer copies */
-#define CONTROL_MAX 65536u      /* above the kernel's optmem_max default */
-#define IOV_MAX_ 1024u          /* UIO_MAXIOV */
-#define SCM_MAX_FD_ 253         /* descriptors one SCM_RIGHTS message may carry */
-
-/* The descriptors an SCM_RIGHTS message names, duplicated from the tracee
- * into the tracer in place; -EBADF when one is not the tracee's. */
-static int take_rights(pid_t tid, struct msghdr *m, int *taken, size_t cap, size_t *n_taken)
-{
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
-        /* The tracee wrote these lengths: the kernel's own check (CMSG_OK). */
-        if (c->cmsg_len < sizeof *c ||
-            c->cmsg_len > (size_t)((char *)m->msg_control + m->msg_controllen - (char *)c))
-            return -EINVAL;
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        int *fds = (int *)CMSG_DATA(c);
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            if (*n_taken == cap)
-                return -EINVAL;             /* as the kernel says for too many */
-            int mine = tracee_fd(tid, (uint64_t)fds[i]);
-            if (mine < 0)
-                return -EBADF;
-            taken[(*n_taken)++] = mine;
-            fds[i] = mine;
-        }
-    }
-    return 0;
-}
-
-/* sendto()/sendmsg() of a datagram to a unix path, done by the tracer for
- * the tracee, for connect_for's reason: the kernel would read the address
- * again after the check, and another thread can rewrite it in between. The
- * message is copied out of the tracee (its data, and its descriptors under
- * SCM_RIGHTS duplicated into the tracer) and sent on the tracee's own socket
- * to exactly the checked inode. A receiver's SCM_CREDENTIALS check sees the
- * tracer as the sender. Returns the bytes sent or -errno. */
-static int64_t send_for(struct tracer *t, struct proc *p, const __u64 *a, int is_sendto,
-                        struct pending *pd)
-{
-    struct msghdr tm;                       /* the tracee's, pointers into its memory */
-    memset(&tm, 0, sizeof tm);
-    int flags;
-    struct iovec one;
-    if (is_sendto) {
-        one = (struct iovec){ (void *)(uintptr_t)a[1], (size_t)a[2] };
-        tm.msg_iov = &one;
-        tm.msg_iovlen = 1;
-        flags = (int)a[3];
-    } else {
-        if (tracee_read(p->tid, a[1], &tm, sizeof tm) < 0)
-            return -EFAULT;
-        flags = (int)a[2];
-    }
-    if (tm.msg_iovlen > IOV_MAX_ || tm.msg_controllen > CONTROL_MAX)
-        return tm.msg_iovlen > IOV_MAX_ ? -EMSGSIZE : -ENOBUFS;
-    int target = open_checked_socket(t, p, pd);
-    if (target < 0)
-        return target;
-    int64_t r;
-    struct iovec *iov = is_sendto ? &one : calloc(tm.msg_iovlen ? tm.msg_iovlen : 1, sizeof *iov);
-    char *data = NULL, *control = NULL;
-    int taken[SCM_MAX_FD_];
-    size_t n_taken = 0;
-    int sock = -1;
-    if (!iov) {
-        r = -ENOMEM;
-        goto out;
-    }
-    if (!is_sendto && tm.msg_iovlen &&
-        tracee_read(p->tid, (uint64_t)(uintptr_t)tm.msg_iov, iov, tm.msg_iovlen * sizeof *iov) < 0) {
-        r = -EFAULT;
-        goto out;
-    }
-    size_t total = 0;
-    for (size_t i = 0; i < tm.msg_iovlen; i++) {
-        if (iov[i].iov_len > SEND_MAX - total) {
-            r = -EMSGSIZE;
-            goto out;
-        }
-        total += iov[i].iov_len;
-    }
-    data = malloc(total ? total : 1);
-    control = malloc(tm.msg_controllen ? tm.msg_controllen : 1);
-    if (!data || !control) {
-        r = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0, at = 0; i < tm.msg_iovlen; at += iov[i].iov_len, i++) {
-        if (iov[i].iov_len &&
-            tracee_read(p->tid, (uint64_t)(uintptr_t)iov[i].iov_base, data + at, iov[i].iov_len) < 0) {
-            r = -EFAULT;
-            goto out;
-        }
-    }
-    struct iovec whole = { data, total };
-    struct sockaddr_un dest = fd_address(target);
-    struct msghdr m = { .msg_name = &dest, .msg_namelen = sizeof dest, .msg_iov = &whole,
-                        .msg_iovlen = 1, .msg_control = tm.msg_controllen ? control : NULL,
-                        .msg_controllen = tm.msg_controllen };
-    if (tm.msg_controllen &&
-        tracee_read(p->tid, (uint64_t)(uintptr_t)tm.msg_control, control, tm.msg_controllen) < 0) {
-        r = -EFAULT;
-        goto out;
-    }
-    if ((r = take_rights(p->tid, &m, taken, sizeof taken / sizeof *taken, &n_taken)) < 0)
-        goto out;
-    if ((sock = tracee_fd(p->tid, a[0])) < 0) {
-        r = -EBADF;
-        goto out;
-    }
-    struct send_timeout keep;
-    bound_send_timeout(sock, &keep);
-    ssize_t sent = sendmsg(sock, &m, flags | MSG_NOSIGNAL);
-    r = sent < 0 ? -errno : sent;
-    restore_send_timeout(sock, &keep);
-out:
-    if (sock >= 0)
-        close(sock);
-    for (size_t i = 0; i < n_taken; i++)
-        close(taken[i]);
-    if (iov != &one)
-        free(iov);
-    free(data);
-    free(control);
-    close(target);
-    return r;
-}
-
-/* The type and protocol of a tracee's socket (SOCK_STREAM | IPPROTO_TCP << 8),
- * read from a copy of its descriptor: a tracer may take it (pidfd_getfd needs
- * the same access as ptrace). 0 when unknown. */
-static uint32_t socket_kind(pid_t tid, uint64_t fd)
-{
-    int sock = tracee_fd(tid, fd);
-    if (sock < 0)
+    pd->sock_domain = pd->sock_type = -1;
+    pd->sock_errno = 0;
+    if ((pd->sock = tracee_fd(p->tid, fd)) < 0) {
+        pd->sock_errno = errno == EBADF ? EBADF : EPERM;
         return 0;
-    int type = 0, proto = 0;
-    socklen_t n = sizeof type;
-    if (getsockopt(sock, SOL_SOCKET, SO_TYPE, &type, &n) < 0)
-        type = 0;
+    }
+    int proto = 0;
+    socklen_t n = sizeof pd->sock_domain;
+    if (getsockopt(pd->sock, SOL_SOCKET, SO_DOMAIN, &pd->sock_domain, &n) < 0) {
+        pd->sock_errno = errno;             /* ENOTSOCK: the kernel's answer too */
+        pd->sock_domain = -1;
+        return 0;
+    }
+    n = sizeof pd->sock_type;
+    if (getsockopt(pd->sock, SOL_SOCKET, SO_TYPE, &pd->sock_type, &n) < 0)
+        pd->sock_type = -1;
     n = sizeof proto;
-    if (getsockopt(sock, SOL_SOCKET, SO_PROTOCOL, &proto, &n) < 0)
+    if (getsockopt(pd->sock, SOL_SOCKET, SO_PROTOCOL, &proto, &n) < 0)
         proto = 0;
-    close(sock);
-    return (uint32_t)(type & 0xff) | (uint32_t)(proto & 0xff) << 8;
+    return pd->sock_type < 0 ? 0 : (uint32_t)(pd->sock_type & 0xff) | (uint32_t)(proto & 0xff) << 8;
 }
 
-/* A unix path a sandbox process bound? (For reports only: what is sent is
- * checked on an open descriptor, see open_checked_socket.) */
-static int bound_here(struct tracer *t, struct proc *p, const char *raw)
+static void unpin_socket(struct pending *pd)
 {
-    struct sock_id id;
-    return unix_identity(p->tid, raw, 1, &id) == 0 && is_bound(t, &id);
+    if (pd->sock >= 0)
+        close(pd->sock);
+    pd->sock = -1;
+}
+
+/* Whether the tracer does this connect or send itself. The kernel would read
+ * the descriptor and the address from the tracee again after any check, so
+ * it may run the call only where no rereading can reach a host socket: a
+ * connect never (it is cheap to do here); a send on a unix datagram socket
+ * never (its name, or a NULL one, can be rewritten); any send by a task
+ * whose descriptor table another task shares (the descriptor can be
+ * swapped for such a socket). Unix stream and seqpacket sockets take no
+ * name on a send, other domains no unix name. */
+static int tracer_acts(const struct proc *p, const struct pending *pd, const struct sysent *s)
+{
+    if (s->nr == SYS_connect || p->shares_files || pd->sock < 0)
+        return 1;
+    return pd->sock_domain == AF_UNIX && pd->sock_type != SOCK_STREAM &&
+           pd->sock_type != SOCK_SEQPACKET;
 }
 
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
@@ -799,7 +564,7 @@ static int take_mmsg_dests(struct tracer *t, struct proc *p, struct pending *pd,
             memset(&scratch->ev, 0, sizeof scratch->ev);
         take_sockaddr(p, into, (uint64_t)(uintptr_t)m.msg_hdr.msg_name, m.msg_hdr.msg_namelen);
         if (into->ev.h.flags == CAPER_AF_UNIX) {
-            int host = !bound_here(t, p, into->unix_raw);
+            int host = !unix_bound_here(&t->bound, p->tid, into->unix_raw);
             if (into != pd && (found < 2 || host)) {  /* report this one */
                 memcpy(pd->s[0], into->s[0], into->ev.n[0]);
                 pd->ev.n[0] = into->ev.n[0];
@@ -926,6 +691,10 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     struct pending *pd = p->pend;
     init_ev(&pd->ev, p, s->kind);
     pd->unix_bind = 0;
+    pd->sock = -1;
+    pd->dest.raw = NULL;
+    pd->dest.len = 0;
+    pd->dest_bad = pd->quiet = pd->noise = pd->src_known = 0;
     struct caper_event *h = &pd->ev.h;
     h->sysno = s->nr;
     h->arch = si.arch;
@@ -971,28 +740,48 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         h->arg0 = 0;
         break;
     case DEC_SOCKADDR:
+        if (s->nr == SYS_bind) {
+            take_sockaddr(p, pd, a[1], a[2]);
+            break;
+        }
+        h->mode = pin_socket(p, pd, a[0]);
         if (s->nr == SYS_sendto)
             take_sockaddr(p, pd, a[4], a[5]);
         else
             take_sockaddr(p, pd, a[1], a[2]);
-        h->mode = socket_kind(p->tid, a[0]);
         break;
     case DEC_MSGHDR: {
         struct msghdr m;
-        if (tracee_read(p->tid, a[1], &m, sizeof m) < 0 || !m.msg_name)
-            return;  /* no destination: the socket's connect was already seen */
-        take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
-        h->mode = socket_kind(p->tid, a[0]);
+        h->mode = pin_socket(p, pd, a[0]);
+        if (tracee_read(p->tid, a[1], &m, sizeof m) < 0)
+            pd->dest_bad = pd->quiet = 1;
+        else if (!m.msg_name)
+            pd->quiet = 1;  /* no destination: the socket's connect was already seen */
+        else
+            take_sockaddr(p, pd, (uint64_t)(uintptr_t)m.msg_name, m.msg_namelen);
         break;
     }
     case DEC_MMSGHDR: {
+        /* The tracer does not send for sendmmsg. Where it would have to
+         * (tracer_acts), ENOSYS: libc falls back to sendmsg, which it does. */
+        h->mode = pin_socket(p, pd, a[0]);
+        int acts = tracer_acts(p, pd, s);
+        unpin_socket(pd);
         /* Every message may name its own destination. One to a unix path
-         * refuses the call: the kernel would read it again after the check
-         * (send_for's reason), and the tracer does not send for sendmmsg. */
+         * refuses the call: the kernel would read it again after the check. */
         int dests = take_mmsg_dests(t, p, pd, a[1], a[2]);
+        if (acts) {
+            if (dests) {            /* reported as named, as far as the copy shows */
+                if (dests == 2)
+                    h->info |= CAPER_INFO_REFUSED;
+                h->result = -ENOSYS;
+                emit_folded(t, p, &pd->ev);
+            }
+            deny(p->tid, ENOSYS);
+            return;
+        }
         if (!dests)
             return;
-        h->mode = socket_kind(p->tid, a[0]);
         if (dests == 2) {
             h->info |= CAPER_INFO_REFUSED;
             h->result = -EACCES;
@@ -1016,24 +805,40 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     if (s->kind == CAPER_EV_OPEN && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
         (h->flags & O_ACCMODE) == O_RDONLY && !(h->flags & (O_CREAT | O_TRUNC)) &&
         is_noise(t, p, pd)) {
-        p->noise++;
-        t->r->noise++;
-        return;  /* no exit stop: the result of noise does not matter */
-    }
-    if (s->nr == SYS_connect && h->flags == CAPER_AF_UNIX) {
-        /* Done here, by the tracer, on the address it checked: the call
-         * itself is skipped and returns what the tracer's connect did. */
-        int r = connect_for(t, p, a[0], pd);
-        h->result = r;
-        emit_folded(t, p, &pd->ev);
-        deny(p->tid, -r);
+        /* Judged by its name, which the kernel reads again after this stop
+         * (another thread can rewrite it): what was opened decides, at the exit. */
+        pd->noise = 1;
+        p->in_call = 1;
         return;
     }
-    if (s->kind == CAPER_EV_SENDTO && h->flags == CAPER_AF_UNIX) {
-        /* The same for a datagram to a unix path: sent by the tracer. */
-        int64_t r = send_for(t, p, a, s->nr == SYS_sendto, pd);
+    if (s->nr == SYS_connect || s->kind == CAPER_EV_SENDTO) {
+        if (!tracer_acts(p, pd, s)) {
+            unpin_socket(pd);
+            if (pd->quiet)
+                return;     /* the kernel sends where the socket is connected */
+            p->in_call = 1;
+            return;
+        }
+        /* Done here, by the tracer, on the socket and the address it
+         * checked: the call itself is skipped and returns what this did. */
+        int refused = 0;
+        int64_t r;
+        if (pd->sock < 0)
+            r = -pd->sock_errno;
+        else if (pd->dest_bad)
+            r = -EFAULT;
+        else if (s->nr == SYS_connect)
+            r = sock_connect_for(&t->bound, p->tid, pd->sock, &pd->dest, &refused);
+        else
+            r = sock_send_for(&t->bound, p->tid, pd->sock, (const uint64_t *)a,
+                              s->nr == SYS_sendto, pd->sock_type == SOCK_STREAM, &pd->dest,
+                              &refused);
+        unpin_socket(pd);
+        if (refused)
+            h->info |= CAPER_INFO_REFUSED;
         h->result = r;
-        emit_folded(t, p, &pd->ev);
+        if (!pd->quiet)
+            emit_folded(t, p, &pd->ev);
         deny(p->tid, (int)-r);
         return;
     }
@@ -1081,6 +886,43 @@ static int device_of(pid_t tid, int64_t rv, const char *path, dev_t *rdev)
     return 1;
 }
 
+/* The access mode (O_ACCMODE | O_PATH) of the tracee's descriptor fd, from
+ * /proc/<tid>/fdinfo; unknown: O_RDWR, which counts as a read and a write. */
+static uint32_t fd_access(pid_t tid, int64_t fd)
+{
+    char at[64], buf[256];
+    snprintf(at, sizeof at, "/proc/%d/fdinfo/%d", (int)tid, (int)fd);
+    int f = open(at, O_RDONLY | O_CLOEXEC);
+    if (f < 0)
+        return O_RDWR;
+    ssize_t n = read(f, buf, sizeof buf - 1);
+    close(f);
+    if (n <= 0)
+        return O_RDWR;
+    buf[n] = '\0';
+    const char *line = strstr(buf, "flags:");
+    if (!line)
+        return O_RDWR;
+    unsigned long flags = strtoul(line + 6, NULL, 8);
+    return (uint32_t)(flags & (O_ACCMODE | O_PATH));
+}
+
+/* Whether the new name of a link or rename holds the source object its
+ * check saw (a second thread may have rewritten the source name the kernel
+ * read after the check: a credential linked under a decoy's name). */
+static int source_kept(struct proc *p, const struct pending *pd)
+{
+    if (!pd->src_known || !pd->ev.s[1])
+        return 0;
+    struct stat st;
+    int refused, fd = tracee_open(p->tid, pd->dirfd[1], pd->raw[1], 0, &refused);
+    int same = fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == pd->src_dev &&
+               st.st_ino == pd->src_ino;
+    if (fd >= 0)
+        close(fd);
+    return same;
+}
+
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -1099,6 +941,11 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         return;  /* the kernel runs it again, and it stops again */
     struct pending *pd = p->pend;
     pd->ev.h.result = rv;
+    if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && pd->ev.h.sysno == SYS_openat2)
+        /* openat2's flags were read from memory the kernel read again: the
+         * file's own access mode is what it was opened for. */
+        pd->ev.h.flags = (pd->ev.h.flags & ~(uint32_t)(O_ACCMODE | O_PATH)) |
+                         fd_access(p->tid, rv);
     if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && (pd->ev.h.flags & O_ACCMODE) != O_WRONLY) {
         /* What was opened (slot 2), whatever name led there: symlinks,
          * /proc/self/root or cwd, a renamed directory. */
@@ -1108,6 +955,18 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
         if (n > 0) {
             pd->ev.n[2] = (size_t)n;
             pd->ev.s[2] = pd->s[2];
+        }
+    }
+    if ((pd->ev.h.kind == CAPER_EV_LINK || pd->ev.h.kind == CAPER_EV_RENAME) && rv == 0 &&
+        !source_kept(p, pd))
+        pd->ev.h.info |= CAPER_INFO_SOURCE_CHANGED;
+    if (pd->noise) {
+        /* Noise only if nothing was opened, or what was is noise too. */
+        if (rv < 0 || (pd->ev.s[2] && noise_match(t->c, pd->ev.s[2], pd->ev.n[2]) &&
+                       (pd->ev.h.flags & O_ACCMODE) == O_RDONLY)) {
+            p->noise++;
+            t->r->noise++;
+            return;
         }
     }
     dev_t rdev;
@@ -1123,7 +982,7 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
          * a directory on the way meanwhile, for one holding an older socket
          * (a host socket seen through a read-only bind). The socket this bind
          * made is no older than the call (a whole-second clock at worst). */
-        add_bound(t, &id);
+        unix_add_bound(&t->bound, &id);
     emit_folded(t, p, &pd->ev);
 }
 
@@ -1153,6 +1012,12 @@ static void on_new_child(struct tracer *t, struct proc *p, int event)
         flags = ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, rdi), 0);
     else if (event == PTRACE_EVENT_VFORK)
         flags = 0x4100;  /* CLONE_VFORK | CLONE_VM */
+    /* clone(CLONE_FILES | SIGCHLD) is reported as a fork: its flags are in rdi too. */
+    int64_t files = event == PTRACE_EVENT_CLONE ? flags :
+        ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, orig_rax), 0) == SYS_clone
+            ? ptrace(PTRACE_PEEKUSR, p->tid, offsetof(struct user_regs_struct, rdi), 0) : 0;
+    if (files & CLONE_FILES)
+        p->shares_files = c->shares_files = 1;  /* for good: tracer_acts errs toward acting */
     announce(t, c, flags);
     if (c->held) {
         c->held = 0;
@@ -1406,7 +1271,7 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
     for (int i = 0; i < BUCKETS; i++)
         while (t.buckets[i])
             destroy(&t, t.buckets[i]);
-    free(t.bound);
+    free(t.bound.v);
     free(t.scratch);
     (void)w;
     return 0;

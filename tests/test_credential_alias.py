@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_report import SECRET, go, home, repo  # noqa: F401  (fixtures)
+from test_report import AWS_SECRET, SECRET, go, home, repo  # noqa: F401  (fixtures)
 
 SSH_SECRET = "plainSshKeyMaterial-7c1d2e"
 PY = "/usr/bin/python3"
@@ -204,3 +204,50 @@ def test_a_credential_read_through_gits_object_store_is_a_credential_read(repo, 
     assert SECRET not in r.to_json() and SECRET not in r.card()
     out = go(command, repo, tmp_path, approver="policy", task="run the tests")
     assert out.decision != "allow" and SECRET not in out.stdout.text().decode()
+
+
+@pytest.mark.parametrize("fixture", ["race_open_noise", "race_openat2_flags"])
+def test_a_credential_name_changed_after_the_tracers_look_is_still_a_credential_read(
+        fixture, home, repo, tmp_path, cfixture):
+    """What the tracer read at the stop, the kernel reads again: a second
+    thread rewrites the name (from a missing noise path to the credential) or
+    openat2's flags (O_WRONLY to O_RDONLY) the moment the tracer's read faults
+    the page in. What was opened decides, at the exit: the credential read is
+    reported and the blocked run's output (the secret, reversed) is withheld.
+    Before, the run returned the secret in every try."""
+    prog = cfixture(fixture, "-pthread")
+    cred = os.path.relpath(home / ".aws" / "credentials", repo)   # shorter than the decoy
+    out = go(f"{prog} {cred}", repo, tmp_path, home)
+    assert out.exit_code == 0, out.report.card()
+    assert any(r.kind == "aws-credentials" for r in out.report.protected_reads), \
+        out.report.protected_reads
+    assert out.withheld
+    assert AWS_SECRET[::-1] not in json.dumps(out.to_json()) + out.card()
+
+
+def test_capers_own_config_is_a_credential(home, repo, tmp_path):
+    """[llm] api_key in caper's config file: reading the file is a credential
+    read, so a blocked run that prints it reversed gives the agent nothing of
+    it (before, the key came back whole)."""
+    key = "approver-key-51c0ffee-bd1"
+    conf = home / ".config" / "caper" / "config.toml"
+    conf.parent.mkdir(parents=True)
+    conf.write_text(f'[llm]\napi_key = "{key}"\n')
+    out = go(f"rev {conf}", repo, tmp_path, home)
+    assert [r.kind for r in out.report.protected_reads] == ["caper-config"]
+    assert out.withheld and key[::-1] not in json.dumps(out.to_json()) + out.card()
+
+
+def test_a_link_whose_source_name_changed_after_the_check_counts_as_a_credential_read(
+        repo, tmp_path, cfixture):
+    """link(name, "x") where a second thread rewrites name from a decoy to
+    .env the moment the tracer's read faults its page in: the tracer saw the
+    decoy, the kernel linked the credential. The new name holds another file
+    than the one checked, so the run counts as having read a credential: its
+    output (the secret, reversed) is withheld. Before, it was released."""
+    (repo / "dcoy").write_text("DECOY\n")
+    prog = cfixture("race_link_source", "-pthread")
+    out = go(f"{prog} 3000 {repo}/namepage && rm -f namepage; cat x | rev; rm -f x",
+             repo, tmp_path)
+    assert out.withheld, out.report.card()
+    assert SECRET[::-1] not in json.dumps(out.to_json()) + out.card()

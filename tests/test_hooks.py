@@ -285,11 +285,29 @@ def test_cli_install_writes_a_command_that_works(agent, tmp_path, project):
     a = hooks.AGENTS[agent]
     doc = json.loads(Path(hooks.settings_path(a, a.default_scope, str(project))).read_text())
     command = doc["hooks"][a.event][0]["hooks"][0]["command"]
-    assert command.startswith(str(BIN / "caper"))
+    assert command.startswith(str(BIN / "python") + " -E -P ")
     rc, out = run_hook(agent, json.dumps(hook_input(agent, "true", project,
                                                     tmp_path / "none")).encode(),
                        project, tmp_path, command=command)
     assert rc == 0 and out is not None
+
+
+def test_the_hook_never_imports_a_caper_the_workspace_holds(tmp_path, project):
+    """A run may commit a caper/ package (or pydantic/, json.py) to the
+    workspace, and developers export PYTHONPATH=. : the hook, run by the agent
+    from the project for every call, and the caper it wraps commands in must
+    still be this caper (before, the next hook imported the workspace's)."""
+    canary = tmp_path / "imported"
+    (project / "caper").mkdir()
+    (project / "caper" / "__init__.py").write_text(f"open({str(canary)!r}, 'w').close()\n")
+    command = hooks.hook_command(hooks.AGENTS["claude-code"])
+    p = subprocess.run(["bash", "-c", command], cwd=project, capture_output=True,
+                       input=json.dumps(hook_input("claude-code", "true", project,
+                                                   tmp_path / "none")).encode(),
+                       env={**os.environ, "PYTHONPATH": ".", "CAPER_STATE_DIR": str(tmp_path / "s")})
+    assert p.returncode == 0, p.stderr
+    assert not canary.exists()
+    assert json.loads(p.stdout)["hookSpecificOutput"]["permissionDecision"] == "allow"
 
 
 def test_a_hook_that_cannot_start_blocks(tmp_path):

@@ -104,3 +104,32 @@ def test_ci_runs_the_readmes_test_command_exactly():
     setup, tests = readme.splitlines()
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ci[-1] == tests and setup.startswith("./bootstrap && ")
+
+
+def test_install_keeps_a_private_settings_files_mode(tmp_path, monkeypatch):
+    """~/.claude/settings.json kept 0600 for the tokens in its env block
+    stays 0600 through install and uninstall (before: 0644, readable by
+    every local user)."""
+    from caper.front import hooks
+    monkeypatch.setenv("HOME", str(tmp_path))
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"env": {"GITHUB_TOKEN": "ghp_x"}}')
+    settings.chmod(0o600)
+    hooks.install("claude-code", "user")
+    assert settings.stat().st_mode & 0o777 == 0o600
+    hooks.uninstall("claude-code", "user")
+    assert settings.stat().st_mode & 0o777 == 0o600
+
+
+def test_install_does_not_follow_a_repositorys_symlinked_settings(tmp_path):
+    """A repository's .claude/settings.json that links to a file of the
+    user's is refused, not read and copied into the project."""
+    from caper.front import hooks
+    secret = tmp_path / "docker-config.json"
+    secret.write_text('{"auths": {"x": {"auth": "c2VjcmV0"}}}')
+    (tmp_path / "proj" / ".claude").mkdir(parents=True)
+    (tmp_path / "proj" / ".claude" / "settings.json").symlink_to(secret)
+    with pytest.raises(ValueError, match="symlink"):
+        hooks.install("claude-code", "project", cwd=str(tmp_path / "proj"))
+    assert (tmp_path / "proj" / ".claude" / "settings.json").is_symlink()

@@ -703,7 +703,7 @@ def test_chown_to_oneself_and_group_write_for_ones_group_pass(env):
 
 
 @pytest.mark.parametrize("command, verdict", [
-    ("ln -s /etc/cron.d build-hooks", "block"), ("ln -s ~/.ssh notes-ssh", "unsure"),
+    ("ln -s /etc/cron.d build-hooks", "block"), ("ln -s ~/.ssh notes-ssh", "block"),
     ("ln -s ../home/.bashrc rc", "block"), ("ln -s ~/.aws/credentials creds", "block"),
     ("ln -s /usr/bin/python3 py", "allow"), ("ln -s src/m0.c here.c", "allow")])
 def test_a_new_symlink_out_of_the_workspace_is_judged_as_its_target(env, command, verdict):

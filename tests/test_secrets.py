@@ -98,3 +98,53 @@ def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
     assert r.cut_ends("345678 rest", start=True, end=False) == "<redacted:dotenv> rest"
     # Not at a cut: a name that merely ends like a value begins stays as it is.
     assert r.text("src/abcd") == "src/abcd"
+
+
+@pytest.mark.parametrize("rel, kind", [
+    (".ssh/github_deploy", "ssh-private-key"), (".ssh/id_ed25519", "ssh-private-key"),
+    (".ssh/id_ed25519.pub", None), (".ssh/known_hosts", None), (".ssh/known_hosts.old", None),
+    (".ssh/config", None), (".ssh/authorized_keys", None), (".claude.json", "claude-code-login"),
+    (".cache/huggingface/token", "huggingface-token"),
+    (".config/rclone/rclone.conf", "rclone-credentials"), (".bash_history", "shell-history")])
+def test_credential_stores_by_location(rel, kind):
+    """Round 3 read these unseen: a key under any name in ~/.ssh (its public
+    halves, known_hosts, config and authorized_keys are none), Claude Code's
+    ~/.claude.json, tokens of Hugging Face and rclone, shell histories."""
+    from caper.report.secrets import Protected, default_patterns
+    assert Protected(default_patterns(), "/home/u").kind(f"/home/u/{rel}") == kind
+
+
+def test_capers_own_git_runs_no_program_the_repository_configures(tmp_path):
+    """caper reads a credential's git history on the host while it builds a
+    report: the repository's log.showSignature + gpg.program (planted through
+    .git/commondir or an earlier run) must not run there (before, a signed
+    commit on any ref ran the planted program during a blocked run)."""
+    import subprocess
+    from caper.report.workspace import history_values
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    g = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(ws)]
+    subprocess.run(g + ["init", "-q"], check=True)
+    (ws / ".env").write_text("API_TOKEN=abcdef0123456789xyz\n")
+    subprocess.run(g + ["add", ".env"], check=True)
+    subprocess.run(g + ["commit", "-qm", "init"], check=True)
+    canary = tmp_path / "ran"
+    gpg = tmp_path / "gpg.sh"
+    gpg.write_text(f"#!/bin/sh\ntouch {canary}\nexit 1\n")
+    gpg.chmod(0o755)
+    raw = subprocess.run(g + ["cat-file", "commit", "HEAD"], check=True,
+                         capture_output=True, text=True).stdout
+    head, _, body = raw.partition("\n\n")
+    signed = (head + "\ngpgsig -----BEGIN PGP SIGNATURE-----\n \n x\n -----END PGP SIGNATURE-----"
+              + "\n\n" + body)
+    sha = subprocess.run(g + ["hash-object", "-t", "commit", "-w", "--stdin"], input=signed,
+                         check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(g + ["update-ref", "refs/heads/signed", sha], check=True)
+    subprocess.run(g + ["config", "log.showSignature", "true"], check=True)
+    subprocess.run(g + ["config", "gpg.program", str(gpg)], check=True)
+    subprocess.run(["git", "-C", str(ws), "log", "--all", "-p", "--format=", "--", ".env"],
+                   capture_output=True)
+    assert canary.exists(), "the set-up does not make git run gpg.program"
+    canary.unlink()
+    assert "abcdef0123456789xyz" in " ".join(history_values(str(ws), ".env"))
+    assert not canary.exists()

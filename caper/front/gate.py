@@ -113,9 +113,9 @@ def _start(state_dir: str) -> None:
         log = os.open(os.path.join(state_dir, "gate.log"),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            # -P: the gate's code is caper's, never a caper/ in some cwd.
-            subprocess.Popen([sys.executable, "-P", "-m", "caper", "serve", "--state-dir",
-                              state_dir], stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+            from caper.launch import caper_command  # the gate's code is this caper's
+            subprocess.Popen(caper_command() + ["serve", "--state-dir", state_dir],
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                              start_new_session=True, close_fds=True)
         finally:
             os.close(log)

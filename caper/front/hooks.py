@@ -51,6 +51,7 @@ import sys
 from dataclasses import dataclass
 
 from caper.front import claude_rules
+from caper.launch import caper_command
 
 MAX_INPUT = 1 << 20            # hook JSON larger than this is refused
 MARK = " hook "                # how install/uninstall recognise caper's entry
@@ -90,16 +91,6 @@ AGENTS = {
 
 
 # --- the wrapped command ---------------------------------------------------------------------
-
-def caper_command() -> list[str]:
-    """How the wrapped command calls caper: this executable when it is
-    caper's console script, else this Python with -P -m caper (-P: the cwd,
-    a workspace that may ship its own caper/, is not put on sys.path)."""
-    exe = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if os.path.basename(exe) == "caper" and os.access(exe, os.X_OK):
-        return [exe]
-    return [sys.executable, "-P", "-m", "caper"]
-
 
 def wrap(command: str, session: str, call: str, ask: bool = False,
          timeout: float | None = None, shell: str = "bash") -> str:
@@ -461,11 +452,17 @@ def settings_path(agent: Agent, scope: str, cwd: str | None = None) -> str:
 
 
 def _load(path: str) -> dict:
+    # Not through a symlink: a repository's .claude/settings.json may point at
+    # a file of the user's that the merge would then copy into the project.
     try:
-        with open(path) as f:
-            text = f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return {}
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror} (a symlink is not followed); "
+                         "not touching it") from e
+    with os.fdopen(fd) as f:
+        text = f.read()
     try:
         doc = json.loads(text) if text.strip() else {}
     except ValueError as e:
@@ -478,9 +475,14 @@ def _load(path: str) -> dict:
 def _save(path: str, doc: dict) -> None:
     from caper.commit.journal import write_atomic
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    # The user's own settings file: the usual mode (umask), and a temporary
-    # name no file of theirs is likely to have.
-    write_atomic(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o666,
+    # The user's own settings file keeps its mode (0600 where it holds tokens);
+    # a new one gets the usual (umask). A temporary name no file of theirs is
+    # likely to have.
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666
+    write_atomic(path, (json.dumps(doc, indent=2) + "\n").encode(), mode=mode,
                  tmp=f"{path}.caper-{os.getpid()}")
 
 

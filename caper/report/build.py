@@ -82,6 +82,10 @@ _CORE_SIGNALS = frozenset(s.value for s in (
 # An exec's argv changed between the tracer's check and the kernel's copy
 # (another thread rewrote it): the report shows what the kernel ran.
 ARGV_CHANGED = "exec-arguments-changed-after-the-check"
+# A link or rename whose new name holds another object than the source caper
+# checked: its source name was rewritten after the check, so it may have been
+# a credential. Counted as reading one.
+SOURCE_CHANGED = "link-or-rename-source-changed-after-the-check"
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 # A write failed (EROFS, or ENOENT below a hidden mount) on a mount that is
@@ -107,6 +111,8 @@ NOTES = {
     CRASHES: "a process of the command crashed (SIGSEGV, SIGABRT or another signal that dumps "
              "core): the sandbox writes no core dump and starts no crash handler "
              "(RLIMIT_CORE = 1); natively the system's would have run.",
+    SOURCE_CHANGED: "a link or rename reached another file than the one caper checked (its "
+                    "name was rewritten meanwhile): counted as a credential read",
     ARGV_CHANGED: "a program's arguments were rewritten by another thread while caper checked "
                   "its exec: the report shows the arguments the kernel ran, read from the new "
                   "program before it started; a native run would race the same way.",
@@ -593,6 +599,10 @@ class _Analysis:
                 # name as well: each name is a source, and each the other's alias.
                 exchange = k == Kind.RENAME and e.flags & RENAME_EXCHANGE
                 sources = [(e.real, e.path)] + ([(None, e.path2)] if exchange else [])
+                if e.info & Info.SOURCE_CHANGED:
+                    self.uncertain[SOURCE_CHANGED] += 1
+                    self.protected.append((e, SOURCE_CHANGED, e.path2))
+                    p.reads.append((e.seq, e.path2))
                 for names in sources:
                     cred = self.credential(facts.protected, *names)
                     if cred:

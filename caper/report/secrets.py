@@ -86,8 +86,10 @@ class Protected:
                               + r")\Z", re.S) if rules else None
 
     def kind(self, path: str) -> str | None:
+        """The kind of credential at path; None where none is, or where the
+        first matching rule's kind is empty (an exception to a later rule)."""
         m = self._rx.match(path) if self._rx else None
-        return self._kinds[int(m.lastgroup[1:])] if m else None
+        return self._kinds[int(m.lastgroup[1:])] or None if m else None
 
 
 @functools.lru_cache(maxsize=32)

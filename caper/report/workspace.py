@@ -16,8 +16,14 @@ from caper.fs.programs import find_program, helper_env, safe_path
 
 GIT_TIMEOUT_S = 10
 ARG_BYTES = 128 * 1024   # of pathspecs per git call (ARG_MAX is larger; MAX_ARG_STRLEN per arg)
+# Nothing the repository's configuration names may run in caper's own git
+# (it runs on the host, during runs that are then thrown away): no fsmonitor,
+# hooks, signature checks (log.showSignature runs gpg.program), pager.
 _GIT_OPTIONS = ["-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
-                "-c", "core.hooksPath=/dev/null"]
+                "-c", "core.hooksPath=/dev/null", "-c", "log.showSignature=false",
+                "-c", "gpg.program=false", "-c", "gpg.openpgp.program=false",
+                "-c", "gpg.ssh.program=false", "-c", "gpg.x509.program=false",
+                "-c", "core.pager=cat", "--no-pager"]
 # Not the caller's environment (GIT_DIR, GIT_CONFIG_PARAMETERS, GIT_EXEC_PATH
 # would redirect git): only these, and no system config.
 _GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1",

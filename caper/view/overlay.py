@@ -214,8 +214,11 @@ class _Planner:
             if any(p != layer and mountinfo.below(source, p) and mountinfo.below(p, layer)
                    for p in points) or not os.path.isdir(source):
                 continue
-            self.mounts.append(Mount(self._target(source), self._target(m.mount_point), None,
-                                     None, MS_BIND))
+            target = self._target(m.mount_point)
+            # The layer's own flags come along with the bind; the remount says so
+            # rather than trusting it.
+            self.mounts += [Mount(self._target(source), target, None, None, MS_BIND),
+                            Mount(None, target, None, None, MS_BIND | MS_REMOUNT | SAFE)]
             self.held.append((m.mount_point, "layer"))
             self.aliases.append((m.mount_point, source))
             return True
