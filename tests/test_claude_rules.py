@@ -141,3 +141,28 @@ def test_launch_rules_come_from_the_nearest_claude_code_ancestor(tmp_path):
 def test_an_unreadable_settings_file_on_the_command_line_fails_closed(tmp_path):
     with pytest.raises(ValueError, match="--settings"):
         cr.Launch.parse(["claude", "--settings", "missing.json"], str(tmp_path), "Claude Code")
+
+
+@pytest.mark.parametrize("command", [
+    "$'\\x72m' -rf src", "{rm,-rf,src}", "rm${IFS}-rf${IFS}src", "$(printf rm) -rf src",
+    "`echo rm` -rf src", 'echo "rm -rf src" | bash', "alias r=rm\nr -rf src", "x=rm; $x -rf src",
+    "\\rm -rf src", "cat script | sh -s"])
+def test_a_command_that_hides_its_program_meets_the_strictest_rule(command, tmp_path):
+    """Round 3 got `allow` past `deny: Bash(rm:*)` with each of these: where the
+    text does not say which program runs, every rule may match."""
+    _deny_rm(tmp_path)
+    kind, why = cr.verdict(command, str(tmp_path), {"HOME": str(tmp_path / "h")})
+    assert kind == "deny" and ("cannot tell which program" in why or "matches" in why), why
+
+
+@pytest.mark.parametrize("command", ["echo $HOME", "ls {a,b}.txt", "bash run_tests.sh",
+                                     "find . -name '*.o' -exec ls {} +", "sh -c 'ls'"])
+def test_expansions_outside_the_command_word_are_no_uncertainty(command, tmp_path):
+    _deny_rm(tmp_path)
+    assert cr.verdict(command, str(tmp_path), {"HOME": str(tmp_path / "h")}) is None
+
+
+def _deny_rm(project):
+    (project / ".claude").mkdir()
+    (project / ".claude" / "settings.json").write_text(
+        json.dumps({"permissions": {"deny": ["Bash(rm:*)"]}}))

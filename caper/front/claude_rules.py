@@ -219,25 +219,41 @@ def simple_commands(command: str, depth: int = 0) -> list[str]:
     word also by its basename, as space-joined words. Where the text cannot
     be parsed as the shell would, more forms rather than fewer: a rule
     errs toward matching."""
-    pieces = [command] + [a or b for a, b in re.findall(r"\$\(([^()]*)\)|`([^`]*)`", command)]
     out = []
+    for words in _word_lists(command):
+        if words is None:
+            continue
+        if isinstance(words, str):     # unbalanced quotes: every word may start a command
+            split = words.split()
+            out += [" ".join(split[i:]) for i in range(min(len(split), MAX_STARTS))]
+        else:
+            out += _forms(words, depth)
+    return list(dict.fromkeys([command.strip()] + [c for c in out if c]))
+
+
+def _word_lists(command: str) -> list:
+    """The words of each simple command in command (split at shell operators,
+    and inside $(...) and backquotes); a piece that does not parse (unbalanced
+    quotes) as its text."""
+    pieces = [command] + [a or b for a, b in re.findall(r"\$\(([^()]*)\)|`([^`]*)`", command)]
+    out: list = []
     for piece in pieces:
         lex = shlex.shlex(piece.replace("\n", " ; "), posix=True, punctuation_chars=True)
         lex.whitespace_split = True
         try:
             tokens = list(lex)
-        except ValueError:             # unbalanced quotes: every word may start a command
-            words = piece.split()
-            out += [" ".join(words[i:]) for i in range(min(len(words), MAX_STARTS))]
+        except ValueError:
+            out.append(piece)
             continue
         words: list[str] = []
         for tok in tokens + [";"]:
             if tok and set(tok) <= OPERATORS:
-                out += _forms(words, depth)
+                if words:
+                    out.append(words)
                 words = []
             else:
                 words.append(tok)
-    return list(dict.fromkeys([command.strip()] + [c for c in out if c]))
+    return out
 
 
 def _forms(words: list[str], depth: int) -> list[str]:
@@ -304,9 +320,40 @@ def matches(pattern: str, command: str) -> bool:
     return command == pattern
 
 
+# A command word the shell expands (`$x`, `$'\x72m'`, `` `echo rm` ``, `\rm`,
+# `{rm,-rf,x}`): which program runs, the text does not say.
+NOT_LITERAL = re.compile(r"[$`\\]|\{[^{}]*(?:,|\.\.)[^{}]*\}")
+
+
+def hidden_program(command: str) -> str | None:
+    """A simple command whose program its text does not name: a command word
+    the shell expands (after a wrapper, any later word may be one), an alias
+    definition (a later word may then be anything), a shell reading its
+    commands from stdin (`echo rm -rf x | bash`), text that does not parse."""
+    for words in _word_lists(command):
+        if isinstance(words, str):
+            return words
+        i = 0
+        while i < len(words) and (words[i] in RESERVED or
+                                  re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[i], re.S)):
+            i += 1
+        if i == len(words):
+            continue
+        name = os.path.basename(words[i])
+        heads = words[i:] if name in WRAPPERS else [words[i]]
+        if any(NOT_LITERAL.search(w) for w in heads) or name == "alias":
+            return " ".join(words)
+        if name in SHELLS and not any(not w.startswith("-") or re.fullmatch(r"-[A-Za-z]*c[A-Za-z]*", w)
+                                      for w in words[i + 1:]):
+            return " ".join(words)
+    return None
+
+
 def verdict(command: str, project_dir: str, env=None, launch: Launch | None = None
             ) -> tuple[str, str] | None:
-    """("deny" | "ask", why) for the strictest rule that matches, else None."""
+    """("deny" | "ask", why) for the strictest rule that matches, else None.
+    Where the text hides which program runs, every rule may match: the
+    strictest one applies."""
     rules = bash_rules(project_dir, env, launch)
     if not rules:
         return None
@@ -317,4 +364,9 @@ def verdict(command: str, project_dir: str, env=None, launch: Launch | None = No
                 hit = next((f for f in forms if matches(pattern, f)), None)
                 if hit is not None:
                     return kind, f"your Claude Code permission rule {where} matches {hit!r}"
+    hidden = hidden_program(command)
+    if hidden is not None:
+        kind, _, where = min(rules, key=lambda r: r[0] != "deny")
+        return kind, (f"caper cannot tell which program {hidden!r} runs, so your Claude Code "
+                      f"permission rule {where} may match it")
     return None
