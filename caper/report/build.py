@@ -113,9 +113,10 @@ NOTES = {
              "(RLIMIT_CORE = 1); natively the system's would have run.",
     SOURCE_CHANGED: "a link or rename reached another file than the one caper checked (its "
                     "name was rewritten meanwhile): counted as a credential read",
-    ARGV_CHANGED: "a program's arguments were rewritten by another thread while caper checked "
-                  "its exec: the report shows the arguments the kernel ran, read from the new "
-                  "program before it started; a native run would race the same way.",
+    ARGV_CHANGED: "a program's name or arguments were rewritten by another thread while caper "
+                  "checked its exec: the report shows what the kernel ran (the new program "
+                  "image, and the arguments read from it before it started); a native run "
+                  "would race the same way.",
     SHM_DISCARDED: "the command left files in /dev/shm: that is the sandbox's own memory "
                    "(64 MiB), discarded with it and never committed.",
     WRITES_HELD: "a write failed on a mount that is writable on the host but read-only or "
