@@ -91,10 +91,25 @@ AGENTS = {
 
 # --- the wrapped command ---------------------------------------------------------------------
 
+# The native client (csrc/client.c, built beside the native core): `caper
+# hook` and `caper run` at the cost of an exec, through the gate.
+CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "caper_native", "caper-client")
+
+
 def caper_command() -> list[str]:
-    """How the wrapped command calls caper: this executable when it is
+    """How the wrapped command and the installed hooks call caper: the
+    native client when it is built for this Python (it hands what the gate
+    does not take to this Python's CLI); else this executable when it is
     caper's console script, else this Python with -P -m caper (-P: the cwd,
     a workspace that may ship its own caper/, is not put on sys.path)."""
+    try:
+        with open(CLIENT + ".python") as f:
+            built_for = f.read().strip()
+    except OSError:
+        built_for = None
+    if built_for == sys.executable and os.access(CLIENT, os.X_OK):
+        return [CLIENT]
     exe = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if os.path.basename(exe) == "caper" and os.access(exe, os.X_OK):
         return [exe]
@@ -246,10 +261,10 @@ def claude_timeouts(tool_input: dict, env=None) -> tuple[float, int]:
     return command_ms / 1000, min(largest, command_ms + CAPER_AFTER_MS)
 
 
-def project_dir(hook: dict) -> str:
+def project_dir(hook: dict, env=None) -> str:
     """Claude Code's project: where it was started (CLAUDE_PROJECT_DIR, set
     for hooks), else the call's cwd."""
-    d = os.environ.get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
+    d = (os.environ if env is None else env).get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
     if not isinstance(d, str) or not os.path.isabs(d):
         raise ValueError("no absolute project directory (CLAUDE_PROJECT_DIR or cwd)")
     return d
@@ -267,12 +282,14 @@ def can_ask(agent: Agent, hook: dict) -> bool:
                               hook.get("permission_mode") in ASKING_MODES)
 
 
-def answer(agent: Agent, hook) -> str:
-    """The hook's answer (JSON text, or "" to let the call through) for one input."""
+def answer(agent: Agent, hook, env=None, state: str | None = None) -> str:
+    """The hook's answer (JSON text, or "" to let the call through) for one
+    input. env: the hook process's environment (default: this one's); state:
+    the state directory (default: the one env names)."""
     if not isinstance(hook, dict):
         raise ValueError("the hook input is not a JSON object")
     if hook.get("hook_event_name") == agent.prompt_event:
-        return prompt_answer(agent, hook)
+        return prompt_answer(agent, hook, state)
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -287,16 +304,16 @@ def answer(agent: Agent, hook) -> str:
         raise ValueError("session_id is missing or malformed")
     from caper.state import state_dir
     from caper.front.tasks import new_call
-    state = state_dir()
+    state = state or state_dir()
     inner = is_wrapped(command, session, state, agent.shell)
-    if inner is not None and mode(agent) == "resubmit":
+    if inner is not None and mode(agent, env) == "resubmit":
         return ""        # the wrapped command the hook asked for: it runs once, there
     held = held_commit(command)
     if held is not None:
         return ask_human(agent, held, state, can_ask(agent, hook))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
-    rule = claude_rules.verdict(inner or command, project_dir(hook)) \
+    rule = claude_rules.verdict(inner or command, project_dir(hook, env), env) \
         if agent.name == "claude-code" else None
     if rule is not None and (rule[0] == "deny" or not can_ask(agent, hook)):
         return _out(agent, "deny", f"caper: not run: {rule[1]} ({rule[0]}"
@@ -311,19 +328,19 @@ def answer(agent: Agent, hook) -> str:
     task, source = call_task(hook, session, state)
     call = new_call(state, session, command, task, source)
     if agent.name == "claude-code":
-        caper_s, tool_ms = claude_timeouts(tool_input)
+        caper_s, tool_ms = claude_timeouts(tool_input, env)
         wrapped = wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
                        shell=agent.shell)
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
     wrapped = wrap(command, session, call, ask=can_ask(agent, hook), shell=agent.shell)
-    if mode(agent) == "resubmit":
+    if mode(agent, env) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
                                    f"they are approved):\n{wrapped}")
     return _out(agent, decision, why, wrapped, tool_input)
 
 
-def prompt_answer(agent: Agent, hook: dict) -> str:
+def prompt_answer(agent: Agent, hook: dict, state: str | None = None) -> str:
     """The agent's prompt event: record what the human typed (a sub-agent's
     prompt is the agent's words, not the user's) and let it through."""
     from caper.state import state_dir
@@ -332,7 +349,7 @@ def prompt_answer(agent: Agent, hook: dict) -> str:
     if isinstance(session, str) and session and len(session) <= 200 and \
             isinstance(prompt, str) and not hook.get("agent_id"):
         try:
-            record_prompt(state_dir(), session, prompt)
+            record_prompt(state or state_dir(), session, prompt)
         except Exception:   # never block the user's prompt: the calls fall back to the
             pass            # transcript, and to the strictest case without one
     return ""
@@ -385,6 +402,19 @@ def ask_human(agent: Agent, run_id: str, state: str, asks: bool) -> str:
                 {"description": f"apply caper's held run {run_id}"}, tell_user=yours)
 
 
+def hook_text(agent: Agent, raw: bytes, env=None, state: str | None = None) -> str:
+    """The hook's answer to its raw input, a deny for any failure (env,
+    state: as answer's; the gate passes its native client's)."""
+    try:
+        if len(raw) > MAX_INPUT:
+            raise ValueError(f"the hook input is over {MAX_INPUT} bytes")
+        return answer(agent, json.loads(raw), env, state)
+    except Exception as e:   # fail closed: deny, never crash (a crash runs it ungated)
+        from caper.display import escape
+        return _out(agent, "deny", f"caper's hook could not gate this command "
+                                   f"({escape(str(e))}); it was not run")
+
+
 def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None = None) -> int:
     """timeout_s: the hook's timeout in the agent's settings. An agent whose
     hook times out runs the call ungated if anything else allows it
@@ -403,15 +433,7 @@ def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None 
         os._exit(0)
     signal.signal(signal.SIGALRM, too_late)
     signal.setitimer(signal.ITIMER_REAL, deadline)
-    try:
-        raw = stdin.read(MAX_INPUT + 1)
-        if len(raw) > MAX_INPUT:
-            raise ValueError(f"the hook input is over {MAX_INPUT} bytes")
-        text = answer(agent, json.loads(raw))
-    except Exception as e:   # fail closed: deny, never crash (a crash runs it ungated)
-        from caper.display import escape
-        text = _out(agent, "deny", f"caper's hook could not gate this command "
-                                   f"({escape(str(e))}); it was not run")
+    text = hook_text(agent, stdin.read(MAX_INPUT + 1))
     signal.setitimer(signal.ITIMER_REAL, 0)
     if text:
         stdout.write(text + "\n")
