@@ -1,0 +1,106 @@
+"""What one agent shell call costs with caper in front, part by part, side
+by side in one run (groups `call-true`, `call-ls`):
+
+    python3 -m pytest bench/test_calls.py --benchmark-columns=min,median,max,rounds
+
+Variants (every process started from this one, as an agent starts them):
+
+| variant | what runs |
+|---|---|
+| `native` | `bash -c CMD`: what the agent's Bash tool does without caper |
+| `hook-python` | `python -P -m caper hook claude-code` on a PreToolUse input (the hook alone) |
+| `hook-client` | `caper_native/caper-client hook claude-code`, the same through the gate |
+| `run-gate-python` | `python -P -m caper run --approver allow -c CMD` through the gate |
+| `run-gate-client` | `caper-client run ...`, the same |
+| `run-nogate` | `python -P -m caper run --no-gate ...`: the run in a fresh interpreter |
+| `call-python` | the whole call as Claude Code makes it: the Python hook, then `bash -c` of the command it rewrote to, with `python -P -m caper` as its head |
+| `call-client` | the same with the native client as both (what `caper install` writes when it is built) |
+
+The call variants judge with the default approver (policy; no LLM is
+configured) against no recorded task, and commit. The gate is started
+before timing. (What the real Claude Code adds on top: bench/agents.py.)
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from benchlib import ROOT
+
+SCALE = float(os.environ.get("CAPER_BENCH_SCALE", "1"))
+ROUNDS = max(5, round(30 * SCALE))
+CLIENT = os.path.join(ROOT, "caper_native", "caper-client")
+PYTHON_CAPER = [sys.executable, "-P", "-m", "caper"]
+
+WORKLOADS = {"true": "true", "ls": "ls"}
+VARIANTS = ["native", "hook-python", "hook-client", "run-gate-python", "run-gate-client",
+            "run-nogate", "call-python", "call-client"]
+
+
+@pytest.fixture(scope="session")
+def call_env(workdir):
+    """A workspace (a git repo of a few files), a state dir and a HOME of the bench's own."""
+    ws, home = os.path.join(workdir, "calls-ws"), os.path.join(workdir, "calls-home")
+    os.makedirs(ws, exist_ok=True)
+    os.makedirs(home, exist_ok=True)
+    for i in range(20):
+        with open(os.path.join(ws, f"f{i}.txt"), "w") as f:
+            f.write(f"{i}\n")
+    subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CAPER_NO_GATE", "PYTHONDONTWRITEBYTECODE", "CLAUDE_PROJECT_DIR")}
+    env.update(CAPER_STATE_DIR=os.path.join(workdir, "calls-state"), HOME=home,
+               PYTHONPATH=str(ROOT))
+    if not os.access(CLIENT, os.X_OK):
+        pytest.skip(f"{CLIENT} is not built (python3 caper_native/build.py)")
+    subprocess.run(PYTHON_CAPER + ["run", "--approver", "allow", "-q", "-c", "true"], cwd=ws,
+                   env=env, check=True, capture_output=True)         # start the gate
+    return ws, env
+
+
+def _hook_input(ws: str, command: str) -> bytes:
+    return json.dumps({"session_id": "bench-calls", "transcript_path": "/nonexistent",
+                       "cwd": ws, "permission_mode": "default", "hook_event_name": "PreToolUse",
+                       "tool_name": "Bash", "tool_input": {"command": command},
+                       "tool_use_id": "toolu_bench"}).encode()
+
+
+def _call(head: list[str], ws: str, env: dict, command: str) -> None:
+    """The hook, then the command it rewrote the call to, as Claude Code runs both."""
+    p = subprocess.run(head + ["hook", "claude-code"], input=_hook_input(ws, command), cwd=ws,
+                       env=env, capture_output=True, check=True)
+    wrapped = json.loads(p.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
+    argv = shlex.split(wrapped)
+    argv = head + argv[argv.index("run"):]       # the rewrite names the client when built
+    r = subprocess.run(["bash", "-c", shlex.join(argv)], cwd=ws, env=env, capture_output=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_call(benchmark, call_env, workload, variant):
+    ws, env = call_env
+    cmd = WORKLOADS[workload]
+    benchmark.group = f"call-{workload}"
+    benchmark.extra_info.update(kind="call", call_workload=workload, variant=variant)
+    head = [CLIENT] if variant.endswith("client") else PYTHON_CAPER
+    run = ["run", "--approver", "allow", "-q", "-c", cmd]
+    if variant == "native":
+        fn = lambda: subprocess.run(["bash", "-c", cmd], cwd=ws, env=env, capture_output=True,
+                                    check=True)
+    elif variant.startswith("hook"):
+        fn = lambda: subprocess.run(head + ["hook", "claude-code"], input=_hook_input(ws, cmd),
+                                    cwd=ws, env=env, capture_output=True, check=True)
+    elif variant.startswith("run-gate"):
+        fn = lambda: subprocess.run(head + run, cwd=ws, env=env, capture_output=True, check=True)
+    elif variant == "run-nogate":
+        fn = lambda: subprocess.run(PYTHON_CAPER + ["run", "--no-gate"] + run[1:], cwd=ws,
+                                    env=env, capture_output=True, check=True)
+    else:
+        fn = lambda: _call(head, ws, env, cmd)
+    benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=1)
