@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -145,3 +147,35 @@ def test_a_gate_that_fails_after_the_request_blocks(env, ws, answer):
     assert h.returncode == 2 and h.stdout == b""
     assert not (ws / "ran").exists() and not (state / "gate.log").exists()
     assert [json.loads(line)["kind"] for line in got] == ["argv", "argv"]
+
+
+def test_an_unprivileged_user_runs_through_their_own_gate():
+    """uid 65534: the client reaches the gate that user started (its own
+    socket, token and namespaces), and the run happens there, in a user
+    namespace sandbox."""
+    from test_rootless import ROOTLESS_VENV, _as_nobody, need_rootless_venv, source_root
+    need_rootless_venv()
+    base = Path(tempfile.mkdtemp(prefix="caper-rootless-client-"))   # not under root's 0700 tmp
+    ws = base / "ws"
+    ws.mkdir()
+    os.chown(base, 65534, 65534)
+    os.chown(ws, 65534, 65534)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(base), "CAPER_STATE_DIR": str(base / "state"),
+           "PYTHONPATH": str(source_root())}
+    gate = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             ROOTLESS_VENV, "-P", "-m", "caper", "serve", "--idle", "60"],
+                            env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        gate.stderr.readline()           # "caper serve: pid ... on <socket>": it listens
+        p = _as_nobody(str(source_root() / "caper_native" / "caper-client"), "run", "--json",
+                       "--approver", "allow", "-c", "id -u > who", cwd=str(ws), env=env,
+                       timeout=120)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["committed"], doc
+        assert doc["gate"] == gate.pid
+        assert (ws / "who").read_text() == "65534\n"
+    finally:
+        gate.terminate()
+        gate.wait(timeout=30)
+        shutil.rmtree(base, ignore_errors=True)
