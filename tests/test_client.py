@@ -117,27 +117,38 @@ def test_hook_without_a_gate_is_answered_by_the_python_hook(env, ws):
     assert json.loads(bad.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
 
 
-@pytest.mark.parametrize("answer", [b"", b"garbage\n", b'{"exit": 0, "out": 99, "err": 0}\nab'])
-def test_a_gate_that_fails_after_the_request_blocks(env, ws, answer):
-    """A socket of the caller's uid that takes the request and answers
-    nothing, nonsense or a cut answer: the run is reported as not known (125),
-    the hook blocks (2), and neither is retried in Python (no gate starts)."""
-    state = Path(env["CAPER_STATE_DIR"])
+def broken_gate(state: Path, answer: bytes | None, got: list) -> socket.socket:
+    """A socket of the caller's uid where the gate's is, with a token, that
+    takes each request (into got) and answers `answer` (None: never)."""
     state.mkdir(mode=0o700)
     (state / "gate.token").write_text("ab" * 32)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(str(state / "gate.sock"))
     srv.listen(4)
-    got = []
 
     def serve():
-        for _ in range(2):
-            c, _ = srv.accept()
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
             with c, c.makefile("rb") as f:
                 got.append(f.readline())
-                c.sendall(answer)
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+                if answer is None:
+                    c.recv(1)            # until the client goes
+                else:
+                    c.sendall(answer)
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("answer", [b"", b"garbage\n", b'{"exit": 0, "out": 99, "err": 0}\nab'])
+def test_a_gate_that_fails_after_the_request_blocks(env, ws, answer):
+    """A gate that takes the request and answers nothing, nonsense or a cut
+    answer: the run is reported as not known (125), the hook blocks (2), and
+    neither is retried in Python (no gate starts)."""
+    state, got = Path(env["CAPER_STATE_DIR"]), []
+    srv = broken_gate(state, answer, got)
     try:
         r = client(env, ws, "run", "--approver", "allow", "-c", "touch ran")
         h = client(env, ws, "hook", "claude-code", stdin=hook_input(ws, "ls"))
@@ -147,6 +158,17 @@ def test_a_gate_that_fails_after_the_request_blocks(env, ws, answer):
     assert h.returncode == 2 and h.stdout == b""
     assert not (ws / "ran").exists() and not (state / "gate.log").exists()
     assert [json.loads(line)["kind"] for line in got] == ["argv", "argv"]
+
+
+def test_a_hook_whose_gate_never_answers_blocks_at_its_deadline(env, ws):
+    """Half the hook's timeout, as the Python hook: an agent runs a
+    cancelled hook's call ungated."""
+    srv = broken_gate(Path(env["CAPER_STATE_DIR"]), None, [])
+    try:
+        h = client(env, ws, "hook", "claude-code", "--timeout", "2", stdin=hook_input(ws, "ls"))
+    finally:
+        srv.close()
+    assert h.returncode == 2 and h.stdout == b"" and b"did not finish" in h.stderr
 
 
 def test_an_unprivileged_user_runs_through_their_own_gate():
