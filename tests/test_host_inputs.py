@@ -208,6 +208,30 @@ def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared):
         server.wait()
 
 
+def test_the_native_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared):
+    """The same for caper-client (csrc/client.c): it hands the call to the
+    Python CLI, which refuses this state directory; no byte reached the fake."""
+    from caper.front import hooks
+    if hooks.caper_command() != [hooks.CLIENT]:
+        pytest.skip("caper-client is not built for this Python")
+    sock, got = shared / "gate.sock", shared / "got"
+    server = as_other("/usr/bin/python3", "-c", FAKE_GATE, str(sock), str(got))
+    try:
+        deadline = time.monotonic() + 20
+        while not got.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {**base_env(tmp_path, CAPER_STATE_DIR=str(shared), API_KEY="sk-secret")}
+        env.pop("CAPER_NO_GATE")
+        p = subprocess.run([hooks.CLIENT, "run", "--approver", "allow", "-c", "true"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=120)
+        server.wait(timeout=30)
+        assert p.returncode == 125 and "blocked" in p.stderr
+        assert got.read_bytes() == b"(connected, nothing sent)"
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_a_planted_held_run_record_deletes_nothing(tmp_path):
     """A held-run record naming a directory outside the state directory (as
     another user planted one, when they could) is refused by commit and
