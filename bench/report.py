@@ -115,6 +115,12 @@ def render_calls(data: dict) -> str:
             m, n = ms(r.get(w)), ms(native.get(w))
             cells += [cell(m, n), "–" if None in (m, n) or v == "native" else fmt_ms(m - n)]
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines.append("")
+    busy = [f"{v} `{w}` ({100 * c['foreign_cpu_s'] / c['wall_s']:.0f}% of a CPU)"
+            for v, r in rows.items() for w, b in r.items()
+            for c in [b["extra_info"].get("cpu")] if c and c["wall_s"] > 0]
+    lines.append("Other processes' CPU during each measurement: " + ", ".join(busy) + "."
+                 if busy else "")
     return "\n".join(lines + [""])
 
 

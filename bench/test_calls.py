@@ -30,7 +30,7 @@ import sys
 
 import pytest
 
-from benchlib import ROOT
+from benchlib import ROOT, cpu_delta, cpu_snapshot
 
 SCALE = float(os.environ.get("CAPER_BENCH_SCALE", "1"))
 ROUNDS = max(5, round(30 * SCALE))
@@ -103,4 +103,21 @@ def test_call(benchmark, call_env, workload, variant):
                                     env=env, capture_output=True, check=True)
     else:
         fn = lambda: _call(head, ws, env, cmd)
+    before, gate_before = cpu_snapshot(), _gate_cpu_s(env)
     benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=1)
+    cpu = cpu_delta(before, cpu_snapshot())
+    # The gate is no child of this process: its CPU is the bench's own, not foreign.
+    cpu["foreign_cpu_s"] = max(0.0, cpu["foreign_cpu_s"] - (_gate_cpu_s(env) - gate_before))
+    benchmark.extra_info["cpu"] = cpu
+
+
+def _gate_cpu_s(env: dict) -> float:
+    """CPU time the bench's gate used so far (user + system)."""
+    try:
+        with open(os.path.join(env["CAPER_STATE_DIR"], "gate.log")) as f:
+            pid = [line.split()[3] for line in f if line.startswith("caper serve: pid")][-1]
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
