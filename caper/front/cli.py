@@ -30,6 +30,7 @@ itself failed, 124 on timeout, 137 when the sandbox was killed for a limit.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -227,7 +228,7 @@ def gate_argv(argv: list[str], caller_doc: dict, stdin: bytes, state: str,
         return 0, said
     if argv[:1] != ["run"]:
         return "only run and hook are made in the gate"
-    parser = build_parser(only="run")
+    parser = _run_parser()
     try:   # argparse's errors and --help exit: the CLI prints them
         args = parser.parse_args(argv)
         command = _command(args, parser)
@@ -262,6 +263,13 @@ def gate_argv(argv: list[str], caller_doc: dict, stdin: bytes, state: str,
     status = _finish(args, {**out.to_json(), "gate": os.getpid()}, out.card(),
                      out.stdout.text(), out.stderr.text(), said)
     return status, said
+
+
+@functools.cache
+def _run_parser() -> argparse.ArgumentParser:
+    """The gate's parser for `run`, built once: building it costs more than
+    the client's whole exec (parse_args keeps no state in the parser)."""
+    return build_parser(only="run")
 
 
 def _failed_said(args, reason: str) -> Said:
