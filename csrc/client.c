@@ -202,11 +202,12 @@ static void newest(const char *dir, long long *best, int depth)
         } else if ((len > 3 && !strcmp(e->d_name + len - 3, ".py")) ||
                    (len > 3 && !strcmp(e->d_name + len - 3, ".so")) ||
                    (len > 5 && !strcmp(e->d_name + len - 5, ".toml"))) {
-            if (stat(p, &st) == 0) {
-                long long ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-                if (ns > *best)
-                    *best = ns;
+            if (stat(p, &st)) {
+                break;            /* as build_id: an error ends this directory's scan */
             }
+            long long ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+            if (ns > *best)
+                *best = ns;
         }
     }
     closedir(d);
@@ -390,7 +391,7 @@ int main(int argc, char **argv)
     int s = connect_gate(state);
     if (s < 0 || read_token(state, token, sizeof token))
         fallback();               /* no gate (Python starts one), or another's */
-    char dir[PATH_MAX];
+    char dir[PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s/caper", g_root);
     newest(dir, &build, 0);
     snprintf(dir, sizeof dir, "%s/caper_native", g_root);
