@@ -10,6 +10,7 @@ Variants (every process started from this one, as an agent starts them):
 | `native` | `bash -c CMD`: what the agent's Bash tool does without caper |
 | `hook-python` | `python -P -m caper hook claude-code` on a PreToolUse input (the hook alone) |
 | `hook-client` | `caper_native/caper-client hook claude-code`, the same through the gate |
+| `run-inprocess` | `caper.run(CMD, approver="allow")` in this process: the work the gate does for a run, without any client |
 | `run-gate-python` | `python -P -m caper run --approver allow -c CMD` through the gate |
 | `run-gate-client` | `caper-client run ...`, the same |
 | `run-nogate` | `python -P -m caper run --no-gate ...`: the run in a fresh interpreter |
@@ -19,6 +20,13 @@ Variants (every process started from this one, as an agent starts them):
 The call variants judge with the default approver (policy; no LLM is
 configured) against no recorded task, and commit. The gate is started
 before timing. (What the real Claude Code adds on top: bench/agents.py.)
+
+pytest-benchmark runs each variant's rounds back to back; on a shared
+machine whose speed drifts over minutes that makes variants measured in
+different minutes hard to compare. So this file also runs as a script
+that interleaves them (every round runs each variant once, in turn):
+
+    python3 bench/test_calls.py [--rounds 40] [--json bench/results-calls.json]
 """
 from __future__ import annotations
 
@@ -38,13 +46,21 @@ CLIENT = os.path.join(ROOT, "caper_native", "caper-client")
 PYTHON_CAPER = [sys.executable, "-P", "-m", "caper"]
 
 WORKLOADS = {"true": "true", "ls": "ls"}
-VARIANTS = ["native", "hook-python", "hook-client", "run-gate-python", "run-gate-client",
+VARIANTS = ["native", "hook-python", "hook-client", "run-inprocess", "run-gate-python",
+            "run-gate-client",
             "run-nogate", "call-python", "call-client"]
 
 
 @pytest.fixture(scope="session")
 def call_env(workdir):
-    """A workspace (a git repo of a few files), a state dir and a HOME of the bench's own."""
+    if not os.access(CLIENT, os.X_OK):
+        pytest.skip(f"{CLIENT} is not built (python3 caper_native/build.py)")
+    return make_call_env(workdir)
+
+
+def make_call_env(workdir: str) -> tuple[str, dict]:
+    """A workspace (a git repo of a few files), a state dir and a HOME of the
+    bench's own; the gate started."""
     ws, home = os.path.join(workdir, "calls-ws"), os.path.join(workdir, "calls-home")
     os.makedirs(ws, exist_ok=True)
     os.makedirs(home, exist_ok=True)
@@ -56,8 +72,6 @@ def call_env(workdir):
            if k not in ("CAPER_NO_GATE", "PYTHONDONTWRITEBYTECODE", "CLAUDE_PROJECT_DIR")}
     env.update(CAPER_STATE_DIR=os.path.join(workdir, "calls-state"), HOME=home,
                PYTHONPATH=str(ROOT))
-    if not os.access(CLIENT, os.X_OK):
-        pytest.skip(f"{CLIENT} is not built (python3 caper_native/build.py)")
     subprocess.run(PYTHON_CAPER + ["run", "--approver", "allow", "-q", "-c", "true"], cwd=ws,
                    env=env, check=True, capture_output=True)         # start the gate
     return ws, env
@@ -81,13 +95,9 @@ def _call(head: list[str], ws: str, env: dict, command: str) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("workload", list(WORKLOADS))
-def test_call(benchmark, call_env, workload, variant):
-    ws, env = call_env
+def call_fn(variant: str, workload: str, ws: str, env: dict):
+    """One call of the variant, as a function of no arguments."""
     cmd = WORKLOADS[workload]
-    benchmark.group = f"call-{workload}"
-    benchmark.extra_info.update(kind="call", call_workload=workload, variant=variant)
     head = [CLIENT] if variant.endswith("client") else PYTHON_CAPER
     run = ["run", "--approver", "allow", "-q", "-c", cmd]
     if variant == "native":
@@ -96,6 +106,12 @@ def test_call(benchmark, call_env, workload, variant):
     elif variant.startswith("hook"):
         fn = lambda: subprocess.run(head + ["hook", "claude-code"], input=_hook_input(ws, cmd),
                                     cwd=ws, env=env, capture_output=True, check=True)
+    elif variant == "run-inprocess":
+        import caper
+        from caper.sandbox.inherit import Caller
+        caller = Caller.here(cwd=ws, env=env)
+        fn = lambda: caper.run(cmd, approver="allow", cwd=ws, env=env, caller=caller,
+                               state_dir=env["CAPER_STATE_DIR"])
     elif variant.startswith("run-gate"):
         fn = lambda: subprocess.run(head + run, cwd=ws, env=env, capture_output=True, check=True)
     elif variant == "run-nogate":
@@ -103,6 +119,16 @@ def test_call(benchmark, call_env, workload, variant):
                                     env=env, capture_output=True, check=True)
     else:
         fn = lambda: _call(head, ws, env, cmd)
+    return fn
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_call(benchmark, call_env, workload, variant):
+    ws, env = call_env
+    benchmark.group = f"call-{workload}"
+    benchmark.extra_info.update(kind="call", call_workload=workload, variant=variant)
+    fn = call_fn(variant, workload, ws, env)
     before, gate_before = cpu_snapshot(), _gate_cpu_s(env)
     benchmark.pedantic(fn, rounds=ROUNDS, warmup_rounds=1)
     cpu = cpu_delta(before, cpu_snapshot())
@@ -121,3 +147,60 @@ def _gate_cpu_s(env: dict) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def main() -> int:
+    import argparse
+    import shutil
+    import statistics
+    import tempfile
+    import time
+
+    from benchlib import machine
+    ap = argparse.ArgumentParser(description="the per-call bench, variants interleaved")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--json", help="write the medians and every time here")
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="caper-bench-calls-")
+    try:
+        ws, env = make_call_env(workdir)
+        fns = {(v, w): call_fn(v, w, ws, env) for w in WORKLOADS for v in VARIANTS}
+        times: dict = {key: [] for key in fns}
+        for fn in fns.values():
+            fn()                                       # warm-up
+        start = cpu_snapshot()
+        for _ in range(args.rounds):
+            for key, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[key].append((time.perf_counter() - t0) * 1000)
+        cpu = cpu_delta(start, cpu_snapshot())
+    finally:
+        from conftest import _stop_gates
+        _stop_gates(workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
+    med = {key: statistics.median(t) for key, t in times.items()}
+    print(f"{args.rounds} interleaved rounds, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+          f", {machine()}; other processes used {cpu['foreign_cpu_s'] / cpu['wall_s']:.0%} of a "
+          f"CPU meanwhile (the bench's gate included).\n")
+    print("| variant | " + " | ".join(f"`{w}` ms (×) | `{w}` +ms" for w in WORKLOADS) + " |")
+    print("|---|" + "---:|---:|" * len(WORKLOADS))
+    for v in VARIANTS:
+        cells = []
+        for w in WORKLOADS:
+            m, n = med[(v, w)], med[("native", w)]
+            cells += [f"{m:.1f} ({m / n:.2f}×)", "–" if v == "native" else f"{m - n:.1f}"]
+        print(f"| {v} | " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "machine": machine(), "rounds": args.rounds, "cpu": cpu,
+                       "median_ms": {f"{v}/{w}": round(m, 2) for (v, w), m in med.items()},
+                       "all_ms": {f"{v}/{w}": [round(x, 2) for x in t]
+                                  for (v, w), t in times.items()}}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
