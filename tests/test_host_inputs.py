@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -62,9 +63,11 @@ PLANTED = "import pathlib, sys\npathlib.Path({marker!r}).write_text('imported')\
 
 
 def test_a_caper_package_in_the_workspace_is_not_imported(tmp_path):
-    """The hook's fallback form and the wrapped command run `python -P -m
-    caper` in the workspace: a caper/ shipped there is never imported (without
-    -P, the same command imports it: the planted hook answers {})."""
+    """The installed hook and the wrapped command (caper-client where built,
+    whose Python fallback is `python -P -c` with caper's root first; else
+    `python -P -m caper`) and the Python form itself run in the workspace: a
+    caper/ shipped there is never imported (without -P, the Python form
+    imports it: the planted hook answers {})."""
     ws = git_project(tmp_path / "ws", {"README": "hi\n"})
     marker = tmp_path / "imported"
     (ws / "caper").mkdir()
@@ -73,16 +76,16 @@ def test_a_caper_package_in_the_workspace_is_not_imported(tmp_path):
     env = base_env(tmp_path)
     doc = {"session_id": "s1", "transcript_path": "", "cwd": str(ws),
            "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls"}}
-    command = hooks.hook_command(hooks.AGENTS["claude-code"])
-    assert " -P -m caper hook" in command
-    p = subprocess.run(["bash", "-c", command], input=json.dumps(doc), cwd=ws, env=env,
-                       capture_output=True, text=True, timeout=60)
-    wrapped = json.loads(p.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
-    assert not marker.exists() and "--call" in wrapped
-    r = subprocess.run(["bash", "-c", wrapped], cwd=ws, env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and "README" in r.stdout and not marker.exists(), r.stderr
-    bare = subprocess.run(["bash", "-c", command.replace(" -P ", " ")], input=json.dumps(doc),
+    python_form = shlex.join([sys.executable, "-P", "-m", "caper", "hook", "claude-code"])
+    for command in (hooks.hook_command(hooks.AGENTS["claude-code"]), python_form):
+        p = subprocess.run(["bash", "-c", command], input=json.dumps(doc), cwd=ws, env=env,
+                           capture_output=True, text=True, timeout=60)
+        wrapped = json.loads(p.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
+        assert not marker.exists() and "--call" in wrapped
+        r = subprocess.run(["bash", "-c", wrapped], cwd=ws, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and "README" in r.stdout and not marker.exists(), r.stderr
+    bare = subprocess.run(["bash", "-c", python_form.replace(" -P ", " ")], input=json.dumps(doc),
                           cwd=ws, env=env, capture_output=True, text=True, timeout=60)
     assert bare.stdout.strip() == "{}" and marker.exists()    # the attack, without -P
 
