@@ -190,32 +190,15 @@ except socket.timeout:
 
 
 @needs_root
-def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared):
+@pytest.mark.parametrize("client", ["python", "native"])
+def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared, client):
     """A fake gate of another uid listening where the client looks: the
     client reads the server's credentials (SO_PEERCRED) before sending, so
-    the caller's environment (an API key) never reaches it."""
-    sock, got = shared / "gate.sock", shared / "got"
-    server = as_other("/usr/bin/python3", "-c", FAKE_GATE, str(sock), str(got))
-    try:
-        deadline = time.monotonic() + 20
-        while not got.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with pytest.raises(gate.ForeignGate, match=f"served by uid {OTHER}"):
-            gate.request(str(shared), {"command": "true", "env": {"API_KEY": "sk-secret"}},
-                         start=False)
-        server.wait(timeout=30)
-        assert b"sk-secret" not in got.read_bytes()
-        assert got.read_bytes() == b"(connected, nothing sent)"
-    finally:
-        server.kill()
-        server.wait()
-
-
-def test_the_native_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared):
-    """The same for caper-client (csrc/client.c): it hands the call to the
-    Python CLI, which refuses this state directory; no byte reached the fake."""
+    the caller's environment (an API key) never reaches it. The native
+    client (csrc/client.c) hands the call to the Python CLI, which refuses
+    this state directory."""
     from caper.front import hooks
-    if hooks.caper_command() != [hooks.CLIENT]:
+    if client == "native" and hooks.caper_command() != [hooks.CLIENT]:
         pytest.skip("caper-client is not built for this Python")
     sock, got = shared / "gate.sock", shared / "got"
     server = as_other("/usr/bin/python3", "-c", FAKE_GATE, str(sock), str(got))
@@ -223,12 +206,17 @@ def test_the_native_client_sends_nothing_to_a_gate_of_another_user(tmp_path, sha
         deadline = time.monotonic() + 20
         while not got.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        env = {**base_env(tmp_path, CAPER_STATE_DIR=str(shared), API_KEY="sk-secret")}
-        env.pop("CAPER_NO_GATE")
-        p = subprocess.run([hooks.CLIENT, "run", "--approver", "allow", "-c", "true"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, timeout=120)
+        if client == "python":
+            with pytest.raises(gate.ForeignGate, match=f"served by uid {OTHER}"):
+                gate.request(str(shared), {"command": "true", "env": {"API_KEY": "sk-secret"}},
+                             start=False)
+        else:
+            env = base_env(tmp_path, CAPER_STATE_DIR=str(shared), API_KEY="sk-secret")
+            env.pop("CAPER_NO_GATE")
+            p = subprocess.run([hooks.CLIENT, "run", "--approver", "allow", "-c", "true"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            assert p.returncode == 125 and "blocked" in p.stderr
         server.wait(timeout=30)
-        assert p.returncode == 125 and "blocked" in p.stderr
         assert got.read_bytes() == b"(connected, nothing sent)"
     finally:
         server.kill()
