@@ -137,14 +137,23 @@ def test_call(benchmark, call_env, workload, variant):
     benchmark.extra_info["cpu"] = cpu
 
 
-def _gate_cpu_s(env: dict) -> float:
-    """CPU time the bench's gate used so far (user + system)."""
+def _own_cpu_s() -> float:
+    """CPU time of this process and its reaped children (user + system)."""
+    import resource
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def _gate_cpu_s(env: dict, children: bool = False) -> float:
+    """CPU time the bench's gate used so far (user + system; children: and
+    that of its reaped children, the sandboxes)."""
     try:
         with open(os.path.join(env["CAPER_STATE_DIR"], "gate.log")) as f:
             pid = [line.split()[3] for line in f if line.startswith("caper serve: pid")][-1]
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        ticks = sum(int(f) for f in fields[11:15 if children else 13])
+        return ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -166,36 +175,47 @@ def main() -> int:
         ws, env = make_call_env(workdir)
         fns = {(v, w): call_fn(v, w, ws, env) for w in WORKLOADS for v in VARIANTS}
         times: dict = {key: [] for key in fns}
+        cpu_ms: dict = {key: [] for key in fns}
         for fn in fns.values():
             fn()                                       # warm-up
         start = cpu_snapshot()
         for _ in range(args.rounds):
             for key, fn in fns.items():
+                c0 = _own_cpu_s() + _gate_cpu_s(env, children=True)
                 t0 = time.perf_counter()
                 fn()
                 times[key].append((time.perf_counter() - t0) * 1000)
+                cpu_ms[key].append((_own_cpu_s() + _gate_cpu_s(env, children=True) - c0) * 1000)
         cpu = cpu_delta(start, cpu_snapshot())
     finally:
         from conftest import _stop_gates
         _stop_gates(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
     med = {key: statistics.median(t) for key, t in times.items()}
+    cpu_med = {key: statistics.mean(t) for key, t in cpu_ms.items()}   # ticks: a mean, not a median
     print(f"{args.rounds} interleaved rounds, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
           f", {machine()}; other processes used {cpu['foreign_cpu_s'] / cpu['wall_s']:.0%} of a "
           f"CPU meanwhile (the bench's gate included).\n")
-    print("| variant | " + " | ".join(f"`{w}` ms (×) | `{w}` +ms" for w in WORKLOADS) + " |")
-    print("|---|" + "---:|---:|" * len(WORKLOADS))
+    print("Wall-clock medians in ms, (×) the ratio to native, +ms what caper adds; CPU: the "
+          "mean CPU time of a call, in ms, of every process it involves (the bench, its "
+          "children, the gate and its sandboxes; the gate's in clock ticks, 10 ms steps, "
+          "hence a mean).\n")
+    print("| variant | " + " | ".join(f"`{w}` ms (×) | `{w}` +ms | `{w}` CPU ms"
+                                     for w in WORKLOADS) + " |")
+    print("|---|" + "---:|---:|---:|" * len(WORKLOADS))
     for v in VARIANTS:
         cells = []
         for w in WORKLOADS:
             m, n = med[(v, w)], med[("native", w)]
-            cells += [f"{m:.1f} ({m / n:.2f}×)", "–" if v == "native" else f"{m - n:.1f}"]
+            cells += [f"{m:.1f} ({m / n:.2f}×)", "–" if v == "native" else f"{m - n:.1f}",
+                      f"{cpu_med[(v, w)]:.0f}"]
         print(f"| {v} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "machine": machine(), "rounds": args.rounds, "cpu": cpu,
                        "median_ms": {f"{v}/{w}": round(m, 2) for (v, w), m in med.items()},
+                       "mean_cpu_ms": {f"{v}/{w}": round(m, 1) for (v, w), m in cpu_med.items()},
                        "all_ms": {f"{v}/{w}": [round(x, 2) for x in t]
                                   for (v, w), t in times.items()}}, f, indent=1)
             f.write("\n")
