@@ -9,7 +9,9 @@ caper (`plain`), and with `caper install <agent>` (its default scope,
 through the resident gate as a user runs it) twice: `caper-client`, this
 tree as built (the hooks and the rewritten command are
 caper_native/caper-client), and `caper-python`, a copy of this tree
-without the native client (both are the Python CLI). A call's time is what
+without the native client (both are the Python CLI); for Claude Code also
+`noop-hook`, a PreToolUse hook that reads its input and answers nothing:
+what the client's own hook machinery costs, which any hook pays. A call's time is what
 the model sees: from the model's answer asking for it to the client's next
 request carrying its result (client, hook, caper run, commit). The added
 wall-clock is a variant's median minus the plain median.
@@ -60,7 +62,9 @@ def stop_gates(state: Path) -> None:
             os.kill(int(pid), signal.SIGTERM)
 
 
-VARIANTS = ("plain", "caper-client", "caper-python")
+VARIANTS = ("plain", "noop-hook", "caper-client", "caper-python")
+NOOP_HOOK = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
+    {"type": "command", "command": "cat > /dev/null", "timeout": 30}]}]}}
 
 
 def python_only_tree(root: Path) -> Path:
@@ -73,7 +77,7 @@ def python_only_tree(root: Path) -> Path:
 
 def one(agent: str, calls: int, variant: str, root: Path) -> list[float]:
     proj = project(root)
-    gated = variant != "plain"
+    gated = variant.startswith("caper")
     model = ModelServer(clients.PROTOCOLS[agent],
                         commands(*[COMMAND.format(n) for n in range(calls)]))
     extra = {"CAPER_NO_GATE": "0"}
@@ -85,6 +89,9 @@ def one(agent: str, calls: int, variant: str, root: Path) -> list[float]:
             p = client.caper("install", agent, cwd=proj)
             if p.returncode != 0:
                 raise SystemExit(f"caper install {agent} failed:\n{p.stderr}")
+        elif variant == "noop-hook":      # what the agent's own hook machinery costs
+            (proj / ".claude").mkdir()
+            (proj / ".claude" / "settings.json").write_text(json.dumps(NOOP_HOOK))
         run = client.run(TASK, proj, *(["--allowedTools", "Bash"] if agent == "claude-code"
                                        else []))
     finally:
@@ -111,6 +118,8 @@ def main() -> int:
     for agent in args.agent or clients.PINS:
         row = {}
         for variant in VARIANTS:
+            if variant == "noop-hook" and agent != "claude-code":
+                continue
             with tempfile.TemporaryDirectory(prefix=f"caper-bench-{agent}-") as d:
                 times = one(agent, args.calls, variant, Path(d))
             row[variant] = {
@@ -124,7 +133,8 @@ def main() -> int:
         out["agents"][agent] = row
         print(f"{agent} {row['version']}: plain {row['plain']['median_ms']} ms; " + "; ".join(
             f"{v} {row[v]['median_ms']} ms (first call {row[v]['first_ms']} ms): "
-            f"+{row[v]['added_ms']} ms per shell call" for v in VARIANTS[1:]), flush=True)
+            f"+{row[v]['added_ms']} ms per shell call" for v in VARIANTS[1:] if v in row),
+            flush=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

@@ -8,7 +8,10 @@ than the whole command).
 
 The client is this module's top half and imports only the standard library,
 and of sockets only `_socket`: `socket` brings selectors and enum along, ~3 ms
-of every hook's `caper run`.
+of every hook's `caper run`. The native client (csrc/client.c, what the
+hooks install where it is built) sends an "argv" request instead: its argv,
+context and stdin; the gate makes that `caper run` or `caper hook` itself
+(caper.front.cli.gate_argv) and answers with what to print.
 `caper run` asks the gate first and starts it when it is not there; if the
 gate cannot be reached or started it runs the command in its own process,
 with the same result. The gate
