@@ -1,6 +1,6 @@
 """The wall-clock caper adds to each shell call of the real agent CLIs.
 
-    python bench/agents.py [--calls N] [--agent claude-code ...] [--json bench/results-agents.json]
+    python bench/agents.py [--calls N] [--repeat R] [--agent claude-code ...] [--json FILE]
 
 Each client (tests/agents/clients.py: pinned, from npm, its own HOME) runs
 one turn against the local fake model (tests/agents/model_server.py), which
@@ -109,23 +109,31 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--agent", action="append", choices=list(clients.PINS),
                     help="only this client (repeatable; default: all three)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="sessions per variant, the variants in turn (calls after each "
+                         "session's first are pooled; the first call's median is apart)")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results-agents.json"))
     args = ap.parse_args()
     clients.install()
-    out = {"calls": args.calls, "command": COMMAND, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+    out = {"calls": args.calls, "repeat": args.repeat, "command": COMMAND, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                        time.gmtime()),
            "machine": machine(), "agents": {}}
     for agent in args.agent or clients.PINS:
+        variants = [v for v in VARIANTS if v != "noop-hook" or agent == "claude-code"]
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        firsts: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(args.repeat):      # the variants in turn: a slow minute hits all alike
+            for variant in variants:
+                with tempfile.TemporaryDirectory(prefix=f"caper-bench-{agent}-") as d:
+                    got = one(agent, args.calls, variant, Path(d))
+                firsts[variant].append(got[0])
+                times[variant] += got[1:]
         row = {}
-        for variant in VARIANTS:
-            if variant == "noop-hook" and agent != "claude-code":
-                continue
-            with tempfile.TemporaryDirectory(prefix=f"caper-bench-{agent}-") as d:
-                times = one(agent, args.calls, variant, Path(d))
+        for variant in variants:
             row[variant] = {
-                "median_ms": round(statistics.median(times) * 1000, 1),
-                "first_ms": round(times[0] * 1000, 1),
-                "all_ms": [round(t * 1000, 1) for t in times]}
+                "median_ms": round(statistics.median(times[variant]) * 1000, 1),
+                "first_ms": round(statistics.median(firsts[variant]) * 1000, 1),
+                "all_ms": [round(t * 1000, 1) for t in times[variant]]}
             if variant != "plain":
                 row[variant]["added_ms"] = round(row[variant]["median_ms"]
                                                  - row["plain"]["median_ms"], 1)
