@@ -45,7 +45,9 @@ ROUNDS = max(5, round(30 * SCALE))
 CLIENT = os.path.join(ROOT, "caper_native", "caper-client")
 PYTHON_CAPER = [sys.executable, "-P", "-m", "caper"]
 
-WORKLOADS = {"true": "true", "ls": "ls"}
+# append: a write, so the run has a change to report, judge and commit (what
+# bench/agents.py has the clients do)
+WORKLOADS = {"true": "true", "ls": "ls", "append": "echo step >> notes.txt"}
 VARIANTS = ["native", "hook-python", "hook-client", "run-inprocess", "run-gate-python",
             "run-gate-client",
             "run-nogate", "call-python", "call-client"]
