@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from caper import launch
 from caper.front import hooks
 
 from test_gate import _alive, _gate_pid, env  # noqa: F401  (the fixture)
 
-CLIENT = Path(hooks.CLIENT)
+CLIENT = Path(launch.CLIENT)
 pytestmark = pytest.mark.skipif(hooks.caper_command() != [str(CLIENT)],
                                 reason="caper-client is not built for this Python "
                                        "(python3 caper_native/build.py)")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from caper import launch
 from caper.front import gate
 from caper import held as pending
 from caper.errors import ConfigError
@@ -198,7 +199,7 @@ def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared, cl
     client (csrc/client.c) hands the call to the Python CLI, which refuses
     this state directory."""
     from caper.front import hooks
-    if client == "native" and hooks.caper_command() != [hooks.CLIENT]:
+    if client == "native" and hooks.caper_command() != [launch.CLIENT]:
         pytest.skip("caper-client is not built for this Python")
     sock, got = shared / "gate.sock", shared / "got"
     server = as_other("/usr/bin/python3", "-c", FAKE_GATE, str(sock), str(got))
@@ -213,7 +214,7 @@ def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared, cl
         else:
             env = base_env(tmp_path, CAPER_STATE_DIR=str(shared), API_KEY="sk-secret")
             env.pop("CAPER_NO_GATE")
-            p = subprocess.run([hooks.CLIENT, "run", "--approver", "allow", "-c", "true"],
+            p = subprocess.run([launch.CLIENT, "run", "--approver", "allow", "-c", "true"],
                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
             assert p.returncode == 125 and "blocked" in p.stderr
         server.wait(timeout=30)

@@ -116,8 +116,8 @@ def _start(state_dir: str) -> None:
         log = os.open(os.path.join(state_dir, "gate.log"),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            from caper.launch import caper_command  # the gate's code is this caper's
-            subprocess.Popen(caper_command() + ["serve", "--state-dir", state_dir],
+            from caper.launch import python_command  # the gate is this caper, in Python
+            subprocess.Popen(python_command() + ["serve", "--state-dir", state_dir],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                              start_new_session=True, close_fds=True)
         finally:
