@@ -478,6 +478,20 @@ static uint32_t socket_kind(pid_t tid, uint64_t fd)
     return (uint32_t)(type & 0xff) | (uint32_t)(proto & 0xff) << 8;
 }
 
+/* The inode of a tracee's socket: caper's proxy learns from it which process
+ * a connection it accepted came from (the peer's port names the inode in the
+ * sandbox's /proc/net/tcp). 0 when unknown, and the proxy then refuses. */
+static int64_t socket_inode(pid_t tid, uint64_t fd)
+{
+    int sock = tracee_fd(tid, fd);
+    if (sock < 0)
+        return 0;
+    struct stat st;
+    int64_t ino = fstat(sock, &st) == 0 && S_ISSOCK(st.st_mode) ? (int64_t)st.st_ino : 0;
+    close(sock);
+    return ino;
+}
+
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
  * names a unix path (the call is refused, see on_seccomp; pd reports a host
  * socket if one is named, else the first path), else 1 when one names any
@@ -680,6 +694,8 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         else
             take_sockaddr(p, pd, a[1], a[2]);
         h->mode = socket_kind(p->tid, a[0]);
+        if (s->nr == SYS_connect && (h->flags == CAPER_AF_INET || h->flags == CAPER_AF_INET6))
+            h->arg1 = socket_inode(p->tid, a[0]);
         break;
     case DEC_MSGHDR: {
         struct msghdr m;
