@@ -819,7 +819,9 @@ class _Judge:
     def _allowed_request(self, n, reads: list[str], dest: str) -> None:
         """A request caper's proxy let through to an allowed host: a download is
         ordinary work; an upload after reading repository files may carry them."""
-        method = n.method if n.method and n.method not in ("GET", "HEAD") else None
+        # git's smart HTTP fetches by POSTing its wants to git-upload-pack.
+        fetch = n.method == "POST" and (n.path or "").split("?")[0].endswith("/git-upload-pack")
+        method = n.method if n.method not in (None, "GET", "HEAD") and not fetch else None
         big = (n.sent or 0) > UPLOAD_BYTES
         if reads and (method or big):
             what = f"{method} to" if method else f"sent {n.sent} bytes to"
