@@ -4,8 +4,12 @@ HTTP server on the host's loopback (tests/registry.py); pip, npm and git are
 the real programs."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -14,6 +18,8 @@ from caper.errors import ConfigError
 from caper.sandbox.netproxy import Allowlist
 from caper.transaction import run
 from registry import NPM_PACKAGE, Registry, command_env
+from test_gate import ROOT, _stop
+from test_rootless import NOBODY, ROOTLESS_VENV, _as_nobody, need_rootless_venv, source_root
 
 
 @pytest.fixture
@@ -188,3 +194,69 @@ def test_a_bad_allow_net_is_a_clear_error_before_anything_runs(ws, home, tmp_pat
         _run("true", ws, home, tmp_path, allow="pypi")
     with pytest.raises(ConfigError, match="not HOST"):
         _run("true", ws, home, tmp_path, allow=["ftp://x"])
+
+
+ROOTLESS_RUN = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import caper
+out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver="policy",
+                state_dir=sys.argv[4], allow_net=[sys.argv[5]],
+                env={"PATH": "/usr/bin:/bin", "HOME": sys.argv[4], "PIP_NO_CACHE_DIR": "1",
+                     "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+print(json.dumps({"committed": out.committed, "exit": out.exit_code, "reason": out.reason,
+                  "proxied": [n.model_dump() for n in out.report.network if n.call == "proxy"]}))
+"""
+
+
+def test_rootless_pip_install_through_the_proxy_and_a_leak_refused(registry, tmp_path):
+    """uid 65534: the proxy's socket is made in the user namespace's network."""
+    need_rootless_venv()
+    base = tempfile.mkdtemp(prefix="caper-net-rootless-")
+    try:
+        ws, state = os.path.join(base, "ws"), os.path.join(base, "state")
+        os.mkdir(ws)
+        with open(os.path.join(ws, ".env"), "w") as f:
+            f.write("API_TOKEN=tok-1234abcd\n")
+        for p in (base, ws, os.path.join(ws, ".env")):
+            os.chown(p, NOBODY, NOBODY)
+
+        def as_nobody(command: str) -> dict:
+            p = _as_nobody(ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(source_root()), ws, command,
+                           state, registry.host, timeout=180, cwd="/")
+            assert p.returncode == 0, p.stderr[-3000:]
+            return json.loads(p.stdout)
+
+        out = as_nobody(f"{ROOTLESS_VENV} -m pip install --index-url "
+                        f"http://{registry.host}/simple/ --target vendor demo-pkg")
+        assert out["exit"] == 0 and out["committed"], out["reason"]
+        assert os.path.exists(os.path.join(ws, "vendor", "demo_pkg", "__init__.py"))
+        assert out["proxied"] and all(n["allowed"] for n in out["proxied"])
+        uploads = len(registry.uploads)
+        out = as_nobody(LEAK.format(host=registry.host).replace(sys.executable, ROOTLESS_VENV))
+        assert not out["committed"] and len(registry.uploads) == uploads
+        assert [n["allowed"] for n in out["proxied"]] == [False]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+
+def test_caper_run_allow_net_through_the_gate(registry, ws, home, tmp_path, monkeypatch):
+    """The gate protocol carries the allowlist: `caper run --allow-net` answered by the gate."""
+    monkeypatch.delenv("CAPER_NO_GATE", raising=False)
+    state = tmp_path / "gate-state"
+    env = {**command_env(str(home)), "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(state),
+           "CAPER_GATE_IDLE": "30"}
+    try:
+        p = subprocess.run([sys.executable, "-m", "caper", "run", "--json", "--approver",
+                            "policy", "--allow-net", registry.host, "--", "curl", "-sS",
+                            "-o", "index.html", f"http://{registry.host}/simple/demo-pkg/"],
+                           cwd=ws, env=env, capture_output=True, timeout=120)
+        doc = json.loads(p.stdout)
+        assert "gate" in doc, p.stderr[-2000:]
+        assert doc["committed"] and b"demo_pkg" in (ws / "index.html").read_bytes()
+        proxied = [n for n in doc["report"]["network"] if n["call"] == "proxy"]
+        assert [(n["allowed"], n["method"], n["path"]) for n in proxied] == \
+            [(True, "GET", "/simple/demo-pkg/")]
+    finally:
+        _stop(state)
