@@ -228,8 +228,8 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
                                   + tainted, home, workspace)
         try:
             t = time.perf_counter()
-            proxy = Proxy(allow, is_credential=lambda p: protected.kind(p) is not None,
-                          workspace=workspace) if allow else None
+            proxy = Proxy(allow, is_credential=lambda p: protected.kind(p) is not None) \
+                if allow else None
             command_env = config.command_env(os.environ if env is None else env)
             try:
                 tr = trace(command, cwd=cwd, env=command_env | (proxy.env() if proxy else {}),

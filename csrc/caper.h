@@ -246,6 +246,9 @@ struct caper_result {
                               0: already reaped */
     uint64_t shm_used;     /* bytes left in the sandbox's /dev/shm when the command ended:
                               memory, discarded with the sandbox, never committed */
+    uint64_t emitted_seq;  /* while the run goes: the seq of the last event emitted (stored
+                              atomically by the tracer). Every traced call a process
+                              finished before this was read has its event at or below it */
 };
 
 /* One record on the event pipe. Strings follow the header inside the record

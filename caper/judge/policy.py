@@ -806,6 +806,14 @@ class _Judge:
         if n.call == "proxy" and n.allowed and not creds:
             self._allowed_request(n, reads, dest)
             return
+        if n.call == "proxy" and self.credential_reads and not creds:
+            # Any process's read counts: pipes and files carry it to the sender.
+            read = sorted(self.credential_reads)
+            self.add(97, "block", f"{_q(n.by)} tried to reach {dest} through caper's proxy after "
+                     f"the run read {', '.join(map(_q, read[:3]))}",
+                     "credentials leaving the machine",
+                     "keep credentials out of commands that use the network")
+            return
         if creds:
             self.add(97, "block", f"{_q(n.by)} read {', '.join(map(_q, creds[:3]))} and then "
                      f"tried to reach {dest}", "credentials leaving the machine",

@@ -6,9 +6,10 @@ sandbox's init listens on 127.0.0.1:PROXY_PORT there and hands the socket to cap
 and plain HTTP forwarding, to allowlisted host names only. The command finds it through
 HTTP(S)_PROXY / ALL_PROXY. Each connection is attributed, when accepted, to the process
 that made it (the tracer's connect record of the peer socket's inode); one that cannot
-be attributed, or whose process (its thread group, its ancestors before they forked it,
-its descendants) read a credential, is refused, and a tunnel is cut the moment such a
-read is seen. Every request, refused or not, becomes a ProxyRequest for the report.
+be attributed is refused. Once any process of the run has read a credential, nothing
+more leaves: new connections are refused and open tunnels cut before their next bytes
+(processes hand data to each other through pipes, descriptors and files, which the
+tracer does not follow). Every request, refused or not, becomes a ProxyRequest.
 """
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ import selectors
 import socket
 import threading
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from caper.errors import ConfigError
@@ -44,7 +44,6 @@ CHUNK = 64 * 1024
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _RULE = re.compile(rf"(\*\.)?({_LABEL}(?:\.{_LABEL})*)(?::([0-9]{{1,5}}))?")
-_CLONE_VM, _CLONE_THREAD = 0x100, 0x10000
 
 
 class ProxyEnd(Protocol):
@@ -53,6 +52,9 @@ class ProxyEnd(Protocol):
     port: int
 
     def observe(self, event: Event) -> None: ...
+
+    def follow(self, emitted: Callable[[], int]) -> None:
+        """emitted(): the seq of the last event the tracer has emitted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,58 +127,30 @@ class ProxyRequest:
     seq: int | None = None         # its connect event
 
 
-@dataclass(slots=True)
-class _Group:
-    """A thread group (or processes sharing memory): one reader of everything any
-    member reads."""
-    parent: int | None = None      # the group of the process that forked it
-    fork_seq: int = 0
-    reads: list[tuple[int, str, bool]] = field(default_factory=list)   # seq, path, credential
-
-
 class _Knowledge:
     """The tracer's events as they arrive: who connected through which socket,
-    and what each process group read."""
+    and which credentials the run has read."""
 
-    def __init__(self, is_credential: Callable[[str], bool], workspace: str, port: int):
+    def __init__(self, is_credential: Callable[[str], bool], port: int):
         self._is_credential = is_credential
-        self._workspace = workspace.rstrip("/") + "/"
         self._port = port
-        self._group: dict[int, int] = {}                  # pid -> its group's leader
-        self._groups: dict[int, _Group] = defaultdict(_Group)
-        self._children: dict[int, set[int]] = defaultdict(set)
         self._sockets: dict[int, tuple[int, int]] = {}    # socket inode -> (pid, seq)
-        self._cred_names: set[str] = set()                # credentials by another name now
+        self._credentials: dict[str, int] = {}            # credential -> pid that read it
+        self._seen = 0                                    # seq of the last event observed
+        self._emitted: Callable[[], int] = lambda: 0      # the tracer's last seq (Trace)
         self.changed = threading.Condition()
-
-    def _leader(self, pid: int) -> int:
-        return self._group.get(pid, pid)
-
-    def _credential(self, *names: str | None) -> bool:
-        return any(n and (n in self._cred_names or self._is_credential(n)) for n in names)
 
     def observe(self, e: Event) -> None:
         with self.changed:
-            g = self._leader(e.pid)
-            if e.kind == Kind.PROC_START:
-                parent = self._leader(e.ppid) if e.ppid else None
-                if parent is not None and e.arg0 & (_CLONE_THREAD | _CLONE_VM):
-                    self._group[e.pid] = parent
-                elif parent is not None:
-                    self._groups[e.pid].parent, self._groups[e.pid].fork_seq = parent, e.seq
-                    self._children[parent].add(e.pid)
-            elif e.kind == Kind.OPEN and e.ok and e.path:
-                writes = e.flags & 3 != os.O_RDONLY
-                if e.flags & 3 != os.O_WRONLY:
-                    cred = self._credential(e.real, e.path)
-                    if cred or e.path.startswith(self._workspace):
-                        self._groups[g].reads.append((e.seq, e.path, cred))
-                # What a process that read a credential writes may hold it.
-                if writes and self._tainted(g):
-                    self._cred_names.add(e.real or e.path)
-            elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path2 and \
-                    self._credential(e.real, e.path):
-                self._cred_names.add(e.path2)
+            self._seen = max(self._seen, e.seq)
+            if e.kind == Kind.OPEN and e.ok and e.path and e.flags & 3 != os.O_WRONLY:
+                cred = next((n for n in (e.real, e.path) if n and self._is_credential(n)), None)
+                if cred:
+                    self._credentials.setdefault(cred, e.pid)
+            elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and \
+                    self._is_credential(e.real or e.path):
+                # A credential by another name: reading that name reads it.
+                self._credentials.setdefault(e.real or e.path, e.pid)
             elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
                     e.path == "127.0.0.1" and e.arg0 == self._port:
                 self._sockets[e.arg1] = (e.pid, e.seq)
@@ -189,46 +163,16 @@ class _Knowledge:
             self.changed.wait_for(lambda: inode in self._sockets, timeout)
             return self._sockets.pop(inode, None)
 
-    def _line(self, g: int, seq: int | None) -> Iterable[tuple[int, int | None]]:
-        """g (reads at any time, or before seq) and its ancestors, each up to
-        the fork of the next."""
-        seen = set()
-        while g not in seen:
-            seen.add(g)
-            yield g, seq
-            grp = self._groups.get(g)
-            if grp is None or grp.parent is None:
-                return
-            g, seq = grp.parent, grp.fork_seq
-
-    def _below(self, g: int) -> set[int]:
-        out, todo = set(), [g]
-        while todo:
-            for c in self._children.get(todo.pop(), ()):
-                if c not in out:
-                    out.add(c)
-                    todo.append(c)
-        return out
-
-    def _tainted(self, g: int) -> bool:
-        return bool(self._credentials_of(g))
-
-    def _credentials_of(self, g: int) -> list[str]:
-        found = [p for h, s in self._line(g, None) for q, p, c in self._groups[h].reads
-                 if c and (s is None or q < s)]
-        found += [p for d in self._below(g) for _, p, c in self._groups[d].reads if c]
-        return list(dict.fromkeys(found))
-
-    def credentials(self, pid: int) -> list[str]:
-        """Credentials pid's group has read, its ancestors read before forking
-        its line, or any group below it read: what its socket could carry."""
+    def credentials(self, timeout: float) -> list[str] | None:
+        """The credentials the run has read by now, once every event the tracer
+        has emitted is observed: bytes that reached the proxy were written
+        after any read they could carry, and that read's event is emitted
+        before its process ran on. None when the events did not catch up."""
+        target = self._emitted()
         with self.changed:
-            return self._credentials_of(self._leader(pid))
-
-    def read_repository(self, pid: int) -> bool:
-        with self.changed:
-            return any(not c for h, s in self._line(self._leader(pid), None)
-                       for q, _, c in self._groups[h].reads if s is None or q < s)
+            if not self.changed.wait_for(lambda: self._seen >= target, timeout):
+                return None
+            return list(self._credentials)
 
 
 class Proxy:
@@ -236,13 +180,13 @@ class Proxy:
     start() it before the trace, close() it after; .requests is the record."""
 
     def __init__(self, allow: Allowlist, *, is_credential: Callable[[str], bool],
-                 workspace: str, port: int = PROXY_PORT):
+                 port: int = PROXY_PORT):
         if not allow:
             raise ConfigError("a proxy without allowed hosts would refuse everything: run "
                               "without one")
         self.allow = allow
         self.port = port
-        self._know = _Knowledge(is_credential, workspace, port)
+        self._know = _Knowledge(is_credential, port)
         # fd goes to the sandbox's init, which sends the listener back on it.
         self._ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._theirs = theirs
@@ -266,6 +210,9 @@ class Proxy:
 
     def observe(self, event: Event) -> None:
         self._know.observe(event)
+
+    def follow(self, emitted: Callable[[], int]) -> None:
+        self._know._emitted = emitted
 
     def start(self) -> "Proxy":
         self._thread = threading.Thread(target=self._serve, name="caper-proxy", daemon=True)
@@ -390,12 +337,23 @@ class Proxy:
     def _refusal(self, rec: ProxyRequest) -> str | None:
         if rec.pid is None:
             return "caper cannot tell which process made this connection"
-        creds = self._know.credentials(rec.pid)
-        if creds:
-            return f"the process read {', '.join(creds[:3])}: a process that read credentials " \
-                   "gets no way out"
+        cut = self._leak(rec)
+        if cut:
+            return cut
         if not self.allow.allows(rec.host, rec.port):
             return f"{rec.host}:{rec.port} is not allowed (allowed: {', '.join(self.allow.names())})"
+        return None
+
+    def _leak(self, rec: ProxyRequest) -> str | None:
+        """Why nothing more may leave: the run read a credential (any process:
+        pipes, descriptors and files carry it between them), or caper could
+        not confirm that it did not."""
+        creds = self._know.credentials(ATTRIBUTE_S)
+        if creds is None:
+            return "caper could not confirm what the run had read by then"
+        if creds:
+            return f"the run read {', '.join(creds[:3])}: once a credential is read, nothing " \
+                   "more leaves"
         return None
 
     def _relay(self, conn: socket.socket, upstream: socket.socket, first: bytes,
@@ -459,16 +417,12 @@ class Proxy:
             sel.close()
 
     def _cut(self, rec: ProxyRequest, data: bytes) -> str | None:
-        creds = self._know.credentials(rec.pid) if rec.pid is not None else ["?"]
-        if creds:
-            return f"the process read {', '.join(creds[:3])} while connected: cut before " \
-                   "sending more"
+        leak = self._leak(rec)
+        if leak:
+            return leak + " (cut before sending more)"
         if rec.sni and rec.sni != rec.host and not self.allow.allows(rec.sni, rec.port or 443):
             return f"the tunnel to {rec.host} asked TLS for {rec.sni}, which is not allowed"
         return None
-
-    def read_repository(self, pid: int | None) -> bool:
-        return pid is not None and self._know.read_repository(pid)
 
 
 def _read_head(conn: socket.socket) -> tuple[bytes, bytes]:

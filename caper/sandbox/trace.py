@@ -170,6 +170,9 @@ class Trace:
         self._proxy = proxy
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
+        if proxy is not None:
+            res = self._res
+            proxy.follow(lambda: res.emitted_seq)  # read while the tracer runs: one aligned word
         self.result: RunResult | None = None
         self._rc: int | None = None
         self._started = False
