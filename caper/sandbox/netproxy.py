@@ -135,9 +135,9 @@ class _Knowledge:
         self._is_credential = is_credential
         self._port = port
         self._sockets: dict[int, tuple[int, int]] = {}    # socket inode -> (pid, seq)
-        self._credentials: dict[str, int] = {}            # credential -> pid that read it
+        self._credentials: dict[str, None] = {}           # read so far, in order
         self._seen = 0                                    # seq of the last event observed
-        self._emitted: Callable[[], int] = lambda: 0      # the tracer's last seq (Trace)
+        self.emitted: Callable[[], int] = lambda: 0       # the tracer's last seq (Trace)
         self.changed = threading.Condition()
 
     def observe(self, e: Event) -> None:
@@ -146,11 +146,11 @@ class _Knowledge:
             if e.kind == Kind.OPEN and e.ok and e.path and e.flags & 3 != os.O_WRONLY:
                 cred = next((n for n in (e.real, e.path) if n and self._is_credential(n)), None)
                 if cred:
-                    self._credentials.setdefault(cred, e.pid)
+                    self._credentials[cred] = None
             elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and \
                     self._is_credential(e.real or e.path):
                 # A credential by another name: reading that name reads it.
-                self._credentials.setdefault(e.real or e.path, e.pid)
+                self._credentials[e.real or e.path] = None
             elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
                     e.path == "127.0.0.1" and e.arg0 == self._port:
                 self._sockets[e.arg1] = (e.pid, e.seq)
@@ -168,7 +168,7 @@ class _Knowledge:
         has emitted is observed: bytes that reached the proxy were written
         after any read they could carry, and that read's event is emitted
         before its process ran on. None when the events did not catch up."""
-        target = self._emitted()
+        target = self.emitted()
         with self.changed:
             if not self.changed.wait_for(lambda: self._seen >= target, timeout):
                 return None
@@ -212,7 +212,7 @@ class Proxy:
         self._know.observe(event)
 
     def follow(self, emitted: Callable[[], int]) -> None:
-        self._know._emitted = emitted
+        self._know.emitted = emitted
 
     def start(self) -> "Proxy":
         self._thread = threading.Thread(target=self._serve, name="caper-proxy", daemon=True)
@@ -269,6 +269,9 @@ class Proxy:
                 self._active += not busy
             if busy:      # refused, not queued: a flood must not hold the run
                 conn.close()
+                with self._lock:
+                    self.requests.append(ProxyRequest(
+                        scheme="http", reason=f"more than {MAX_CONNECTIONS} connections at once"))
                 continue
             t = threading.Thread(target=self._one, args=(conn, peer[1]), daemon=True,
                                  name="caper-proxy-conn")
@@ -360,9 +363,7 @@ class Proxy:
                rec: ProxyRequest) -> None:
         """Copy both ways until both sides are done; every chunk from the
         sandbox is checked against what its process has read by then."""
-        if rec.scheme == "https" and first:
-            rec.sni = _sni(first)
-        pending = first
+        pending, hello = first, rec.scheme == "https"
         sel = selectors.DefaultSelector()
         for s in (conn, upstream):
             s.setblocking(False)
@@ -372,6 +373,8 @@ class Proxy:
         try:
             while open_:
                 if pending:
+                    if hello:   # a tunnel's first bytes: a TLS ClientHello names its server
+                        rec.sni, hello = _sni(pending), False
                     cut = self._cut(rec, pending)
                     if cut:
                         rec.result, rec.reason = "cut", cut
