@@ -303,3 +303,29 @@ def test_a_tunnel_whose_tls_names_another_host_is_cut(registry, ws, home, tmp_pa
         "print(s.recv(100))\n")
     assert tunnel.result == "cut" and tunnel.sni == "evil.example" and tunnel.sent == 0
     assert "evil.example" in tunnel.reason
+
+
+def test_an_upload_to_an_allowed_host_after_reading_repository_files_is_unsure(registry, ws,
+                                                                              home, tmp_path):
+    """Pre-execution is real execution: the POST happens; the policy is unsure of it."""
+    out = _run(f"curl -sS -m 10 --data-binary @README http://{registry.host}/upload", ws, home,
+               tmp_path, allow=[registry.host])
+    assert registry.uploads == [b"the project\n"]
+    assert out.decision == "block" and out.reason.startswith("unsure")
+    assert "README" in out.reason and "POST" in out.reason
+
+
+def test_a_connection_caper_cannot_attribute_is_refused(registry, ws, home, tmp_path):
+    """From another loopback address the peer's socket is not where the proxy
+    looks: no process to judge, so no way out."""
+    (ws / "other.py").write_text(
+        "import socket\n"
+        "s = socket.socket()\n"
+        "s.bind(('127.0.0.2', 0))\n"
+        "s.connect(('127.0.0.1', 3128))\n"
+        f"s.sendall(b'GET http://{registry.host}/simple/demo-pkg/ HTTP/1.1\\r\\n\\r\\n')\n"
+        "print(s.recv(100).split(b'\\r\\n')[0].decode())\n")
+    out = _run(f"{sys.executable} other.py", ws, home, tmp_path, allow=[registry.host])
+    assert out.stdout.text().startswith(b"HTTP/1.1 403") and registry.requests == []
+    refused = _proxied(out)[0]
+    assert not refused.allowed and refused.by == "?" and "which process" in refused.reason
