@@ -162,7 +162,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     home = run_env.get("HOME")
     caller = caller or Caller.here(cwd=cwd, env=dict(run_env))
 
-    if isinstance(allow_net, str) or not all(isinstance(h, str) for h in allow_net):
+    if not isinstance(allow_net, (list, tuple)) or not all(isinstance(h, str) for h in allow_net):
         raise ConfigError(f"allow_net must be a list of HOST[:PORT] strings, not {allow_net!r}")
     allow = config.network.allowlist(allow_net)
 

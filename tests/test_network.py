@@ -210,8 +210,9 @@ def test_config_network_allow_is_checked_and_joins_the_runs_own():
 
 
 def test_a_bad_allow_net_is_a_clear_error_before_anything_runs(ws, home, tmp_path):
-    with pytest.raises(ConfigError, match="allow_net"):
-        _run("true", ws, home, tmp_path, allow="pypi")
+    for bad in ("pypi", {"pypi": 1}, [1]):
+        with pytest.raises(ConfigError, match="allow_net"):
+            _run("true", ws, home, tmp_path, allow=bad)
     with pytest.raises(ConfigError, match="not HOST"):
         _run("true", ws, home, tmp_path, allow=["ftp://x"])
 
