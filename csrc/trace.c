@@ -562,6 +562,16 @@ static int tracer_acts(const struct proc *p, const struct pending *pd, const str
            pd->sock_type != SOCK_SEQPACKET;
 }
 
+/* The inode of the pinned socket: caper's proxy learns from it which process
+ * a connection it accepted came from (the peer's port names the inode in the
+ * sandbox's /proc/net/tcp). 0 when unknown, and the proxy then refuses. */
+static int64_t socket_inode(const struct pending *pd)
+{
+    struct stat st;
+    return pd->sock >= 0 && fstat(pd->sock, &st) == 0 && S_ISSOCK(st.st_mode)
+        ? (int64_t)st.st_ino : 0;
+}
+
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
  * names a unix path (the call is refused, see on_seccomp; pd reports a host
  * socket if one is named, else the first path), else 1 when one names any
@@ -773,6 +783,8 @@ static void on_seccomp(struct tracer *t, struct proc *p)
             take_sockaddr(p, pd, a[4], a[5]);
         else
             take_sockaddr(p, pd, a[1], a[2]);
+        if (s->nr == SYS_connect && (pd->sock_domain == AF_INET || pd->sock_domain == AF_INET6))
+            h->arg1 = socket_inode(pd);
         break;
     case DEC_MSGHDR: {
         struct msghdr m;

@@ -179,7 +179,8 @@ def _run(args, parser, said: Said) -> int:
                    "backend": args.backend, "timeout": args.timeout,
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
-                   "max_memory": args.max_memory, "caller": caller.to_json()}
+                   "max_memory": args.max_memory, "caller": caller.to_json(),
+                   **({"allow_net": args.allow_net} if args.allow_net else {})}
         try:
             answer = gate.request(state, payload)
         except gate.GateUnavailable as e:
@@ -202,7 +203,7 @@ def _run(args, parser, said: Said) -> int:
                       approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
                       on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state,
-                      caller=caller)
+                      caller=caller, allow_net=args.allow_net or ())
     except CaperError as e:
         return _failed(args, f"caper failed: {e}", said)
     return _finish(args, outcome.to_json(), outcome.card(),
@@ -499,6 +500,11 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                         "[limits] max_memory, else half of RAM, at most 8 GiB)")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
+    r.add_argument("--allow-net", action="append", metavar="HOST[:PORT]",
+                   help="let the command reach this host through caper's recording proxy "
+                        "(repeatable; *.DOMAIN for subdomains; presets: pypi, npm, crates, "
+                        "goproxy, github); besides config.toml's [network] allow. Default: "
+                        "no network")
     r.add_argument("--json", action="store_true",
                    help="one JSON object on stdout (with the effect report)")
     r.add_argument("-q", "--quiet", action="store_true",

@@ -397,7 +397,8 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                           timeout=float(req.get("timeout", 600)), cwd=caller.cwd,
                           env=caller.env, state_dir=state_dir, session=req.get("session"),
                           still_wanted=lambda: _still_wanted(conn), on_unsure=req.get("on_unsure"),
-                          caller=caller, max_memory=req.get("max_memory"))
+                          caller=caller, max_memory=req.get("max_memory"),
+                          allow_net=req.get("allow_net") or ())
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
             return {"outcome": out.to_json(),

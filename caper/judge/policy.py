@@ -786,8 +786,10 @@ class _Judge:
 
     # -- network --
     def network(self, n) -> None:
-        if n.call == "bind" or n.family == "netlink" or _loopback(n.address):
+        if n.call != "proxy" and (n.call == "bind" or n.family == "netlink" or
+                                  _loopback(n.address)):
             return   # nothing leaves: the kernel's interfaces, the sandbox's own loopback
+        # (A proxied request leaves from the host: its loopback is the host's.)
         # The program it runs (a script named in argv) is code, not data it
         # sends; a credential is never the program, whatever argv says.
         argv = set(n.argv or [])
@@ -801,6 +803,17 @@ class _Judge:
         lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
             (n.port in self.r.lookup_ports)
         dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
+        if n.call == "proxy" and n.allowed and not creds:
+            self._allowed_request(n, reads, dest)
+            return
+        if n.call == "proxy" and self.credential_reads and not creds:
+            # Any process's read counts: pipes and files carry it to the sender.
+            read = sorted(self.credential_reads)
+            self.add(97, "block", f"{_q(n.by)} tried to reach {dest} through caper's proxy after "
+                     f"the run read {', '.join(map(_q, read[:3]))}",
+                     "credentials leaving the machine",
+                     "keep credentials out of commands that use the network")
+            return
         if creds:
             self.add(97, "block", f"{_q(n.by)} read {', '.join(map(_q, creds[:3]))} and then "
                      f"tried to reach {dest}", "credentials leaving the machine",
@@ -811,10 +824,28 @@ class _Judge:
                      f"({', '.join(map(_q, reads[:3]))}) and then tried to reach {dest}",
                      "repository data leaving the machine")
 
+    def _allowed_request(self, n, reads: list[str], dest: str) -> None:
+        """A request caper's proxy let through to an allowed host: a download is
+        ordinary work; an upload after reading repository files may carry them."""
+        # git's smart HTTP fetches by POSTing its wants to git-upload-pack.
+        fetch = n.method == "POST" and (n.path or "").split("?")[0].endswith("/git-upload-pack")
+        method = n.method if n.method not in (None, "GET", "HEAD") and not fetch else None
+        big = (n.sent or 0) > UPLOAD_BYTES
+        if reads and (method or big):
+            what = f"{method} to" if method else f"sent {n.sent} bytes to"
+            self.add(80, "unsure", f"{_q(n.by)} read repository files "
+                     f"({', '.join(map(_q, reads[:3]))}) and then {what} the allowed host {dest}",
+                     "repository data leaving the machine")
+
     def _credential(self, short: str) -> bool:
         # The report's own list, and the run's patterns for reads it had no room to list.
         return short in self.credential_reads or self.protected.kind(self.absolute(short)) is not None
 
+
+# Bytes sent in one request through caper's proxy past which it is an upload,
+# whatever the method (a tunnel's is not visible): a package download sends a
+# few kilobytes of headers and TLS.
+UPLOAD_BYTES = 256 * 1024
 
 _URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
 

@@ -39,6 +39,7 @@ from caper.report import gitstate
 from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, read_blob
 from caper.display import quote
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
+from caper.sandbox.netproxy import ProxyRequest
 from caper.fs.mountinfo import below
 from caper.report.secrets import Protected, Redactor
 from caper.report.workspace import GIT_ROUTINE, PathView, history_values
@@ -217,16 +218,25 @@ class Aggregate(_Model):
 
 
 class NetAttempt(_Model):
-    call: str                        # connect | sendto | bind
-    family: str
-    address: str
+    call: str                        # connect | sendto | bind | proxy (caper's proxy)
+    family: str                      # proxy: https (a CONNECT tunnel) | http
+    address: str                     # proxy: the host name asked for
     port: int | None = None
     protocol: str | None = None
-    result: str
+    result: str                      # proxy: ok | refused | cut | error: ...
     count: int = 1
     by: str
     argv: list[str] | None = None
     read_before: list[str] | None = None
+    # A request through caper's proxy (caper.sandbox.netproxy.ProxyRequest):
+    allowed: bool | None = None
+    method: str | None = None        # plain HTTP only
+    path: str | None = None
+    sni: str | None = None           # the TLS server name a tunnel's client sent
+    sent: int | None = None          # bytes towards the host
+    received: int | None = None
+    duration_ms: float | None = None
+    reason: str | None = None        # why refused or cut
 
 
 class ProtectedRead(_Model):
@@ -353,6 +363,7 @@ class Report(_Model):
             a.under = WITHHELD
         for n in r.network:
             n.address, n.by, n.argv, n.read_before = WITHHELD, WITHHELD, None, None
+            n.path, n.sni, n.reason = n.path and WITHHELD, n.sni and WITHHELD, n.reason and WITHHELD
         for p in r.protected_reads:
             if p.path in chosen or p.kind.startswith("copied:"):   # a copy the run named
                 p.path = WITHHELD
@@ -495,6 +506,7 @@ class RunFacts:
     backend: str = "overlay"
     held: tuple[tuple[str, str], ...] = ()   # (mount point, kind): caper.view.overlay._Planner.held
     aliases: tuple[tuple[str, str], ...] = ()   # (mount point, the path it shows): _Planner.alias
+    proxied: tuple[ProxyRequest, ...] = ()      # requests through caper's proxy
 
 
 @dataclass
@@ -1068,6 +1080,10 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
             result="ok" if e.ok else (e.error or "unknown"), count=e.count,
             by=actor(e.pid, e.seq), argv=argv(exe[1]) if exe else None,
             read_before=reads(e.pid, e.seq, rs)))
+    # Refused and cut requests first: they are what the approver must see.
+    proxied = sorted(f.proxied, key=lambda q: (q.result == "ok", q.allowed))
+    net = [_proxied(q, an, red, lim, actor, argv, reads) for q in proxied[:lim.items]] + net
+    net = net[:lim.items]
     prot = [ProtectedRead(path=path(cred), kind=kind, by=actor(e.pid, e.seq),
                           result=None if e.ok else (e.error or "unknown"),
                           via=_via(e, cred, path), op=e.kind.name.lower())
@@ -1097,7 +1113,7 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
     res = f.result
     counts = {k: c for k, c in {
         "changes": _count(n_changes, len(changes)),
-        "network": _count(len(d.net), len(net)),
+        "network": _count(len(d.net) + len(f.proxied), len(net)),
         "protected_reads": _count(len(d.protected_reads), len(prot)),
         "secrets": _count(n_secrets, len(secret_items)),
         "execs": _count(len(execs_all), len(execs)),
@@ -1115,6 +1131,22 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
+
+
+def _proxied(q: ProxyRequest, an: "_Analysis", red: Redactor, lim: Limits, actor, argv,
+             reads) -> NetAttempt:
+    exe = an.exe(q.pid, q.seq) if q.pid is not None and q.seq is not None else None
+    return NetAttempt(
+        call="proxy", family=q.scheme, address=_clean(red, q.host or "?", lim.path_chars),
+        port=q.port, protocol="tcp", result=q.result,
+        by=actor(q.pid, q.seq) if q.pid is not None else "?",
+        argv=argv(exe[1]) if exe else None,
+        read_before=reads(q.pid, q.seq) if q.pid is not None else None,
+        allowed=q.allowed, method=q.method,
+        path=_clean(red, q.path, lim.path_chars) if q.path else None,
+        sni=_clean(red, q.sni, lim.path_chars) if q.sni else None,
+        sent=q.sent, received=q.received, duration_ms=q.duration_ms,
+        reason=_clean(red, q.reason, 2 * lim.path_chars) if q.reason else None)
 
 
 def rounded(n: int) -> int:
@@ -1355,6 +1387,18 @@ def render_card(r: Report) -> str:
         L.append("git state lost: " + "; ".join(lost))
     for n in r.network:
         dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
+        if n.call == "proxy":
+            what = f"{n.method} {dest} {_q(n.path or '')}" if n.method else dest
+            L.append(f"network: proxy {n.family} {what} -> {n.result}"
+                     + (f" ({n.sent} bytes sent, {n.received} received)" if n.allowed else "")
+                     + f" by {_q(n.by)}" + (f": {n.reason}" if n.reason else ""))
+            if n.sni and n.sni != n.address:
+                L.append(f"    TLS server name: {_q(n.sni)}")
+            if n.argv:
+                L.append("    argv: " + " ".join(map(_q, n.argv)))
+            if n.read_before:
+                L.append("    read before: " + ", ".join(map(_q, n.read_before)))
+            continue
         L.append(f"network: {n.call} {n.family}{'/' + n.protocol if n.protocol else ''} {dest} "
                  f"-> {n.result}" + (f" x{n.count}" if n.count > 1 else "") + f" by {_q(n.by)}")
         if n.argv:
