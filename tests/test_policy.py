@@ -722,3 +722,29 @@ def test_a_new_symlink_out_of_the_workspace_is_judged_as_its_target(env, command
     out = gate(env, command, "run the tests", approver=Record())
     assert seen == [verdict], out.reason
     assert out.committed is (verdict == "allow")
+
+
+@pytest.mark.parametrize("command", ["cat .env.example", "cp .env.example .env.test",
+                                     "grep region ~/.aws/config", "base64 -w0 ~/.aws/config"])
+def test_a_credential_file_of_settings_and_placeholders_only_is_no_secret_read(env, command):
+    """Issue 19's safe twins: `cp .env.example .env.test` and the region from
+    ~/.aws/config were unsure (a credential read, then output or a file):
+    a file that holds no secret value has none to carry in any form."""
+    (env / "proj" / ".env.example").write_text("API_TOKEN=change-me\nDB_URL=postgres://u:****@h/db\n")
+    (env / "home" / ".aws").mkdir()
+    (env / "home" / ".aws" / "config").write_text("[default]\nregion = eu-west-1\noutput = json\n")
+    out = gate(env, command, "set up the test environment")
+    assert out.decision == "allow" and out.committed, out.reason
+    assert [p.settings_only for p in out.report.protected_reads] == [True]
+
+
+@pytest.mark.parametrize("body", ["API_TOKEN=change-me\nDB_PASS=k7Qz9Lm2Xw\n",
+                                  "API_TOKEN=change-me\n# was ghp_" + "a1B2c3D4e5" * 4 + "\n"])
+@pytest.mark.parametrize("command", ["base64 -w0 .env.example", "cp .env.example .env.test"])
+def test_a_credential_file_with_one_real_value_is_still_a_secret_read(env, command, body):
+    """One value, or one token in a comment, and the file is a credential again."""
+    (env / "proj" / ".env.example").write_text(body)
+    out = gate(env, command, "set up the test environment")
+    assert out.decision != "allow" and not out.committed, out.reason
+    assert "read the credential" in out.reason
+    assert [p.settings_only for p in out.report.protected_reads] == [False]

@@ -374,8 +374,13 @@ class _Judge:
     def transformed(self, report) -> None:
         """A credential read, then output or a file written: the value may be
         in it in a form no redaction finds (base64, reversed, encrypted), so
-        verbatim matching cannot clear it; a human or the LLM decides."""
-        read = sorted({p.path for p in report.protected_reads if p.result is None})
+        verbatim matching cannot clear it; a human or the LLM decides. A file
+        of settings and placeholders only (the report says which) has no
+        value to carry."""
+        shown = report.counts.get("protected_reads")
+        whole = shown is None or not shown.omitted      # every read listed, values known
+        read = sorted({p.path for p in report.protected_reads
+                       if p.result is None and not (p.settings_only and whole)})
         if not read:
             return
         if report.output.stdout.bytes or report.output.stderr.bytes:
