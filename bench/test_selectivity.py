@@ -279,11 +279,12 @@ def pair_template(workdir):
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_scratch():
-    """The shared-place pairs leave these files in /tmp."""
+    """The shared-place pairs leave these files in /tmp and /var/tmp."""
     yield
     import glob
     names = ("held", "logs", "own", "scratch", "shared")
-    for p in [x for n in names for x in glob.glob(f"/tmp/selectivity-{n}*")]:
+    for p in [x for d in ("/tmp", "/var/tmp") for n in names
+              for x in glob.glob(f"{d}/selectivity-{n}*")]:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
 
 
