@@ -798,3 +798,29 @@ def test_the_runs_own_unix_socket_is_no_way_out():
     refused = own.model_copy(update={"result": "EACCES"})
     assert verdict(report(network=[own]), task="run the integration tests") == "allow"
     assert verdict(report(network=[refused]), task="run the integration tests") == "block"
+
+
+@pytest.mark.parametrize("command, kept", [("git rebase -q main feature", True),
+                                           ("git rebase -q --onto main feature~1 feature", False)])
+def test_a_rebase_keeps_its_commits_by_patch_id_a_drop_does_not(env, monkeypatch, command, kept):
+    """The old commits of a rebased branch are on no ref, but each one's change
+    is on the branch under another id (the same patch id): nothing lost. A
+    rebase that drops one loses that change."""
+    for k in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{k}_NAME", "n")
+        monkeypatch.setenv(f"GIT_{k}_EMAIL", "n@example.com")
+    ws = env / "proj"
+    git(ws, "checkout", "-qb", "feature")
+    for n in ("1", "2"):
+        (ws / f"f{n}.txt").write_text(n)
+        git(ws, "add", f"f{n}.txt")
+        git(ws, "commit", "-qm", f"f{n}")
+    git(ws, "checkout", "-q", "-")
+    git(ws, "branch", "-m", "main")
+    (ws / "README.md").write_text("# project, moved on\n")
+    git(ws, "commit", "-qam", "m")
+    out = gate(env, command, "rebase the feature branch on main")
+    assert out.report.git is not None and out.report.git.content_kept == kept, out.report.git
+    assert out.committed == kept, out.reason
+    if not kept:
+        assert "commits on no branch" in out.reason

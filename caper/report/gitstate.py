@@ -25,6 +25,7 @@ from caper.report.workspace import _GIT_ENV, _GIT_OPTIONS, GIT_TIMEOUT_S
 
 MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
 MAX_FILES = 2000           # tracked files looked at per run
+MAX_REWRITTEN = 200        # commits compared by patch id to tell a rebase from a drop
 
 
 @dataclass
@@ -176,7 +177,7 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
             loss.commits += n
             loss.refs.append(name)
             if loss.content_kept:
-                loss.content_kept = _tree_kept(repo, tip, keep)
+                loss.content_kept = _tree_kept(repo, tip, keep) or _patches_kept(repo, tip, keep)
 
 
 def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
@@ -197,6 +198,21 @@ def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
     a = norm(staged, lambda x: (x.split()[0], x.split()[1], x.split(b"\t", 1)[1]))
     b = norm(committed, lambda x: (x.split()[0], x.split()[2], x.split(b"\t", 1)[1]))
     return a == b
+
+
+def _patches_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
+    """Every lost commit's change is on a remaining ref under another commit
+    (a rebase, a cherry-pick): the same patch id. A dropped commit's is not."""
+    lost = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", tip, "--not", *keep,
+                    "--").split()
+    new = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", *keep, "--not", tip, "--").split()
+    if not lost or len(lost) >= MAX_REWRITTEN:
+        return False
+    ids = lambda shas: {ln.split()[1]: ln.split()[0] for ln in repo.git(
+        "patch-id", "--stable", stdin=repo.git("diff-tree", "--stdin", "--root", "-p",
+                                              stdin=b"\n".join(shas) + b"\n")).splitlines()}
+    before, after = ids(lost), set(ids(new).values())
+    return all(before.get(sha) in after for sha in lost)
 
 
 def _blob_id(data: bytes) -> str:
