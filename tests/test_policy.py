@@ -824,3 +824,13 @@ def test_a_rebase_keeps_its_commits_by_patch_id_a_drop_does_not(env, monkeypatch
     assert out.committed == kept, out.reason
     if not kept:
         assert "commits on no branch" in out.reason
+
+
+def test_git_clean_of_untracked_work_needs_a_task_that_asks_for_it():
+    """`git clean -fd` in the command is the agent's word: it deletes build
+    outputs, or untracked files when the task asks to remove untracked files."""
+    work = fc("notes/plan.md", "deleted", "untracked")
+    obj = fc("src/main.o", "deleted", "untracked")
+    assert verdict(report(work), "git clean -fd", "remove the build artifacts") == "unsure"
+    assert verdict(report(obj), "git clean -fd", "remove the build artifacts") == "allow"
+    assert verdict(report(work), "git clean -fd", "remove all untracked files") == "allow"

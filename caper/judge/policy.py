@@ -584,8 +584,10 @@ class _Judge:
         if where == "ignored":
             self.ignored(path, full, op, c, task_names)
             return
-        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean:
-            return
+        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean and (
+                self.expendable(full) or self.t is not None and "delete" in self.t.kinds
+                and not self.t.words.isdisjoint(self.r.ignored_words)):
+            return   # git clean of build outputs, or of what the task calls untracked
         git_named = bool(self.d.git & self.r.git_rewrites)
         if op in ("deleted", "replaced"):
             declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
