@@ -800,12 +800,15 @@ def test_the_runs_own_unix_socket_is_no_way_out():
     assert verdict(report(network=[refused]), task="run the integration tests") == "block"
 
 
-@pytest.mark.parametrize("command, kept", [("git rebase -q main feature", True),
-                                           ("git rebase -q --onto main feature~1 feature", False)])
-def test_a_rebase_keeps_its_commits_by_patch_id_a_drop_does_not(env, monkeypatch, command, kept):
+@pytest.mark.parametrize("command, rebased, verdict", [
+    ("git rebase -q main feature", True, "unsure"),
+    ("git rebase -q --onto main feature~1 feature", False, "block")])
+def test_a_rebase_keeps_its_commits_by_patch_id_a_drop_does_not(env, monkeypatch, command,
+                                                                 rebased, verdict):
     """The old commits of a rebased branch are on no ref, but each one's change
-    is on the branch under another id (the same patch id): nothing lost. A
-    rebase that drops one loses that change."""
+    is on the branch under another id (the same patch id): no change lost,
+    history rewritten, unsure (the LLM or the user judges the rewrite). A
+    rebase that drops a commit loses that change: blocked."""
     for k in ("AUTHOR", "COMMITTER"):
         monkeypatch.setenv(f"GIT_{k}_NAME", "n")
         monkeypatch.setenv(f"GIT_{k}_EMAIL", "n@example.com")
@@ -820,10 +823,13 @@ def test_a_rebase_keeps_its_commits_by_patch_id_a_drop_does_not(env, monkeypatch
     (ws / "README.md").write_text("# project, moved on\n")
     git(ws, "commit", "-qam", "m")
     out = gate(env, command, "rebase the feature branch on main")
-    assert out.report.git is not None and out.report.git.content_kept == kept, out.report.git
-    assert out.committed == kept, out.reason
-    if not kept:
-        assert "commits on no branch" in out.reason
+    assert out.report.git is not None and out.report.git.rebased == rebased, out.report.git
+    assert not out.committed
+    first = PolicyApprover().decide(ApprovalRequest(command, "rebase the feature branch on main",
+                                                    out.report, cwd=str(ws), workspace=str(ws),
+                                                    home=str(env / "home")))
+    assert first.decision == verdict, first.reason
+    assert ("rewrite 2 commits" if rebased else "commits on no branch") in first.reason
 
 
 def test_git_clean_of_untracked_work_needs_a_task_that_asks_for_it():
@@ -834,3 +840,14 @@ def test_git_clean_of_untracked_work_needs_a_task_that_asks_for_it():
     assert verdict(report(work), "git clean -fd", "remove the build artifacts") == "unsure"
     assert verdict(report(obj), "git clean -fd", "remove the build artifacts") == "allow"
     assert verdict(report(work), "git clean -fd", "remove all untracked files") == "allow"
+
+
+def test_a_credential_file_that_loses_lines_is_destroyed():
+    """`cp .env.example .env` over a real two-line .env: not "overwritten" by
+    the line-share rule, yet its secrets are gone. Appending to it is not."""
+    replaced = fc(".env", "modified", "ignored", lines=(2, 2))
+    appended = fc(".env", "modified", "ignored", lines=(1, 0))
+    assert verdict(report(replaced), task="set up the test environment") == "block"
+    assert verdict(report(appended), task="set up the test environment") == "allow"
+    assert verdict(report(replaced), "cp .env.example .env", "set up the test environment") \
+        == "unsure"

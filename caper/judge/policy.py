@@ -576,7 +576,11 @@ class _Judge:
     def workspace_change(self, path: str, full: str, op: str, where: str, c, files: int) -> None:
         tracked = where == "tracked" or (c is not None and c.tracked_files)
         n = (c.tracked_files if c is not None and c.tracked_files else files)
-        destroys = op in ("deleted", "replaced") or (c is not None and c.overwritten)
+        # A credential file loses its values with any line removed (a two-line
+        # .env replaced by the example's placeholders is not "overwritten").
+        credential = self.protected.kind(full) is not None
+        destroys = op in ("deleted", "replaced") or (c is not None and (
+            c.overwritten or credential and op == "modified" and bool(c.lines and c.lines[1])))
         if not destroys:
             return
         task_names = self.t is not None and "delete" in self.t.kinds and (
@@ -801,7 +805,15 @@ class _Judge:
         dropped stashes, uncommitted work put back to a committed version."""
         rewrites = bool(self.d.git & self.r.git_rewrites)
         discard = self.task_says("delete")
-        if g.commits and not g.content_kept:
+        if g.commits and not g.content_kept and g.rebased:
+            # No change lost, but history rewritten (which branch, onto what):
+            # whether that is what the user wanted is for the LLM or the user.
+            self.add(70, "unsure", f"it would rewrite {g.commits} commit"
+                     f"{'s' * (g.commits > 1)} of {', '.join(map(_q, g.refs[:3]))}: each one's "
+                     "change is kept under a new id, the old ids are on no branch",
+                     "git history rewritten", "keep a branch at the old commit first "
+                     "(git branch backup <ref>)")
+        elif g.commits and not g.content_kept:
             self.add(89, "unsure" if rewrites and discard else "block",
                      f"it would leave {g.commits} commit{'s' * (g.commits > 1)} on no branch or "
                      f"tag ({', '.join(map(_q, g.refs[:3]))}); only the reflog would hold them",

@@ -194,6 +194,7 @@ class GitLoss(_Model):
     commits: int = 0                 # no longer reachable from any branch or tag
     refs: list[str] = []             # whose commits they were
     content_kept: bool = True        # their trees are still a ref's or the index's (a squash)
+    rebased: bool = False            # each one's change is on its ref under a new id (a rebase)
     stashes: int = 0                 # stash entries dropped
     uncommitted: list[str] = []      # tracked files put back to a committed version
     unknown: str | None = None       # why it could not be told
@@ -1346,7 +1347,9 @@ def render_card(r: Report) -> str:
     g = r.git
     if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
         lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(_q, g.refs))}"
-                + (", their content kept)" if g.content_kept else ")")] if g.commits else []
+                + (", their content kept)" if g.content_kept else
+                   ", each one's change kept under a new id)" if g.rebased else ")")] \
+            if g.commits else []
         lost += [f"{g.stashes} stash entries dropped"] if g.stashes else []
         lost += ["uncommitted changes thrown away: " + ", ".join(map(_q, g.uncommitted))] \
             if g.uncommitted else []

@@ -33,6 +33,7 @@ class Loss:
     commits: int = 0                                  # no longer reachable from any ref
     refs: list[str] = field(default_factory=list)     # the refs whose commits they were
     content_kept: bool = True    # every lost tip's tree is still a ref's or the index's
+    rebased: bool = False        # every lost commit's patch is on its ref under a new id
     stashes: int = 0                                  # stash entries dropped
     uncommitted: list[str] = field(default_factory=list)   # tracked files, host paths
     unknown: str | None = None                        # why it could not be told
@@ -168,6 +169,7 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
         return
     head = _sha(_read(os.path.join(git_dir, "HEAD")))
     keep = sorted(set(after.values()))
+    rebased = True
     for name in moved:
         tip = before[name]
         if tip in keep or tip == head:
@@ -177,7 +179,9 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
             loss.commits += n
             loss.refs.append(name)
             if loss.content_kept:
-                loss.content_kept = _tree_kept(repo, tip, keep) or _patches_kept(repo, tip, keep)
+                loss.content_kept = _tree_kept(repo, tip, keep)
+            rebased = rebased and name in after and _rebased(repo, tip, after[name])
+    loss.rebased = bool(loss.commits) and rebased
 
 
 def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
@@ -200,13 +204,13 @@ def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
     return a == b
 
 
-def _patches_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
-    """Every lost commit's change is on a remaining ref under another commit
-    (a rebase, a cherry-pick): the same patch id. A dropped commit's is not."""
-    lost = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", tip, "--not", *keep,
-                    "--").split()
-    new = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", *keep, "--not", tip, "--").split()
-    if not lost or len(lost) >= MAX_REWRITTEN:
+def _rebased(repo: _Repo, tip: str, now: str) -> bool:
+    """The ref moved from tip to now, and every commit it no longer holds is
+    there again under another id (a rebase): the same patch id among the
+    commits now has that tip had not. A dropped commit's is not."""
+    lost = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", tip, "--not", now, "--").split()
+    new = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", now, "--not", tip, "--").split()
+    if not lost or not new or len(lost) >= MAX_REWRITTEN:
         return False
     ids = lambda shas: {ln.split()[1]: ln.split()[0] for ln in repo.git(
         "patch-id", "--stable", stdin=repo.git("diff-tree", "--stdin", "--root", "-p",
