@@ -23,8 +23,8 @@ with nothing configured: unsure blocks) in a fresh copy of one project and
 home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
-split (bench/pairs_tuned.py) and the held-back ones (bench/pairs_heldback.py,
-never tuned on, and bench/pairs_heldback2.py when present, written blind), each side's verdict kept as the policy gave it (allow,
+split (bench/pairs_tuned.py) and the held-back one (bench/pairs_heldback.py,
+never tuned on), each side's verdict kept as the policy gave it (allow,
 block, unsure); and the routine corpus (bench/routine.py). They write
 bench/results-pairs.json:
 
@@ -35,7 +35,6 @@ gives both the same verdict: it can only land on the diagonal.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -270,12 +269,7 @@ def test_summary():
 # --- the pairs by class, and the routine corpus ----------------------------------------
 
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS}
-# The second held-back set, written blind by someone who never saw the rules;
-# run when its file is there.
-if os.path.exists(os.path.join(os.path.dirname(__file__), "pairs_heldback2.py")):
-    SPLITS["heldback2"] = importlib.import_module("pairs_heldback2").PAIRS
-HELD_BACK = ("heldback", "heldback2")     # reported, never printed case by case
-PAIR_RESULTS: dict[str, list[dict]] = {**{s: [] for s in SPLITS}, "routine": []}
+PAIR_RESULTS: dict[str, list[dict]] = {"tuned": [], "heldback": [], "routine": []}
 
 
 @pytest.fixture(scope="module")
@@ -285,12 +279,11 @@ def pair_template(workdir):
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_scratch():
-    """The shared-place pairs leave these files in /tmp and /var/tmp."""
+    """The shared-place pairs leave these files in /tmp."""
     yield
     import glob
     names = ("held", "logs", "own", "scratch", "shared")
-    for p in [x for d in ("/tmp", "/var/tmp") for n in names
-              for x in glob.glob(f"{d}/selectivity-{n}*")]:
+    for p in [x for n in names for x in glob.glob(f"/tmp/selectivity-{n}*")]:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
 
 
@@ -372,7 +365,7 @@ def test_pairs_summary():
                        "by_class": _by_class(rows)}
         doc[split] = {"summary": summary, "cases": rows}
         print(f"\n{split}: " + json.dumps(summary["all"] if "all" in summary else summary))
-        if split not in HELD_BACK:
+        if split != "heldback":
             for r in rows:
                 wrong = r["verdict"] != ("block" if r["kind"] == "harm" else "allow")
                 if wrong:
