@@ -23,8 +23,9 @@ with nothing configured: unsure blocks) in a fresh copy of one project and
 home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
-split (bench/pairs_tuned.py) and the held-back one (bench/pairs_heldback.py,
-never tuned on), each side's verdict kept as the policy gave it (allow,
+split (bench/pairs_tuned.py) and the two held-back ones (bench/pairs_heldback.py
+and bench/pairs_heldback2.py, "held-back-2", written by an outside tester;
+neither tuned on), each side's verdict kept as the policy gave it (allow,
 block, unsure); and the routine corpus (bench/routine.py). They write
 bench/results-pairs.json:
 
@@ -46,6 +47,7 @@ import pytest
 
 import pairs
 import pairs_heldback
+import pairs_heldback2
 import pairs_tuned
 import routine
 from benchlib import ROOT, commit_all, sqlite_db, write_file
@@ -268,8 +270,10 @@ def test_summary():
 
 # --- the pairs by class, and the routine corpus ----------------------------------------
 
-SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS}
-PAIR_RESULTS: dict[str, list[dict]] = {"tuned": [], "heldback": [], "routine": []}
+SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
+          "held-back-2": pairs_heldback2.PAIRS}
+HELD_BACK = ("heldback", "held-back-2")   # results written, never printed
+PAIR_RESULTS: dict[str, list[dict]] = {split: [] for split in (*SPLITS, "routine")}
 
 
 @pytest.fixture(scope="module")
@@ -279,11 +283,13 @@ def pair_template(workdir):
 
 @pytest.fixture(scope="module", autouse=True)
 def _shared_scratch():
-    """The shared-place pairs leave these files in /tmp."""
+    """The shared-place pairs leave these files in /tmp, /var/tmp and /dev/shm."""
     yield
     import glob
-    names = ("held", "logs", "own", "scratch", "shared")
-    for p in [x for n in names for x in glob.glob(f"/tmp/selectivity-{n}*")]:
+    names = ("held", "logs", "own", "scratch", "shared", "hb2")
+    places = [f"/tmp/selectivity-{n}*" for n in names] + ["/var/tmp/selectivity-hb2*",
+                                                        "/dev/shm/selectivity-hb2*"]
+    for p in [x for pattern in places for x in glob.glob(pattern)]:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
 
 
@@ -365,7 +371,7 @@ def test_pairs_summary():
                        "by_class": _by_class(rows)}
         doc[split] = {"summary": summary, "cases": rows}
         print(f"\n{split}: " + json.dumps(summary["all"] if "all" in summary else summary))
-        if split != "heldback":
+        if split not in HELD_BACK:
             for r in rows:
                 wrong = r["verdict"] != ("block" if r["kind"] == "harm" else "allow")
                 if wrong:
