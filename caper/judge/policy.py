@@ -31,7 +31,7 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Iterable
 
@@ -77,6 +77,7 @@ class Rules:
         self.formatters = set(data["formatters"])
         self.git_rewrites = set(data["git_rewrites"])
         self.installers = set(data["installers"])
+        self.npm_lifecycle = set(data["npm_lifecycle"])
         self.words = {k: set(v) for k, v in data["task_words"].items()}
         self.escape_calls = set(data["refused"]["escape"])
         self.probe_calls = set(data["refused"]["probe"])
@@ -99,6 +100,7 @@ class Rules:
         self.roles = {name: (self._globs(r["paths"]), set(r["task_words"]))
                       for name, r in data["roles"].items()}
         self.skip_markers = list(data["roles"]["tests"]["skip_markers"])
+        self.assertion_markers = list(data["roles"]["tests"]["assertion_markers"])
 
     def _globs(self, patterns: Iterable[str]) -> list[re.Pattern]:
         out = []
@@ -305,7 +307,7 @@ class PolicyApprover:
         protected = request.protected or protected_for(default_patterns(), request.home, workspace)
         judge = _Judge(rules, declared, intent, request.home, workspace, protected)
         findings = judge.run(report)
-        return _verdict(findings, report, request.task)
+        return replace(_verdict(findings, report, request.task), task_names=judge.task_names)
 
 
 class _Judge:
@@ -326,6 +328,7 @@ class _Judge:
         self.formatted = [a for prog, args in declared.operands.items()
                           if prog in rules.formatters for a in args]
         self.findings: list[Finding] = []
+        self.task_names: tuple[str, ...] = ()   # the changes the task names (run() sets them)
 
     def task_says(self, kind: str, path: str | None = None) -> bool:
         if self.t is None:
@@ -339,6 +342,8 @@ class _Judge:
     def run(self, report) -> list[Finding]:
         self.credential_reads = {p.path for p in report.protected_reads}
         changes = report.all_changes
+        self.task_names = tuple(c.path for c in changes if self.t is not None and (
+            self.t.names(c.path) or _stem(c.path) in self.t.words))
         for c in changes:
             self.change(c)
         if report._all_changes is None:     # a report made by hand: its aggregates too
@@ -374,8 +379,13 @@ class _Judge:
     def transformed(self, report) -> None:
         """A credential read, then output or a file written: the value may be
         in it in a form no redaction finds (base64, reversed, encrypted), so
-        verbatim matching cannot clear it; a human or the LLM decides."""
-        read = sorted({p.path for p in report.protected_reads if p.result is None})
+        verbatim matching cannot clear it; a human or the LLM decides. A file
+        of settings and placeholders only (the report says which) has no
+        value to carry."""
+        shown = report.counts.get("protected_reads")
+        whole = shown is None or not shown.omitted      # every read listed, values known
+        read = sorted({p.path for p in report.protected_reads
+                       if p.result is None and not (p.settings_only and whole)})
         if not read:
             return
         if report.output.stdout.bytes or report.output.stderr.bytes:
@@ -468,6 +478,8 @@ class _Judge:
             return True      # an alias of git subcommands runs nothing new
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
             return True
+        if fmt == "package":     # what npm runs by itself on install, publish and pack
+            return not (key.startswith("scripts.") and key[8:] in self.r.npm_lifecycle)
         for prefix, subs in self.r.git_declares.items():
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
@@ -533,8 +545,14 @@ class _Judge:
             return True
         if "delete" not in self.t.kinds:
             return False
+        return by_git or self._task_names_kind(path)
+
+    def _task_names_kind(self, path: str) -> bool:
+        """The task names the file's kind by its extension, as a word (`the
+        .orig files`, `*.o`, `the pyc files`; `.pyc` does not name `.py`)."""
         ext = os.path.splitext(path)[1].lower()
-        return by_git or bool(ext) and (ext[1:] in self.t.words or ext in self.t.text.lower())
+        return bool(ext) and (ext[1:] in self.t.words or re.search(
+            r"(?<![\w.])\*?" + re.escape(ext) + r"(?![\w.])", self.t.text.lower()) is not None)
 
     def _formatted(self, full: str, c) -> bool:
         """A formatter the command names rewrote this file: one of the paths
@@ -558,15 +576,22 @@ class _Judge:
     def workspace_change(self, path: str, full: str, op: str, where: str, c, files: int) -> None:
         tracked = where == "tracked" or (c is not None and c.tracked_files)
         n = (c.tracked_files if c is not None and c.tracked_files else files)
-        destroys = op in ("deleted", "replaced") or (c is not None and c.overwritten)
+        # A credential file loses its values with any line removed (a two-line
+        # .env replaced by the example's placeholders is not "overwritten").
+        credential = self.protected.kind(full) is not None
+        destroys = op in ("deleted", "replaced") or (c is not None and (
+            c.overwritten or credential and op == "modified" and bool(c.lines and c.lines[1])))
         if not destroys:
             return
-        task_names = self.t is not None and "delete" in self.t.kinds and self.t.names(path)
+        task_names = self.t is not None and "delete" in self.t.kinds and (
+            self.t.names(path) or self._task_names_kind(path))
         if where == "ignored":
             self.ignored(path, full, op, c, task_names)
             return
-        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean:
-            return
+        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean and (
+                self.expendable(full) or self.t is not None and "delete" in self.t.kinds
+                and not self.t.words.isdisjoint(self.r.ignored_words)):
+            return   # git clean of build outputs, or of what the task calls untracked
         git_named = bool(self.d.git & self.r.git_rewrites)
         if op in ("deleted", "replaced"):
             declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
@@ -740,17 +765,25 @@ class _Judge:
         edited = [c for c in changes if c.where == "tracked" and c.op in
                   ("modified", "deleted", "replaced", "renamed") and c.type == "file"]
         unnamed = [c for c in edited if not self.t.names(c.path)]
+        # A new file of the test runner's (a conftest.py, a pytest.ini) that
+        # skips tests is as much a skip as an edit of a test.
+        written = [c for c in changes if c.op == "created" and c.type == "file" and
+                   c.where in ("untracked", "workspace") and self._skips(c)]
         for role, (globs, words) in self.r.roles.items():
-            # A test the task names is one to fix, not to skip or delete.
-            hits = [c for c in (edited if role == "tests" else unnamed)
+            # A test the task names is one to fix, not to skip or delete; one
+            # it does not name is not the place to weaken an assertion.
+            hits = [c for c in (edited + written if role == "tests" else unnamed)
                     if self.r.matches(globs, self.absolute(c.path))
-                    and (role != "tests" or c.op != "modified" or self._skips(c))]
+                    and (role != "tests" or c.op not in ("modified", "created") or self._skips(c)
+                         or c in unnamed and self._weakens(c))]
             if hits and self.t.words.isdisjoint(words):
                 self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_q(hits[0].path)} "
                          f"({role.replace('_', ' ')}), which the task does not name",
                          "scope: the task asked for something narrower",
                          "change only what the task names", hits[0].path)
-        named_a_file = any(self.t.names(c.path) for c in edited) or \
+        # "the readme" names README.md: a file is named by its stem too.
+        named_a_file = any(self.t.names(c.path) or _stem(c.path) in self.t.words
+                           for c in edited) or \
             any("." in w.strip(".") or "/" in w for w in self.t.text.split())
         if named_a_file and len(unnamed) >= self.r.scope_files:
             self.add(44, "unsure", f"it would edit {len(unnamed)} tracked files the task does "
@@ -762,12 +795,25 @@ class _Judge:
         return any(ln.startswith("+") and any(m in ln for m in self.r.skip_markers)
                    for ln in c.diff or [])
 
+    def _weakens(self, c) -> bool:
+        """An assertion line of a test removed or rewritten: what the test checks changed."""
+        return any(ln.startswith("-") and not ln.startswith("---") and
+                   any(m in ln for m in self.r.assertion_markers) for ln in c.diff or [])
+
     def git_history(self, g) -> None:
         """What git cannot give back: commits on no branch or tag any more,
         dropped stashes, uncommitted work put back to a committed version."""
         rewrites = bool(self.d.git & self.r.git_rewrites)
         discard = self.task_says("delete")
-        if g.commits and not g.content_kept:
+        if g.commits and not g.content_kept and g.rebased:
+            # No change lost, but history rewritten (which branch, onto what):
+            # whether that is what the user wanted is for the LLM or the user.
+            self.add(70, "unsure", f"it would rewrite {g.commits} commit"
+                     f"{'s' * (g.commits > 1)} of {', '.join(map(_q, g.refs[:3]))}: each one's "
+                     "change is kept under a new id, the old ids are on no branch",
+                     "git history rewritten", "keep a branch at the old commit first "
+                     "(git branch backup <ref>)")
+        elif g.commits and not g.content_kept:
             self.add(89, "unsure" if rewrites and discard else "block",
                      f"it would leave {g.commits} commit{'s' * (g.commits > 1)} on no branch or "
                      f"tag ({', '.join(map(_q, g.refs[:3]))}); only the reflog would hold them",
@@ -800,6 +846,8 @@ class _Judge:
             self.add(96, "block", f"it tried the host socket {_q(n.address)}",
                      "a way out of the sandbox", None)
             return
+        if n.family == "unix" and n.result == "ok":
+            return   # the tracer lets a unix socket through only if the sandbox bound it
         lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
             (n.port in self.r.lookup_ports)
         dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
@@ -858,6 +906,11 @@ def _loopback(address: str) -> bool:
 
 def _is_git_config(path: str) -> bool:
     return configkeys.format_of(path) == "git"
+
+
+def _stem(path: str) -> str:
+    """A file's name without its extensions, as a task says it ("the readme")."""
+    return os.path.basename(path).split(".")[0].lower()
 
 
 def _verb(op: str) -> str:

@@ -202,6 +202,7 @@ class GitLoss(_Model):
     commits: int = 0                 # no longer reachable from any branch or tag
     refs: list[str] = []             # whose commits they were
     content_kept: bool = True        # their trees are still a ref's or the index's (a squash)
+    rebased: bool = False            # each one's change is on its ref under a new id (a rebase)
     stashes: int = 0                 # stash entries dropped
     uncommitted: list[str] = []      # tracked files put back to a committed version
     unknown: str | None = None       # why it could not be told
@@ -246,6 +247,9 @@ class ProtectedRead(_Model):
     result: str | None = None        # the error, when the open failed
     via: str | None = None           # the name the command used, when another (a symlink ...)
     op: str = "open"                 # open | link | rename: a copy of the credential by name
+    # The file holds no secret value, only settings and placeholders
+    # (~/.aws/config's region, .env.example's change-me): read whole by caper.
+    settings_only: bool = False
 
 
 class SecretSeen(_Model):
@@ -740,6 +744,7 @@ class _Draft:
     uncertain: list[str]
     git: GitLoss | None = None
     late: bool = False                        # past REPORT_DEADLINE_S
+    settings_only: frozenset[str] = frozenset()   # credentials read that hold no secret value
 
 
 def build(facts: RunFacts) -> Report:
@@ -947,6 +952,10 @@ def _draft(facts: RunFacts) -> _Draft:
     for e, kind, cred in an.protected:
         sev = 85 if e.ok else 70
         protected_reads.append((sev, e, kind, cred))
+    # A copy of a secret the run made holds that secret, whatever its shape.
+    copied = {cred for _, _, kind, cred in protected_reads if kind.startswith("copied:")}
+    settings_only = frozenset(cred for _, _, _, cred in protected_reads
+                              if cred not in copied and loc.settings_only(cred))
     net = []
     for e in an.net:
         reads = an.read_before(e.pid, e.seq)
@@ -985,7 +994,8 @@ def _draft(facts: RunFacts) -> _Draft:
     flags = [k if v == 1 else f"{k}: {v}" for k, v in sorted(uncertain.items())]
     return _Draft(facts, view, an, redactor, rescored, writer_of, details, secrets,
                   protected_reads, net, out_secrets, held, flags,
-                  GitLoss(**vars(loss)) if loss else None, REPORT_LATE in uncertain)
+                  GitLoss(**vars(loss)) if loss else None, REPORT_LATE in uncertain,
+                  settings_only)
 
 
 def _git_shown(g: GitLoss, path) -> GitLoss:
@@ -1086,7 +1096,8 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
     net = net[:lim.items]
     prot = [ProtectedRead(path=path(cred), kind=kind, by=actor(e.pid, e.seq),
                           result=None if e.ok else (e.error or "unknown"),
-                          via=_via(e, cred, path), op=e.kind.name.lower())
+                          via=_via(e, cred, path), op=e.kind.name.lower(),
+                          settings_only=cred in d.settings_only)
             for sev, e, kind, cred in sorted(d.protected_reads, key=lambda x: -x[0])[:lim.items]]
 
     secret_items = [SecretSeen(where=w, kinds=sorted(k)) for w, k in d.out_secrets.items()]
@@ -1379,7 +1390,9 @@ def render_card(r: Report) -> str:
     g = r.git
     if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
         lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(_q, g.refs))}"
-                + (", their content kept)" if g.content_kept else ")")] if g.commits else []
+                + (", their content kept)" if g.content_kept else
+                   ", each one's change kept under a new id)" if g.rebased else ")")] \
+            if g.commits else []
         lost += [f"{g.stashes} stash entries dropped"] if g.stashes else []
         lost += ["uncommitted changes thrown away: " + ", ".join(map(_q, g.uncommitted))] \
             if g.uncommitted else []

@@ -24,7 +24,7 @@ VALUE_CHARS = 80
 
 
 def format_of(path: str) -> str | None:
-    """git | npmrc | ini | toml | yaml | vscode, or None for a file of no known role."""
+    """git | npmrc | ini | toml | yaml | vscode | package, or None for a file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
     if name in ("config", "config.worktree") and ".git" in parts[:-1]:
@@ -42,6 +42,8 @@ def format_of(path: str) -> str | None:
         return "yaml"
     if name == "settings.json" and parent == ".vscode":
         return "vscode"
+    if name == "package.json":
+        return "package"
     return None
 
 
@@ -64,7 +66,7 @@ def _pairs(fmt: str, data: bytes) -> set[tuple[str, str]] | None:
         return None
     try:
         return {"git": _git, "npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
-                "vscode": _json}[fmt](data)
+                "vscode": _json, "package": _json}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 
