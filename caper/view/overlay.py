@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from caper.commit import ctimes
 from caper.fs import mountinfo
 from caper.changes import Layer
-from caper.commit.engine import rmtree_at
+from caper.commit.fsops import rmtree_at
 from caper.errors import CaperError, ConfigError, SetupError
 from caper.sandbox._native import lib
 from caper.sandbox.trace import TRACER_THREAD, Mount
@@ -125,7 +125,7 @@ def _escape_option(path: str) -> str:
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
 
 
-class _Planner:
+class _MountPlanner:
     """Turns host paths into mounts under the staging root."""
 
     def __init__(self, scratch: str, stage: str, userxattr: bool, host_points: set[str]):
@@ -353,8 +353,8 @@ class OverlaySnapshot:
     since_ns: int           # the conflict threshold (caper.commit.ctimes)
     not_before_ns: int      # 0, or when the command may start (caper.commit.ctimes)
     hidden: list[str] = field(default_factory=list)
-    held: list[tuple[str, str]] = field(default_factory=list)   # see _Planner.held
-    aliases: list[tuple[str, str]] = field(default_factory=list)  # see _Planner.alias
+    held: list[tuple[str, str]] = field(default_factory=list)   # see _MountPlanner.held
+    aliases: list[tuple[str, str]] = field(default_factory=list)  # see _MountPlanner.alias
     lock_fd: int = -1       # flocked while this process owns the run (see collect_dead_runs)
 
     @classmethod
@@ -408,7 +408,7 @@ class OverlaySnapshot:
         os.mkdir(stage)
         state_real = os.path.realpath(state_dir)
         hidden = _state_paths([state_real, *other_state], entries)
-        plan = _Planner(scratch, stage, userxattr, {e.point for e in entries})
+        plan = _MountPlanner(scratch, stage, userxattr, {e.point for e in entries})
         covered = [m for m in host_mounts(entries)
                    if m.fstype not in PSEUDO_FS
                    and not any(mountinfo.below(m.mount_point, h) for h in hidden)
@@ -483,7 +483,7 @@ class OverlaySnapshot:
 
     def discard_later(self) -> None:
         """discard() after the answer (see later()): deleting what a run
-        wrote, and what its commit replaced (caper.commit.engine's trash), takes
+        wrote, and what its commit replaced (caper.commit.recover.Trash), takes
         ~100 us a file where the files are on disk. The scratch stays locked
         until it is gone, so collect_dead_runs spares it."""
         later(self.discard)
