@@ -22,9 +22,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from caper.changes import Layer
-from caper.commit.engine import CommitIncomplete, commit, recover
+from caper.commit.engine import commit
 from caper.commit.journal import write_atomic
-from caper.errors import ConfigError
+from caper.commit.recover import recover
+from caper.errors import CommitIncomplete, ConfigError
 from caper.state import inside, workspace_lock
 from caper.view.overlay import remove_tree
 

@@ -8,7 +8,7 @@ symlink targets, xattrs and mtimes.  No mocks; the crash tests kill the
 committing process for real (SIGKILL) at every filesystem step.
 
 Each test names the cases it covers as `# CASE(<changed>, <host>)`, matching the
-labels in caper/commit/engine.py; scripts/check_commit_cases.py checks the match.
+labels in caper/commit/; scripts/check_commit_cases.py checks the match.
 """
 from __future__ import annotations
 
@@ -30,13 +30,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from caper.commit import engine as C
 from caper.commit import ctimes
+from caper.commit import fsops
 from caper.commit import journal
 from caper.fs import mountinfo
 from caper.changes import Change, Layer
-from caper.commit.engine import CommitConflict, CommitError, commit, plan_changes, recover
-from caper.errors import CaperError
+from caper.commit.engine import commit
+from caper.commit.plan import plan_changes
+from caper.commit.recover import TRASH_DIR, recover
+from caper.commit.stage import STAGE_PREFIX, journal_at
+from caper.errors import CaperError, CommitConflict, CommitError, CommitIncomplete
 from crash import kill_sweep, killed_at
 from test_ctimes import wait_for
 
@@ -190,7 +193,7 @@ def overlay_xattrs_in(root) -> list[str]:
 
 def leftovers(root) -> list[str]:
     return [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in dirs + files
-            if n.startswith(C.STAGE_PREFIX)]
+            if n.startswith(STAGE_PREFIX)]
 
 
 def diff(a: dict, b: dict) -> str:
@@ -320,8 +323,8 @@ def test_old_versions_go_to_the_trash_beside_the_upper_not_deleted_in_the_tree(e
     env.run("rm -rf d; echo new > r")
     env.commit()
     env.check_committed()
-    assert not [n for n in os.listdir(env.host) if n.startswith(C.STAGE_PREFIX)]
-    trash = env.base / C.TRASH_DIR
+    assert not [n for n in os.listdir(env.host) if n.startswith(STAGE_PREFIX)]
+    trash = env.base / TRASH_DIR
     olds = {(trash / n).read_text() if (trash / n).is_file() else
             tuple(sorted(str(p.relative_to(trash / n)) for p in (trash / n).rglob("*")))
             for n in os.listdir(trash)}
@@ -339,7 +342,7 @@ def test_an_old_version_linked_elsewhere_is_deleted_in_place(env):
     env.commit()
     assert (env.host / "b").read_text() == "1" and os.stat(env.host / "b").st_nlink == 1
     assert os.stat(env.host / "y").st_nlink == 1
-    assert os.listdir(env.base / C.TRASH_DIR) == []
+    assert os.listdir(env.base / TRASH_DIR) == []
 
 
 def test_opaque_dir_over_dir(env):
@@ -773,7 +776,7 @@ class _Scenario:
             shutil.rmtree(dst, ignore_errors=True)
             subprocess.run(["cp", "-a", str(src), str(dst)], check=True)   # mtimes too
         shutil.rmtree(work.state, ignore_errors=True)
-        shutil.rmtree(work.base / C.TRASH_DIR, ignore_errors=True)    # caper's scratch would go
+        shutil.rmtree(work.base / TRASH_DIR, ignore_errors=True)    # caper's scratch would go
         work.state.mkdir()
         return snapshot(work.host)
 
@@ -890,7 +893,7 @@ def test_a_full_disk_at_every_step_of_the_commit_leaves_pre_or_post(tmp_path):
             try:
                 sc.commit()
                 how = "finished"
-            except C.CommitIncomplete:
+            except CommitIncomplete:
                 how = "left for recover"
             except CommitError:
                 how = "undone"
@@ -928,7 +931,7 @@ def test_commit_refuses_until_an_interrupted_commit_is_recovered(env):
 def test_recover_leaves_a_running_commit_alone(env):
     env.build({"a": "1"})
     env.run("echo 2 > a")
-    j = C._journal(str(env.state), "deadbeef0000")
+    j = journal_at(str(env.state), "deadbeef0000")
     os.makedirs(j.dir, exist_ok=True)
     r, w = os.pipe()
     pid = os.fork()
@@ -971,8 +974,8 @@ def _counted_commit(monkeypatch, env: Env) -> tuple[float, int]:
             calls[0] += 1
             return real(*a, **kw)
         return wrapper
-    monkeypatch.setattr(C, "_lstat", counting(os.lstat))
-    monkeypatch.setattr(C, "_scandir", counting(os.scandir))
+    monkeypatch.setattr(fsops, "_lstat", counting(os.lstat))
+    monkeypatch.setattr(fsops, "_scandir", counting(os.scandir))
     t0 = time.perf_counter()
     env.commit()
     dt = time.perf_counter() - t0
