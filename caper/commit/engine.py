@@ -8,7 +8,9 @@ The stages, in order (`commit` lists them):
 
 1. **plan** (read-only).  Walk every upper dir (never the host tree, except
    below a directory that is deleted or replaced) and turn each entry into a
-   *unit* (one host path swapped atomically: create, replace, delete) or a
+   *unit* (one host path swapped atomically: create, replace, delete; or a
+   file with other hard links rewritten in place, with its old data kept for
+   an undo), a *move* (a directory the run renamed: an overlay redirect) or a
    *meta* change of a merged directory.  Every host path the commit would
    change is checked: a ctime at or after `since_ns` means the host changed it
    during the run, and the whole commit is refused with `CommitConflict`
@@ -18,9 +20,13 @@ The stages, in order (`commit` lists them):
    filesystem) that stages its new content or keeps its old one.  Written
    and fsynced before the first change; rewritten (tmp + rename + fsync) at
    each phase: prepared -> staged -> applied.
-3. **stage**.  New content is built at the hidden names: hard-linked from the
-   upper when it is on the same filesystem (fast, and the upper stays intact
-   for an undo), copied otherwise (EXDEV).  Overlay xattrs are stripped.
+3. **stage**.  The moves first (every source to a hidden name in the
+   layer's root, then each to its destination: the units name their targets
+   where the run left them).  New content is built at the hidden names:
+   hard-linked from the upper when it is on the same filesystem (fast, and
+   the upper stays intact for an undo), copied otherwise (EXDEV); another
+   name of a host file is a hard link to the host's inode (its overlay
+   origin).  Overlay xattrs are stripped.
    The inode of each staged entry goes into the journal ("staged").
 4. **swap**.  Each unit is one atomic `renameat2`: RENAME_EXCHANGE for a
    replacement (no moment without the path; the old version ends at the
@@ -132,7 +138,7 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
                                  + ", ".join(paths[:10]) + (" ..." if len(paths) > 10 else ""), paths)
         jid = secrets.token_hex(6)
         counts = dict(Counter(c.kind for c in plan.changes))
-        if not plan.units and not plan.metas:
+        if not plan.units and not plan.metas and not plan.moves:
             for lp in plan.layers:
                 empty_upper(lp.layer.upper)
             return CommitResult(jid, plan.changes, counts, seconds=time.perf_counter() - t0,
@@ -140,6 +146,8 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
         check_room(plan)
         for n, unit in enumerate(plan.units):
             unit.stage = f"{STAGE_PREFIX}{jid}-{n}"
+        for n, move in enumerate(plan.moves):
+            move.stage = f"{STAGE_PREFIX}{jid}-m{n}"
         plan.shut = shut_dirs(plan)
         journal = journal_at(state_dir, jid)
         journal.lock(block=True)
@@ -147,7 +155,8 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
         try:
             # 2. journal, durable before the first change
             journal.write(journal_data(jid, "prepared", plan))
-            # 3. stage new content at the hidden names
+            # 3. the directories the run renamed, then new content at the hidden names
+            stager.move_dirs()
             for unit in plan.units:
                 stager.stage(unit)
             sync_layers(plan.layers)
@@ -204,4 +213,5 @@ def _undo_after_failure(journal: Journal, exc: BaseException) -> None:
 
 def _plan_paths(plan: Plan) -> set[str]:
     return ({plan.layers[u.layer].host.path(u.parent + (u.name,)) for u in plan.units}
-            | {plan.layers[m.layer].host.path(m.rel) for m in plan.metas})
+            | {plan.layers[m.layer].host.path(m.rel) for m in plan.metas}
+            | {plan.layers[m.layer].host.path(p) for m in plan.moves for p in (m.src, m.dst)})

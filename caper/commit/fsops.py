@@ -348,19 +348,24 @@ def meta_diff(old: dict, new: dict) -> list[str]:
 def set_meta(dfd: int, name: str, meta: dict) -> None:
     ofd = obj_fd(dfd, name)
     try:
-        p = proc_path(ofd)
-        st = os.fstat(ofd)
-        if (st.st_uid, st.st_gid) != (meta["uid"], meta["gid"]):
-            _set_owner(p, meta["uid"], meta["gid"])
-        want, have = {k: bytes.fromhex(v) for k, v in meta["xattrs"].items()}, managed_xattrs(p)
-        if want != have:
-            with xattrs_writable(ofd):
-                _set_xattrs(p, want, have)
-        if stat.S_IMODE(os.fstat(ofd).st_mode) != meta["mode"]:
-            step("chmod")
-            os.chmod(p, meta["mode"])
+        set_meta_fd(ofd, meta)
     finally:
         os.close(ofd)
+
+
+def set_meta_fd(ofd: int, meta: dict) -> None:
+    """Make owner, managed xattrs and mode of the inode open at ofd those of `meta`."""
+    p = proc_path(ofd)
+    st = os.fstat(ofd)
+    if (st.st_uid, st.st_gid) != (meta["uid"], meta["gid"]):
+        _set_owner(p, meta["uid"], meta["gid"])
+    want, have = {k: bytes.fromhex(v) for k, v in meta["xattrs"].items()}, managed_xattrs(p)
+    if want != have:
+        with xattrs_writable(ofd):
+            _set_xattrs(p, want, have)
+    if stat.S_IMODE(os.fstat(ofd).st_mode) != meta["mode"]:
+        step("chmod")
+        os.chmod(p, meta["mode"])
 
 
 # --- removing trees -----------------------------------------------------------------------
@@ -479,6 +484,16 @@ def exists(dfd: int, name: str) -> os.stat_result | None:
         return _lstat(name, dir_fd=dfd)
     except FileNotFoundError:
         return None
+
+
+def same_data(a: int, b: int) -> bool:
+    """Do the files open at a and b (at offset 0) hold the same bytes?"""
+    while True:
+        x, y = os.read(a, COPY_CHUNK), os.read(b, COPY_CHUNK)
+        if x != y:
+            return False
+        if not x:
+            return True
 
 
 def copy_data(src: int, dst: int, size: int) -> int:

@@ -14,8 +14,8 @@ from caper.commit.fsops import (
     scandir, set_meta,
 )
 from caper.commit.journal import step
-from caper.commit.plan import CREATE, DELETE, REPLACE
-from caper.commit.stage import JOURNAL_DIR, JOURNAL_VERSION, STAGE_PREFIX, journal_at
+from caper.commit.plan import CREATE, DELETE, REPLACE, REWRITE
+from caper.commit.stage import JOURNAL_DIR, JOURNAL_VERSION, STAGE_PREFIX, journal_at, rewrite_inode
 from caper.errors import CommitError
 from caper.fs import mountinfo
 from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
@@ -54,7 +54,7 @@ class Recovery:
         phase = self.data["phase"]
         for u in reversed(self.data["units"]):
             host = self.hosts[u["layer"]]
-            parent = tuple(u["parent"])
+            parent = () if u["op"] == REWRITE else tuple(u["parent"])   # its backup is in the root
             try:
                 pfd = host.fd(parent)
             except CommitError:
@@ -69,12 +69,72 @@ class Recovery:
                 cur = exists(pfd, rel[-1])
                 if cur is not None and cur.st_ino == m["ino"]:
                     set_meta(pfd, rel[-1], m["old"])
+        self._undo_moves()
         self._times("old")
         self._reshut(applied=False)
         self._sync()
 
+    def _undo_moves(self) -> None:
+        """Put the directories the commit renamed back (see Stager.move_dirs),
+        in the reverse order: each destination back to its hidden name (the
+        displaced directory back at the destination), deepest first, and the
+        new directories they went into removed; then each source back."""
+        moves, new_dirs = self.data.get("moves", []), self.data.get("new_dirs", [])
+        places = [(len(m["dst"]), 1, m) for m in moves] + [(len(d["rel"]), 0, d) for d in new_dirs]
+        for _, is_move, item in sorted(places, key=lambda p: p[:2], reverse=True):
+            host = self.hosts[item["layer"]]
+            rel = tuple(item["dst"] if is_move else item["rel"])
+            try:
+                pfd = host.fd(rel[:-1])
+            except CommitError:
+                continue                            # its parent is not there: never placed
+            cur = exists(pfd, rel[-1])
+            if cur is None:
+                continue
+            if not is_move:
+                if stat.S_ISDIR(cur.st_mode) and item["ino"] in (None, cur.st_ino):
+                    try:
+                        step("rmdir")
+                        os.rmdir(rel[-1], dir_fd=pfd)
+                    except OSError as e:
+                        if e.errno != errno.ENOTEMPTY:
+                            raise
+                        self.notes.append(f"{host.path(rel)} is not empty; kept")
+                host.reset()
+                continue
+            if cur.st_ino != item["ino"]:
+                continue
+            if item["displaced"] is None:
+                step("rename")
+                renameat2(pfd, rel[-1], item["stage"], RENAME_NOREPLACE, new_dfd=host.fd(()))
+            else:
+                step("exchange")
+                renameat2(pfd, rel[-1], item["stage"], RENAME_EXCHANGE, new_dfd=host.fd(()))
+            host.reset()
+        for m in sorted(moves, key=lambda m: len(m["src"])):
+            host = self.hosts[m["layer"]]
+            cur = exists(host.fd(()), m["stage"])
+            if cur is None or cur.st_ino != m["ino"]:
+                continue
+            src = tuple(m["src"])
+            step("rename")
+            renameat2(host.fd(()), m["stage"], src[-1], RENAME_NOREPLACE, new_dfd=host.fd(src[:-1]))
+            host.reset()
+
     def _undo_unit(self, host: DirFds, pfd: int, u: dict, phase: str) -> None:
         name, stage = u["name"], u["stage"]
+        if u["op"] == REWRITE:
+            if phase != "prepared":
+                backup = (pfd, stage) if u["data"] and exists(pfd, stage) is not None else None
+                if u["data"] and backup is None:
+                    self.notes.append(f"{_unit_path(host, u)}: its old data is not at {stage}; "
+                                      "the new data stays")
+                origin = (u["origin"][0], bytes.fromhex(u["origin"][1]))
+                rewrite_inode(host.fd(()), origin, u["host_ino"], backup, u["meta"]["old"],
+                              u["meta"]["old_times"], _unit_path(host, u))
+            if u["data"]:
+                rmtree_at(pfd, stage, host.dev, host.root)
+            return
         if u["op"] == DELETE:
             if exists(pfd, stage) is not None:
                 if exists(pfd, name) is None:
@@ -98,7 +158,7 @@ class Recovery:
         try:
             for u in self.data["units"]:
                 host = self.hosts[u["layer"]]
-                parent = tuple(u["parent"])
+                parent = () if u["op"] == REWRITE else tuple(u["parent"])   # its backup is in the root
                 pfd = host.fd(parent)
                 stage = u["stage"]
                 with entered(pfd):
@@ -112,6 +172,12 @@ class Recovery:
                             continue
                     if not trash[u["layer"]].take(pfd, stage):
                         rmtree_at(pfd, stage, host.dev, host.path(parent))
+            for m in self.data.get("moves", []):        # the directories the moves replaced
+                host = self.hosts[m["layer"]]
+                cur = exists(host.fd(()), m["stage"])
+                if cur is not None and cur.st_ino == m["displaced"]:
+                    if not trash[m["layer"]].take(host.fd(()), m["stage"]):
+                        rmtree_at(host.fd(()), m["stage"], host.dev, host.root)
             self._times("new")
             self._reshut(applied=True)
             for l in self.data["layers"]:
@@ -236,8 +302,10 @@ def load_journal(path: str) -> dict:
         data = json.loads(f.read())
     if data.get("version") != JOURNAL_VERSION:
         raise CommitError(f"{path}: unknown journal version {data.get('version')!r}", step="recover")
-    for item in data["units"] + data["metas"] + data["times"] + data.get("shut", []):
-        names = item.get("parent", []) + item.get("rel", []) + [item.get("name", "x"), item.get("stage", "x")]
+    for item in (data["units"] + data["metas"] + data["times"] + data.get("shut", [])
+                 + data.get("moves", []) + data.get("new_dirs", [])):
+        names = (item.get("parent", []) + item.get("rel", []) + item.get("src", []) + item.get("dst", [])
+                 + [item.get("name", "x"), item.get("stage", "x")])
         if any(not n or n in (".", "..") or "/" in n or "\0" in n for n in names):
             raise CommitError(f"{path}: bad path component in the journal", step="recover")
         if "stage" in item and not item["stage"].startswith(STAGE_PREFIX):
@@ -273,7 +341,8 @@ def stale_paths(state_dir: str) -> dict[str, set[str]]:
             data = load_journal(journal_at(state_dir, jid).path)
             roots = [l["mount_point"] for l in data["layers"]]
             out[jid] = ({_join(roots[u["layer"]], u["parent"] + [u["name"]]) for u in data["units"]}
-                        | {_join(roots[m["layer"]], m["rel"]) for m in data["metas"]})
+                        | {_join(roots[m["layer"]], m["rel"]) for m in data["metas"]}
+                        | {_join(roots[m["layer"]], m[k]) for m in data.get("moves", []) for k in ("src", "dst")})
         except (OSError, ValueError, KeyError, IndexError, TypeError, CommitError):
             out[jid] = {"/"}      # unreadable: it may cover anything
     return out

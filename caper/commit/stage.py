@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 from caper.commit.fsops import (
     OVERLAY_PREFIXES, apply_attrs, copy_data, entered, exists, fs_error, lstat, managed_xattrs,
-    obj_fd, proc_path, set_meta, xattrs_writable,
+    obj_fd, proc_path, set_meta, set_meta_fd, xattrs_writable,
 )
 from caper.commit.journal import Journal, step
-from caper.commit.plan import CREATE, DELETE, REPLACE, LayerPlan, Plan, Unit
+from caper.commit.plan import CREATE, DELETE, REPLACE, REWRITE, LayerPlan, Plan, Unit
 from caper.errors import CommitConflict, CommitError
-from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
+from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, open_by_handle, renameat2, syncfs
 
 STAGE_PREFIX = ".caper-"          # hidden names: .caper-<id>-<n>
 JOURNAL_DIR = "journal"
@@ -39,6 +39,8 @@ def journal_data(jid: str, phase: str, plan: Plan) -> dict:
         "times": [{"layer": t.layer, "rel": list(t.rel), "old": list(t.old),
                    "new": None if t.new is None else list(t.new)} for t in plan.times],
         "shut": plan.shut,
+        "moves": [m.to_json() for m in plan.moves],
+        "new_dirs": [{"layer": d.layer, "rel": list(d.rel), "ino": d.ino} for d in plan.new_dirs],
     }
 
 
@@ -75,16 +77,67 @@ class Stager:
         self.stats = _Stats()
         self.hardlinks: dict[tuple[int, int], tuple[int, tuple, str]] = {}   # upper inode -> staged copy
 
+    def move_dirs(self) -> None:
+        """The directories the run renamed, before anything is staged (the
+        units name their targets where the run left them): every source to
+        its hidden name in the layer's root, deepest first, so that none is
+        below another still to move; then, shallowest first, the new
+        directories they go into and each at its destination."""
+        plan = self.plan
+        for m in sorted(plan.moves, key=lambda m: -len(m.src)):
+            lp = plan.layers[m.layer]
+            pfd = _parent_of(lp, m.src, m.ino)
+            step("rename")
+            renameat2(pfd, m.src[-1], m.stage, RENAME_NOREPLACE, new_dfd=lp.host.fd(()))
+            lp.host.reset()
+        places = [(len(m.dst), 1, m) for m in plan.moves] + [(len(d.rel), 0, d) for d in plan.new_dirs]
+        for _, is_move, item in sorted(places, key=lambda p: p[:2]):
+            lp = plan.layers[item.layer]
+            if not is_move:
+                step("mkdir")
+                os.mkdir(item.rel[-1], 0o700, dir_fd=lp.host.fd(item.rel[:-1]))
+                item.ino = lstat(item.rel[-1], dir_fd=lp.host.fd(item.rel[:-1])).st_ino
+                self._attrs_from_upper(lp, item.rel, item.rel[:-1], item.rel[-1])
+                continue
+            pfd = lp.host.fd(item.dst[:-1])
+            cur = exists(pfd, item.dst[-1])
+            if (cur is None) != (item.displaced is None) or (cur is not None and cur.st_ino != item.displaced):
+                hp = lp.host.path(item.dst)
+                raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
+            if item.displaced is None:
+                step("rename")
+                renameat2(lp.host.fd(()), item.stage, item.dst[-1], RENAME_NOREPLACE, new_dfd=pfd)
+            else:            # the displaced directory takes the hidden name; finish drops it
+                step("exchange")
+                renameat2(lp.host.fd(()), item.stage, item.dst[-1], RENAME_EXCHANGE, new_dfd=pfd)
+            lp.host.reset()
+
     def stage(self, unit: Unit) -> None:
         lp = self.plan.layers[unit.layer]
-        if unit.op == DELETE:
+        if unit.op == DELETE or unit.op == REWRITE and not unit.data:
+            return
+        if unit.op == REWRITE:          # the inode's old data, for an undo, in the layer's root
+            src = open_by_handle(lp.host.fd(()), *unit.origin, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._copy_fd(src, lp.host.fd(()), unit.stage)
+            finally:
+                os.close(src)
+            unit.staged_ino = lstat(unit.stage, dir_fd=lp.host.fd(())).st_ino
             return
         with entered(lp.host.fd(unit.parent)):
             self._stage(lp, unit)
         unit.staged_ino = lstat(unit.stage, dir_fd=lp.host.fd(unit.parent)).st_ino
 
     def _stage(self, lp: LayerPlan, unit: Unit) -> None:
-        if unit.tree is None:
+        if unit.origin is not None:   # one more name of a host inode
+            ofd = open_by_handle(lp.host.fd(()), *unit.origin, os.O_PATH | os.O_CLOEXEC)
+            try:
+                step("link")
+                os.link(proc_path(ofd), unit.stage, dst_dir_fd=lp.host.fd(unit.parent),
+                        follow_symlinks=True)
+            finally:
+                os.close(ofd)
+        elif unit.tree is None:
             self._entry(lp, unit.upper, unit.parent, unit.stage)
         else:
             base = unit.parent + (unit.stage,)
@@ -161,6 +214,17 @@ class Stager:
         finally:
             os.close(ofd)
 
+    def _copy_fd(self, src: int, dfd: int, name: str) -> None:
+        """A new file `name` in dfd (mode 0600) with the data of src, holes kept."""
+        step("create")
+        dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dfd)
+        try:
+            step("write")
+            self.stats.bytes += copy_data(src, dst, os.fstat(src).st_size)
+        finally:
+            os.close(dst)
+
     def _copy(self, lp, u, ust, hparent, name) -> None:
         ufd = lp.up.fd(u[:-1])
         uo = obj_fd(ufd, u[-1])
@@ -172,14 +236,7 @@ class Stager:
         if stat.S_ISREG(ust.st_mode):
             src = os.open(u[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=ufd)
             try:
-                step("create")
-                dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                              dir_fd=lp.host.fd(hparent))
-                try:
-                    step("write")
-                    self.stats.bytes += copy_data(src, dst, ust.st_size)
-                finally:
-                    os.close(dst)
+                self._copy_fd(src, lp.host.fd(hparent), name)
             finally:
                 os.close(src)
         elif stat.S_ISLNK(ust.st_mode):
@@ -217,12 +274,43 @@ def check_room(plan: Plan) -> None:
                               "inodes are free; nothing was committed", step="space")
 
 
+def rewrite_inode(mount_fd: int, origin: tuple, ino: int, data_from: tuple | None, meta: dict,
+                  times: list, where: str) -> None:
+    """Write into the host inode of a REWRITE unit (its file handle `origin`,
+    its inode number `ino`): the data of the file `data_from` (dir fd, name;
+    None: keep its data), then attributes and times."""
+    fd = open_by_handle(mount_fd, *origin, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_ino != ino:
+            raise CommitError(f"{where}: the file handle names another inode; refusing", step="rewrite")
+        if data_from is not None:
+            src = os.open(data_from[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_from[0])
+            try:
+                step("write")
+                os.ftruncate(fd, 0)
+                copy_data(src, fd, os.fstat(src).st_size)
+            finally:
+                os.close(src)
+        set_meta_fd(fd, meta)
+        step("utime")
+        os.utime(proc_path(fd), ns=tuple(times))
+    finally:
+        os.close(fd)
+
+
 def swap(plan: Plan) -> None:
-    """Step 4: each unit is one atomic rename; then merged dirs' attributes."""
+    """Step 4: each unit is one atomic rename (a rewrite: the inode's new
+    data and attributes written into it); then merged dirs' attributes."""
     for lp in plan.layers:
         lp.host.reset()
     for unit in plan.units:
         lp = plan.layers[unit.layer]
+        if unit.op == REWRITE:
+            tree = lp.index_dir if unit.from_index else lp.up
+            upper = (tree.fd(unit.upper[:-1]), unit.upper[-1]) if unit.data else None
+            rewrite_inode(lp.host.fd(()), unit.origin, unit.host_ino, upper, unit.meta["new"],
+                          unit.meta["new_times"], lp.host.path(unit.parent + (unit.name,)))
+            continue
         pfd = lp.host.fd(unit.parent)
         cur = exists(pfd, unit.name)
         hp = lp.host.path(unit.parent + (unit.name,))
@@ -248,12 +336,17 @@ def swap(plan: Plan) -> None:
             raise fs_error(e, "renameat2", hp) from e
     for m in plan.metas:
         lp = plan.layers[m.layer]
-        pfd = lp.host.fd(m.rel[:-1])
-        cur = exists(pfd, m.rel[-1])
-        if cur is None or cur.st_ino != m.ino:
-            hp = lp.host.path(m.rel)
-            raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
-        set_meta(pfd, m.rel[-1], m.new)
+        set_meta(_parent_of(lp, m.rel, m.ino), m.rel[-1], m.new)
+
+
+def _parent_of(lp: LayerPlan, rel: tuple, ino: int) -> int:
+    """The fd of rel's directory, once rel is still the inode the plan saw there."""
+    pfd = lp.host.fd(rel[:-1])
+    cur = exists(pfd, rel[-1])
+    if cur is None or cur.st_ino != ino:
+        hp = lp.host.path(rel)
+        raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
+    return pfd
 
 
 def sync_layers(plan_layers) -> None:

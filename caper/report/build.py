@@ -90,12 +90,14 @@ SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 # a mount whose overlay the kernel refused.
 WRITES_HELD = "writes-to-mounts-the-sandbox-holds-read-only"
 NOTES = {
-    RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's overlay "
-                     "(EXDEV, 'Invalid cross-device link'): mv copes, rename(2) and `git mv` do "
-                     "not. Use mv, or the btrfs backend on a btrfs workspace.",
-    LINKS_SPLIT: "a file with other hard links was written through one name: in caper's overlay "
-                 "that name got its own copy, and the other names kept the old content (as they "
-                 "will after the commit). The btrfs backend keeps hard links shared.",
+    RENAMES_REFUSED: "renaming a directory that was there before the run fails in caper's "
+                     "unprivileged overlay (EXDEV, 'Invalid cross-device link'; the kernel allows "
+                     "no redirect_dir there): mv copes, rename(2) and `git mv` do not. Use mv, run "
+                     "caper as root, or the btrfs backend on a btrfs workspace.",
+    LINKS_SPLIT: "a file with other hard links was written through one name: in caper's "
+                 "unprivileged overlay (the kernel allows no index there) that name got its own "
+                 "copy, and the other names kept the old content (as they will after the commit). "
+                 "caper as root, or the btrfs backend, keeps hard links shared.",
     WRITES_REFUSED: "a write failed with EOVERFLOW ('Value too large for defined data type'): "
                     "it was below a directory whose owner or group has no id in the user "
                     "namespace of unprivileged caper (a setgid team directory, say), which the "
@@ -831,9 +833,7 @@ def _draft(facts: RunFacts) -> _Draft:
         uncertain[SHM_DISCARDED] = facts.result.stats.shm_bytes
     if view.git_failed:
         uncertain["git-status-unknown"] = 1
-    split = sum(1 for c in facts.changes if c.kind == "modified" and c.ftype == "file"
-                and not (facts.backend == "btrfs" and below(c.path, facts.workspace))
-                and _links(c.path) > 1)
+    split = sum(1 for c in facts.changes if c.links_split)
     if split:
         uncertain[LINKS_SPLIT] = split
 
@@ -1131,13 +1131,6 @@ def _held_there(path: str, err: int, held: tuple[tuple[str, str], ...]) -> bool:
 def _writes(flags: int) -> bool:
     """An open with these flags writes (or creates, or truncates)."""
     return flags & 3 != os.O_RDONLY or bool(flags & (os.O_CREAT | os.O_TRUNC))
-
-
-def _links(path: str) -> int:
-    try:
-        return os.lstat(path).st_nlink
-    except OSError:
-        return 0
 
 
 def _bump(flags: list[str], name: str) -> None:

@@ -162,9 +162,16 @@ class _MountPlanner:
         self._match_root(path, upper)
         opts = [f"lowerdir={_escape_option(path)}", f"upperdir={_escape_option(upper)}",
                 f"workdir={_escape_option(work)}"]
-        # Plain upper contents for the commit engine: no redirects, no
-        # metadata-only copy-ups, no index. (userxattr implies all three.)
-        opts += ["userxattr"] if self.userxattr else ["redirect_dir=off", "index=off",
+        # redirect_dir=on: a directory that was there before the run renames
+        # (the commit engine renames it on the host); index=on: a file's hard
+        # links stay one inode when it is written through one name (the
+        # commit writes into the host's inode). metacopy=off: every copy-up
+        # holds its data; nfs_export stays off (it would need index=on for
+        # every lower and forbids metacopy=on; caper exports nothing).
+        # userxattr (rootless) refuses redirect_dir=on ("conflicting options")
+        # and silently drops index=on (decoding file handles needs
+        # CAP_DAC_READ_SEARCH in the initial user namespace): plain uppers.
+        opts += ["userxattr"] if self.userxattr else ["redirect_dir=on", "index=on",
                                                         "metacopy=off"]
         # An overlay the kernel refuses (a lower it cannot stack on: some FUSE,
         # NFS or nested overlay mounts) must not fail every run: the mount is
@@ -172,7 +179,7 @@ class _MountPlanner:
         fallback = self._read_only_bind(path, target)
         self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), SAFE, len(fallback)))
         self.mounts += fallback
-        self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr))
+        self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr, work=work))
         if host is not None:
             self.layer_mounts.append((path, host))
         self.held.append((path, "layer"))
