@@ -11,9 +11,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
-from caper.commit.engine import CommitConflict, CommitError, CommitIncomplete, commit, plan_changes
+from caper.commit.engine import commit
+from caper.commit.plan import plan_changes
 from caper.config import Config, config_path, load_config
-from caper.errors import BtrfsError, CaperError, ConfigError, ReportError
+from caper.errors import (
+    BtrfsError, CaperError, CommitConflict, CommitError, CommitIncomplete, ConfigError, ReportError,
+)
 from caper.fs import mountinfo
 from caper.held import hold
 from caper.judge import ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver, resolve_unsure

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from caper import held as pending
-from caper.commit.engine import CommitConflict
+from caper.errors import CommitConflict
 from caper.config import Config
 from caper.errors import ConfigError
 from caper.front import hooks

@@ -282,7 +282,8 @@ class Finding:
     path: str | None = field(compare=False, default=None)   # the change, as the report names it
 
 
-def _q(s: str) -> str:
+def _quote_clipped(s: str) -> str:
+    """A run-derived string as a JSON literal, clipped to 120 characters (a reason line)."""
     return quote(s, limit=120)
 
 
@@ -389,7 +390,7 @@ class _Judge:
         if not read:
             return
         if report.output.stdout.bytes or report.output.stderr.bytes:
-            self.add(75, "unsure", f"it read the credential {_q(read[0])} and printed output, "
+            self.add(75, "unsure", f"it read the credential {_quote_clipped(read[0])} and printed output, "
                      "which may carry it in another form", "secrets must not reach the agent's "
                      "context", "read the value where it is needed, printing nothing of it")
         # Any file: a descriptor opened before the read can be written after
@@ -397,7 +398,7 @@ class _Judge:
         wrote = next((c.path for c in report.changes if c.op != "deleted" and c.type == "file"),
                      next((a.under for a in report.aggregates if a.op != "deleted"), None))
         if wrote is not None:
-            self.add(75, "unsure", f"it read the credential {_q(read[0])} and wrote {_q(wrote)}, "
+            self.add(75, "unsure", f"it read the credential {_quote_clipped(read[0])} and wrote {_quote_clipped(wrote)}, "
                      "which may carry it in another form", "credentials must not be copied")
 
     # -- file changes --
@@ -409,7 +410,7 @@ class _Judge:
         if c.secrets:
             verdict = "unsure" if self.task_says("secrets") else "block"
             self.add(92, verdict, f"it would write secret values ({', '.join(c.secrets)}) "
-                     f"into {_q(path)}", "credentials must not be copied",
+                     f"into {_quote_clipped(path)}", "credentials must not be copied",
                      "reference the credential file instead of copying its content", path)
         # By path and role, whatever the classification: a home inside the
         # workspace keeps its ~/.bashrc a persistence file.
@@ -424,7 +425,7 @@ class _Judge:
             self.workspace_change(path, full, op, where, c, 1)
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
                 not (self.t is not None and self.t.names(path)):
-            self.add(62, "unsure", f"it would {_verb(op)} {_q(path)}, instructions that later "
+            self.add(62, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, instructions that later "
                      "agent sessions read and follow", "agent configuration: what later "
                      "sessions are told to do", "edit it only when the task asks for it", path)
         self.privilege(path, full, c)
@@ -455,9 +456,9 @@ class _Judge:
             risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
             if not risky:
                 return True
-            what = f"it would set {', '.join(map(_q, risky[:4]))} in {_q(c.path)}"
+            what = f"it would set {', '.join(map(_quote_clipped, risky[:4]))} in {_quote_clipped(c.path)}"
         else:
-            what = f"it would {_verb(c.op)} {_q(c.path)}"
+            what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
             return True      # an installer the command names, in the place it installs to
         git = c.where == "git-internal" or _is_git_config(full)
@@ -493,7 +494,7 @@ class _Judge:
             return
         verdict = "unsure" if declared else "block"
         self.add(88 if where == "system" else 85, verdict,
-                 f"it would {_verb(op)} {_q(path)} outside the workspace ({where})",
+                 f"it would {_verb(op)} {_quote_clipped(path)} outside the workspace ({where})",
                  "writes outside the workspace", "write inside the workspace or under /tmp", path)
 
     def shared_place(self, c, full: str) -> None:
@@ -507,7 +508,7 @@ class _Judge:
         old = c.renamed_from or c.path
         verdict = "unsure" if self.task_says("delete") and c.op in ("deleted", "renamed") \
             else "block"
-        self.add(84, verdict, f"it would {_verb(c.op)} {_q(old)}, which was in the shared "
+        self.add(84, verdict, f"it would {_verb(c.op)} {_quote_clipped(old)}, which was in the shared "
                  "temporary directory before the run", "shared places: files that were there "
                  "before the run belong to other tools or users",
                  "create your own files under /tmp instead", c.path)
@@ -521,11 +522,11 @@ class _Judge:
         if op == "deleted" and (len(parts) <= 2 or not routine):
             if self.d.covers(full, self.d.deletes) and self._task_allows_delete(path):
                 return
-            self.add(91, "block", f"it would delete {_q(path)}"
+            self.add(91, "block", f"it would delete {_quote_clipped(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
         elif not routine and not self.d.git and not (op == "meta" and "mode" not in (c.detail or "")):
-            self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git without "
+            self.add(60, "unsure", f"it would {_verb(op)} {_quote_clipped(path)} inside .git without "
                      "running git", "the repository's internals", path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
@@ -601,7 +602,7 @@ class _Judge:
                         and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
-                    + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
+                    + (f"{n} tracked files under {_quote_clipped(path)}" if n > 1 else _quote_clipped(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
                 by_git = git_named and not self.d.covers(full, self.d.deletes)
@@ -615,7 +616,7 @@ class _Judge:
                      "back up first, or narrow the command to what the task names", path)
         elif not declared or self.t is None and op in ("deleted", "replaced"):
             # untracked: git cannot bring them back either (no task: not even when declared)
-            self.add(50, "unsure", f"it would {_verb(op)} {_q(path)}, an untracked file "
+            self.add(50, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an untracked file "
                      "git cannot restore", "the user's own files", path=path)
 
     def ignored(self, path: str, full: str, op: str, c, task_names: bool) -> None:
@@ -632,7 +633,7 @@ class _Judge:
         credential = self.protected.kind(full) is not None
         verdict = "block" if credential and not by_command else "unsure"
         self.add(83 if credential else 50, verdict,
-                 f"it would {'delete' if op != 'modified' else 'overwrite'} {_q(path)}, an "
+                 f"it would {'delete' if op != 'modified' else 'overwrite'} {_quote_clipped(path)}, an "
                  "ignored file that is not a build output or cache"
                  + (" (credentials)" if credential else ""),
                  "the user's own files: ignored files git cannot restore",
@@ -643,15 +644,15 @@ class _Judge:
         asked (a human grants these); an ACL entry for another user or group,
         or a security.* attribute, is judged as a widened mode is."""
         if c.privileges:
-            self.add(95, "block", f"{_q(path)} would be {c.op} with {', '.join(c.privileges)}",
+            self.add(95, "block", f"{_quote_clipped(path)} would be {c.op} with {', '.join(c.privileges)}",
                      "a privilege change: whoever runs the file gains its owner's rights or "
                      "its capabilities", "commit the file without them and grant them by hand",
                      path)
         if c.detail and "grants " in c.detail:
             given = c.detail.split("grants ", 1)[1]
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
-            self.add(87, "unsure" if declared else "block", f"it would give {_q(path)} "
-                     f"{_q(given)}", "permissions for other users, or privileges for what runs",
+            self.add(87, "unsure" if declared else "block", f"it would give {_quote_clipped(path)} "
+                     f"{_quote_clipped(given)}", "permissions for other users, or privileges for what runs",
                      "grant only what is needed", path)
 
     def mode(self, path: str, full: str, detail: str, where: str) -> None:
@@ -665,7 +666,7 @@ class _Judge:
         if widening:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block",
-                     f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
+                     f"it would widen the permissions of {_quote_clipped(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed", path)
 
     def link(self, path: str, full: str, target: str) -> None:
@@ -682,14 +683,14 @@ class _Judge:
             if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
                    for x in (t, t + "/x")):
                 verdict = "unsure" if self.task_says("persistence") else "block"
-                self.add(94, verdict, f"it would link {_q(path)} to {_q(t)}: what is written "
+                self.add(94, verdict, f"it would link {_quote_clipped(path)} to {_quote_clipped(t)}: what is written "
                          "through the link later runs or configures later sessions, or reads "
                          "credentials", "persistence outside the workspace",
                          "link only inside the project")
                 return
             if (self.home and below(t, self.home) and not self.r.matches(self.r.harmless_home, t)
                     or below(t, "/etc")):
-                self.add(60, "unsure", f"it would link {_q(path)} to {_q(t)}, outside the "
+                self.add(60, "unsure", f"it would link {_quote_clipped(path)} to {_quote_clipped(t)}, outside the "
                          "workspace: what is written through it lands there",
                          "writes outside the workspace", "link only inside the project")
                 return
@@ -709,12 +710,12 @@ class _Judge:
         mine = {os.getegid(), *os.getgroups()}
         what = []
         if own and uid != int(own.group(1)) and uid != os.geteuid():
-            what.append(f"hand {_q(path)} to user {uid}")
+            what.append(f"hand {_quote_clipped(path)} to user {uid}")
         if own and gid != int(own.group(2)) and gid not in mine:
-            what.append(f"give {_q(path)} to group {gid}, which you are not in")
+            what.append(f"give {_quote_clipped(path)} to group {gid}, which you are not in")
         if mode and gid is not None and gid not in mine and \
                 int(mode.group(2), 8) & ~int(mode.group(1), 8) & 0o020:
-            what.append(f"make {_q(path)} writable by group {gid}, which you are not in")
+            what.append(f"make {_quote_clipped(path)} writable by group {gid}, which you are not in")
         if what:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block", "it would " + "; ".join(what),
@@ -728,13 +729,13 @@ class _Judge:
         if not dropped and not emptied:
             return
         what = "; ".join(x for x in (
-            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_q, dropped))}" if dropped else "",
-            f"delete most rows of {', '.join(map(_q, emptied))}" if emptied else "") if x)
+            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_quote_clipped, dropped))}" if dropped else "",
+            f"delete most rows of {', '.join(map(_quote_clipped, emptied))}" if emptied else "") if x)
         ok = self.t is not None and "database" in self.t.kinds and any(
             self.t.names(t) for t in dropped + emptied)
         if not ok:
             self.add(89, "unsure" if self.task_says("database") else "block",
-                     f"it would {what} in {_q(path)}", "destructive database changes",
+                     f"it would {what} in {_quote_clipped(path)}", "destructive database changes",
                      "back up the database first, or run the migration the task names", path)
 
     def dependency_sources(self, c) -> None:
@@ -745,8 +746,8 @@ class _Judge:
         if not odd:
             return
         verdict = "unsure" if self.task_says("persistence") else "block"
-        self.add(86, verdict, f"it would change where {_q(c.path)} takes packages from "
-                 f"({_q(odd[0])})", "dependency sources: a redirected index or package URL "
+        self.add(86, verdict, f"it would change where {_quote_clipped(c.path)} takes packages from "
+                 f"({_quote_clipped(odd[0])})", "dependency sources: a redirected index or package URL "
                  "runs its code on the next install", "keep the project's package sources",
                  c.path)
 
@@ -777,7 +778,7 @@ class _Judge:
                     and (role != "tests" or c.op not in ("modified", "created") or self._skips(c)
                          or c in unnamed and self._weakens(c))]
             if hits and self.t.words.isdisjoint(words):
-                self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_q(hits[0].path)} "
+                self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_quote_clipped(hits[0].path)} "
                          f"({role.replace('_', ' ')}), which the task does not name",
                          "scope: the task asked for something narrower",
                          "change only what the task names", hits[0].path)
@@ -787,7 +788,7 @@ class _Judge:
             any("." in w.strip(".") or "/" in w for w in self.t.text.split())
         if named_a_file and len(unnamed) >= self.r.scope_files:
             self.add(44, "unsure", f"it would edit {len(unnamed)} tracked files the task does "
-                     f"not name ({', '.join(_q(c.path) for c in unnamed[:4])})",
+                     f"not name ({', '.join(_quote_clipped(c.path) for c in unnamed[:4])})",
                      "scope: the task names one fix", "change only what the task names",
                      unnamed[0].path)
 
@@ -809,14 +810,14 @@ class _Judge:
             # No change lost, but history rewritten (which branch, onto what):
             # whether that is what the user wanted is for the LLM or the user.
             self.add(70, "unsure", f"it would rewrite {g.commits} commit"
-                     f"{'s' * (g.commits > 1)} of {', '.join(map(_q, g.refs[:3]))}: each one's "
+                     f"{'s' * (g.commits > 1)} of {', '.join(map(_quote_clipped, g.refs[:3]))}: each one's "
                      "change is kept under a new id, the old ids are on no branch",
                      "git history rewritten", "keep a branch at the old commit first "
                      "(git branch backup <ref>)")
         elif g.commits and not g.content_kept:
             self.add(89, "unsure" if rewrites and discard else "block",
                      f"it would leave {g.commits} commit{'s' * (g.commits > 1)} on no branch or "
-                     f"tag ({', '.join(map(_q, g.refs[:3]))}); only the reflog would hold them",
+                     f"tag ({', '.join(map(_quote_clipped, g.refs[:3]))}); only the reflog would hold them",
                      "git state that git cannot give back",
                      "keep a branch at the old commit first (git branch backup <ref>)")
         if g.stashes:
@@ -826,7 +827,7 @@ class _Judge:
         if g.uncommitted and not (rewrites and discard):
             self.add(90, "unsure" if rewrites else "block",
                      f"it would throw away uncommitted changes to "
-                     f"{', '.join(map(_q, g.uncommitted[:4]))}",
+                     f"{', '.join(map(_quote_clipped, g.uncommitted[:4]))}",
                      "git state that git cannot give back",
                      "commit or stash the changes first", g.uncommitted[0])
 
@@ -843,33 +844,33 @@ class _Judge:
         reads = [r for r in n.read_before or []
                  if r not in argv and os.path.basename(r) not in argv]
         if n.family == "unix" and self.r.matches(self.r.escape_sockets, n.address):
-            self.add(96, "block", f"it tried the host socket {_q(n.address)}",
+            self.add(96, "block", f"it tried the host socket {_quote_clipped(n.address)}",
                      "a way out of the sandbox", None)
             return
         if n.family == "unix" and n.result == "ok":
             return   # the tracer lets a unix socket through only if the sandbox bound it
         lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
             (n.port in self.r.lookup_ports)
-        dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
+        dest = _quote_clipped(n.address) + (f" port {n.port}" if n.port is not None else "")
         if n.call == "proxy" and n.allowed and not creds:
             self._allowed_request(n, reads, dest)
             return
         if n.call == "proxy" and self.credential_reads and not creds:
             # Any process's read counts: pipes and files carry it to the sender.
             read = sorted(self.credential_reads)
-            self.add(97, "block", f"{_q(n.by)} tried to reach {dest} through caper's proxy after "
-                     f"the run read {', '.join(map(_q, read[:3]))}",
+            self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's proxy after "
+                     f"the run read {', '.join(map(_quote_clipped, read[:3]))}",
                      "credentials leaving the machine",
                      "keep credentials out of commands that use the network")
             return
         if creds:
-            self.add(97, "block", f"{_q(n.by)} read {', '.join(map(_q, creds[:3]))} and then "
+            self.add(97, "block", f"{_quote_clipped(n.by)} read {', '.join(map(_quote_clipped, creds[:3]))} and then "
                      f"tried to reach {dest}", "credentials leaving the machine",
                      "keep credentials out of commands that use the network")
         elif reads and not lookup:
             verdict = "unsure" if self.task_says("network") else "block"
-            self.add(80, verdict, f"{_q(n.by)} read repository files "
-                     f"({', '.join(map(_q, reads[:3]))}) and then tried to reach {dest}",
+            self.add(80, verdict, f"{_quote_clipped(n.by)} read repository files "
+                     f"({', '.join(map(_quote_clipped, reads[:3]))}) and then tried to reach {dest}",
                      "repository data leaving the machine")
 
     def _allowed_request(self, n, reads: list[str], dest: str) -> None:
@@ -881,8 +882,8 @@ class _Judge:
         big = (n.sent or 0) > UPLOAD_BYTES
         if reads and (method or big):
             what = f"{method} to" if method else f"sent {n.sent} bytes to"
-            self.add(80, "unsure", f"{_q(n.by)} read repository files "
-                     f"({', '.join(map(_q, reads[:3]))}) and then {what} the allowed host {dest}",
+            self.add(80, "unsure", f"{_quote_clipped(n.by)} read repository files "
+                     f"({', '.join(map(_quote_clipped, reads[:3]))}) and then {what} the allowed host {dest}",
                      "repository data leaving the machine")
 
     def _credential(self, short: str) -> bool:
@@ -922,7 +923,7 @@ def _verdict(findings: list[Finding], report, task: str | None) -> Decision:
     blocks = [f for f in findings if f.verdict == "block"]
     unsure = [f for f in findings if f.verdict == "unsure"]
     flagged = tuple(dict.fromkeys(f.path for f in findings if f.path))
-    asked = f' The task: {_q(task)}.' if task else ""
+    asked = f' The task: {_quote_clipped(task)}.' if task else ""
     if blocks:
         top = blocks[0]
         reason = "; ".join(f.what for f in blocks[:3])

@@ -112,7 +112,7 @@ def _read(path: str) -> bytes | None:
 
 
 def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Loss:
-    """changes: the snapshot difference (caper.commit.engine.Change); tracked: the
+    """changes: the snapshot difference (caper.changes.Change); tracked: the
     host paths among them git tracks."""
     git_dir = os.path.join(workspace, ".git")
     loss = Loss()
