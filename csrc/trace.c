@@ -250,7 +250,9 @@ static void take_program(struct proc *p, struct pending *pd)
         pd->src_ino = st.st_ino;
         char at[64];
         snprintf(at, sizeof at, "/proc/self/fd/%d", fd);
-        int rd = open(at, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        /* Reopens the O_PATH descriptor itself; a regular file only (a FIFO's
+         * open would wait), and never waiting. */
+        int rd = S_ISREG(st.st_mode) ? open(at, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY) : -1;
         pd->src_script = rd >= 0 && pread(rd, head, 2, 0) == 2 && head[0] == '#' && head[1] == '!';
         if (rd >= 0)
             close(rd);
