@@ -118,6 +118,42 @@ def test_a_run_whose_caller_went_away_is_rolled_back(env, tmp_path):
     assert p.returncode == 0 and (ws / "fine").exists()
 
 
+def _answer(s: socket.socket) -> dict:
+    with s, s.makefile("rb") as f:
+        return json.loads(f.readline())
+
+
+def test_a_bad_request_is_told_from_a_failure_inside_the_run(env, tmp_path):
+    """A malformed option is the request's fault (caper.request.RunRequest),
+    named and nothing run; a failure in the run is caper's."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    assert caper(env, ws, "--approver", "allow", "-c", "true").returncode == 0   # gate up
+    state = Path(env["CAPER_STATE_DIR"])
+    from caper.sandbox.inherit import Caller
+    good = {"command": "touch made", "approver": "allow",
+            "caller": Caller.here(cwd=str(ws), env=env).to_json()}
+    for bad, what in ((dict(backend="zfs"), "unknown backend 'zfs'"),
+                      (dict(timeout="10"), "timeout must be a positive number"),
+                      (dict(allow_nett=False), "unknown field(s): allow_nett"),
+                      (dict(caller={"cwd": "relative"}), "caller:")):
+        answer = _answer(_raw(state, {**good, **bad}))
+        assert answer["error"].startswith("bad request: ") and what in answer["error"], answer
+    assert not (ws / "made").exists()
+    gone = Caller.here(cwd=str(tmp_path / "gone"), env=env).to_json()
+    answer = _answer(_raw(state, {**good, "caller": gone}))
+    assert answer["error"].startswith("caper failed: working directory does not exist"), answer
+    assert "outcome" in _answer(_raw(state, good)) and (ws / "made").exists()
+
+
+def test_doctor_runs_its_sandboxed_true_through_the_gate(env, monkeypatch):
+    from caper.front import doctor
+    for name in ("CAPER_STATE_DIR", "CAPER_GATE_IDLE", "HOME"):
+        monkeypatch.setenv(name, env[name])
+    [check] = doctor.check_gate()
+    assert check.status == doctor.OK and "through the gate (pid" in check.what, check.what
+
+
 def _wait_for_process(cmdline: bytes) -> None:
     from hostprocs import pids_with_cmdline
     for _ in range(3000):                       # bounded: 30 s on a loaded machine

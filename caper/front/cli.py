@@ -130,6 +130,7 @@ def _call_task(args, parser, command, state: str) -> tuple[str | None, bool]:
 def cmd_run(args, parser) -> int:
     from caper.errors import ConfigError
     from caper.front.tasks import TaskRecordError
+    from caper.request import RunRequest
     from caper.sandbox.inherit import Caller
     from caper.state import state_dir
     command = _command(args, parser)
@@ -137,21 +138,19 @@ def cmd_run(args, parser) -> int:
         state = state_dir()
         task, from_transcript = (_call_task(args, parser, command, state) if args.call
                                  else (args.task, False))
+        request = RunRequest(command, task=task, task_from_transcript=from_transcript,
+                             approver=args.approver, backend=args.backend, timeout=args.timeout,
+                             workspace=args.workspace, session=args.session,
+                             on_unsure=args.on_unsure, max_memory=args.max_memory,
+                             caller=Caller.here(shell=args.shell, stdin=args.stdin))
     except ConfigError as e:
         return _failed(args, str(e))
     except TaskRecordError as e:
         return _failed(args, f"{e}; not run")
-    caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
-        payload = {"command": command, "task": task, "task_from_transcript": from_transcript,
-                   "approver": args.approver,
-                   "backend": args.backend, "timeout": args.timeout,
-                   "workspace": args.workspace and os.path.abspath(args.workspace),
-                   "session": args.session, "on_unsure": args.on_unsure,
-                   "max_memory": args.max_memory, "caller": caller.to_json()}
         try:
-            answer = gate.request(state, payload)
+            answer = gate.request(state, request.to_wire())
         except gate.GateUnavailable as e:
             print(f"caper: running in this process ({e})", file=sys.stderr)
         else:
@@ -166,13 +165,9 @@ def cmd_run(args, parser) -> int:
             sys.stderr.flush()
             os._exit(status)
     from caper.errors import CaperError
-    from caper.transaction import run
+    from caper.transaction import run_request
     try:
-        outcome = run(command, task=task, task_from_transcript=from_transcript,
-                      approver=args.approver, backend=args.backend,
-                      timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state,
-                      caller=caller)
+        outcome = run_request(request, state_dir=state)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}")
     return _finish(args, outcome.to_json(),
@@ -295,7 +290,8 @@ def cmd_serve(args, parser) -> int:
 
 def cmd_session(args, parser) -> int:
     from caper.errors import CaperError
-    from caper.judge.session import check_session_id, open_sessions
+    from caper.judge.session import open_sessions
+    from caper.request import check_session_id
     from caper.state import state_dir
 
     try:
@@ -371,6 +367,9 @@ def _columns() -> int:
 
 
 def _args_run(r: argparse.ArgumentParser) -> None:
+    # The options' names and defaults are caper.request's; an option left
+    # out is None, which RunRequest reads as its default.
+    from caper.request import APPROVERS, BACKENDS, DEFAULT_TIMEOUT_S, ON_UNSURE
     r.add_argument("-c", metavar="STRING", help="run STRING with SHELL -c (see --shell)")
     r.add_argument("--shell", metavar="SHELL",
                    help="the shell that runs -c STRING (default /bin/sh, as sh -c and "
@@ -380,18 +379,19 @@ def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--call", metavar="ID",
                    help="a hook's call record: the task is the one the hook recorded for this "
                         "session and exactly this command (caper.front.tasks)")
-    r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
+    r.add_argument("--approver", choices=APPROVERS,
                    help="auto (default): policy, then the LLM if configured for what policy is "
                         "unsure of; allow: commit everything; block: preview only")
     r.add_argument("--session", metavar="ID",
                    help="the agent session (history, circuit breaker)")
-    r.add_argument("--on-unsure", choices=["block", "allow", "ask"],
+    r.add_argument("--on-unsure", choices=ON_UNSURE,
                    help="when the approver is unsure (default: config.toml's, else block); "
                         "ask: hold the run for a human (`caper commit ID` applies it)")
-    r.add_argument("--backend", default="auto", choices=["auto", "overlay", "btrfs"],
+    r.add_argument("--backend", choices=BACKENDS,
                    help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
                         "else overlay")
-    r.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    r.add_argument("--timeout", type=float, metavar="S",
+                   help=f"the command's time limit (default {DEFAULT_TIMEOUT_S:g})")
     r.add_argument("--max-memory", type=_size, metavar="SIZE",
                    help="memory of the whole sandbox, e.g. 4G (default: config.toml's "
                         "[limits] max_memory, else half of RAM, at most 8 GiB)")
