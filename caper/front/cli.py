@@ -369,7 +369,7 @@ def _columns() -> int:
 def _args_run(r: argparse.ArgumentParser) -> None:
     # The options' names and defaults are caper.request's; an option left
     # out is None, which RunRequest reads as its default.
-    from caper.request import APPROVERS, BACKENDS, DEFAULT_TIMEOUT_S, ON_UNSURE
+    from caper.request import APPROVERS, BACKENDS, ON_UNSURE
     r.add_argument("-c", metavar="STRING", help="run STRING with SHELL -c (see --shell)")
     r.add_argument("--shell", metavar="SHELL",
                    help="the shell that runs -c STRING (default /bin/sh, as sh -c and "
@@ -390,11 +390,7 @@ def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--backend", choices=BACKENDS,
                    help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
                         "else overlay")
-    r.add_argument("--timeout", type=float, metavar="S",
-                   help=f"the command's time limit (default {DEFAULT_TIMEOUT_S:g})")
-    r.add_argument("--max-memory", type=_size, metavar="SIZE",
-                   help="memory of the whole sandbox, e.g. 4G (default: config.toml's "
-                        "[limits] max_memory, else half of RAM, at most 8 GiB)")
+    _args_limits(r, "config.toml's [limits] max_memory, else ")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
     r.add_argument("--json", action="store_true",
@@ -472,11 +468,8 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
     t.add_argument("--quiet", action="store_true", help="print no events, only the output")
     t.add_argument("--raw", action="store_true",
                    help="keep baseline noise and repeated events (no pre-filter)")
-    t.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    _args_limits(t)
     t.add_argument("--max-pids", type=int, default=1024, metavar="N")
-    t.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
-                   help="memory of the whole sandbox, e.g. 4G (default: half of RAM, "
-                        "at most 8 GiB)")
     t.add_argument("--all-cpus", action="store_true",
                    help="let the sandbox use every CPU (parallel builds); by default it shares "
                         "one CPU with the tracer, which makes each ptrace stop ~3x cheaper")
@@ -484,6 +477,16 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
                    help="print the seccomp program as pseudocode first")
     t.add_argument("argv", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
+
+
+def _args_limits(p: argparse.ArgumentParser, memory_default: str = "") -> None:
+    """The sandbox's limits, as `caper run` and `caper trace` take them."""
+    from caper.request import DEFAULT_TIMEOUT_S
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"the command's time limit (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--max-memory", type=_size, metavar="SIZE",
+                   help=f"memory of the whole sandbox, e.g. 4G (default: {memory_default}"
+                        "half of RAM, at most 8 GiB)")
 
 
 def _size(text: str) -> int:
