@@ -19,7 +19,7 @@ NAMES = ["a", "b", "d", "d/a", "d/b", "e", "e/c", "d/e"]
 # Unprivileged, only modes that keep the owner's search bit: renaming a
 # directory that was there before the run is EXDEV in the overlay (no
 # redirect_dir), and mv's fallback, a copy, cannot read one its owner cannot
-# search, where the native rename just works (README: known differences).
+# search, where the native rename just works (docs/known-differences.md).
 # As root the copy reads it, and all four modes are tried.
 CHMOD_MODES = ["600", "755", "640", "700"] if os.geteuid() == 0 else ["755", "700"]
 content = st.text(alphabet="xyz\n", max_size=12)
