@@ -37,8 +37,8 @@ from caper.fs import mountinfo
 from caper.changes import Change, Layer
 from caper.commit.engine import CommitConflict, CommitError, commit, plan_changes, recover
 from caper.errors import CaperError
-from crash import kill_sweep, killed_at
-from test_ctimes import wait_for
+from helpers.crash import kill_sweep, killed_at
+from helpers.ctimes import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 

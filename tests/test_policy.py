@@ -28,8 +28,7 @@ from caper.report.gitstate import lost
 from caper.report.secrets import default_patterns, protected_for, values_in
 from caper.sandbox.events import End, Output, RunResult
 from caper.transaction import run
-from conftest import git, git_project
-from test_run import tree
+from helpers.trees import git, git_project, tree
 
 PY = sys.executable
 
@@ -510,7 +509,7 @@ def test_a_task_naming_a_kind_of_file_declares_them():
 def test_auto_sends_the_unsure_to_the_llm_with_the_flagged_changes(tmp_path):
     """auto: the policy is unsure, the LLM (the local fake server) gets the
     report with every change the policy flagged listed, and decides."""
-    from llm_server import GOOD, LlmServer
+    from helpers.llm_server import GOOD, LlmServer
     facts = _facts(tmp_path, 400, ["data/users.csv"])
     (Path(facts.workspace) / ".gitignore").write_text("data/\n")
     facts.changes[-1] = Change(os.path.join(facts.workspace, "data/users.csv"), "deleted", "file")

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from caper.view.overlay import remove_tree
 from caper.transaction import run
-from test_run import tree
+from helpers.trees import tree
 
 EXAMPLES = int(os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", 25))
 NAMES = ["a", "b", "d", "d/a", "d/b", "e", "e/c", "d/e"]
