@@ -43,10 +43,10 @@ def _command(v):
     raise BadRequest(f"command: a shell string or a list of strings, not {v!r}")
 
 
-def _text(name: str) -> Callable:
+def _is(kind: type, name: str, what: str) -> Callable:
     def check(v):
-        if not isinstance(v, str):
-            raise BadRequest(f"{name}: a string, not {v!r}")
+        if not isinstance(v, kind):
+            raise BadRequest(f"{name}: {what}, not {v!r}")
         return v
     return check
 
@@ -57,14 +57,6 @@ def _path(name: str) -> Callable:
             return os.fspath(v)
         except TypeError:
             raise BadRequest(f"{name}: a path, not {v!r}") from None
-    return check
-
-
-def _flag(name: str) -> Callable:
-    def check(v):
-        if not isinstance(v, bool):
-            raise BadRequest(f"{name}: true or false, not {v!r}")
-        return v
     return check
 
 
@@ -122,8 +114,8 @@ def _caller(v):
 # name: (default, check, on the wire). None given means the default.
 OPTIONS: dict[str, tuple[object, Callable, bool]] = {
     "command": (None, _command, True),
-    "task": (None, _text("task"), True),               # the user's words (evidence)
-    "task_from_transcript": (False, _flag("task_from_transcript"), True),
+    "task": (None, _is(str, "task", "a string"), True),   # the user's words (evidence)
+    "task_from_transcript": (False, _is(bool, "task_from_transcript", "true or false"), True),
     "approver": ("auto", _approver, True),
     "backend": ("auto", _backend, True),
     "timeout": (DEFAULT_TIMEOUT_S, _timeout, True),
