@@ -7,6 +7,7 @@
   + TraceError                the tracer lost control of the sandbox (it was killed)
   |   + DecodeError           a record on the event pipe is malformed (the C side broke its contract)
   + ConfigError               caper was called with bad arguments (or a bad config file)
+  |   + BadRequest            a run request's option is malformed (caper.request); nothing ran
   + ReportError               the effect report could not be built (the run is blocked)
   + ApproverError             an approver gave no usable verdict (becomes a fail-closed block)
   + CommitError               the commit was refused, or failed and was undone
@@ -56,6 +57,10 @@ class DecodeError(TraceError):
 
 class ConfigError(CaperError):
     """caper was called with bad arguments."""
+
+
+class BadRequest(ConfigError):
+    """A run request's option is malformed or unknown (caper.request): nothing ran."""
 
 
 class ReportError(CaperError):

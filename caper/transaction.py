@@ -19,24 +19,23 @@ from caper.errors import (
 )
 from caper.fs import mountinfo
 from caper.held import hold
-from caper.judge import ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
-from caper.judge.session import TAINT_KIND, check_session_id, open_sessions
+from caper.judge import ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
+from caper.judge.session import TAINT_KIND, open_sessions
 from caper.report.build import Report, RunFacts, build, notes
 from caper.report.content import RunTree
 from caper.report.secrets import ProtectedPattern, default_patterns, protected_for
 from caper.report.workspace import find_workspace
+from caper.request import RunRequest
 from caper.sandbox.events import End, Output, RunResult
 from caper.sandbox.inherit import Caller
-from caper.sandbox.limits import DiskGuard
-from caper.sandbox.netproxy import Allowlist, Proxy
+from caper.sandbox.limits import DEFAULT_MAX_MEMORY, DiskGuard
+from caper.sandbox.netproxy import Proxy
 from caper.sandbox.trace import trace
 from caper.state import KEPT_S, known_state_dirs, state_dir as checked_state_dir, workspace_lock
 from caper.upkeep import tidy
 from caper.view.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume
 from caper.view.overlay import OverlaySnapshot, later, over_keep_quota
 
-DEFAULT_TIMEOUT_S = 600.0
-BACKENDS = ("auto", "overlay", "btrfs")
 # Exit status of `caper run` when the command's run did not count (blocked,
 # failed closed, or a conflict). A command's own status is passed through.
 EXIT_NOT_COMMITTED = 125
@@ -111,65 +110,61 @@ class RunOutcome:
         }
 
 
-def run(command: Sequence[str] | str, *, task: str | None = None,
-        task_from_transcript: bool = False, approver: "str | Approver" = "auto", workspace: str | None = None,
-        backend: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
-        env: Mapping[str, str] | None = None, state_dir: str | None = None,
+def run(command: Sequence[str] | str, *, state_dir: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
-        session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
-        on_unsure: str | None = None, max_memory: "int | str | None" = None,
-        caller: Caller | None = None, allow_net: Sequence[str] = ()) -> RunOutcome:
+        still_wanted: "Callable[[], bool] | None" = None, **options) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
+
+    options: a RunRequest's (caper.request.OPTIONS: task, approver,
+    workspace, backend, timeout, cwd, env, session, on_unsure, max_memory,
+    caller, task_from_transcript). The rest is this process's, never a
+    caller's: state_dir; history (the approver's, when there is no
+    session); config (default: config.toml's); still_wanted, asked just
+    before a commit: False (the caller went away) rolls the run back."""
+    return run_request(RunRequest(command, **options), state_dir=state_dir, history=history,
+                       config=config, still_wanted=still_wanted)
+
+
+def run_request(request: RunRequest, *, state_dir: str | None = None,
+                history: Sequence[dict] = (), config: "Config | None" = None,
+                still_wanted: "Callable[[], bool] | None" = None) -> RunOutcome:
+    """run's work, for a request built already (the gate's, the CLI's).
 
     session: the agent session this command belongs to (history for the
     approver, the circuit breaker); task_from_transcript: the task was read
     from a file the agent can write (it is evidence, never a reason to be
     less strict: caper.judge.policy); files an approved run wrote secrets into
-    are tainted for every later run. still_wanted: asked just before a
-    commit; False (the caller went away) rolls the run back. on_unsure:
-    overrides the configuration's (ask: an unsure run is held for a human,
-    see caper.held). max_memory: bytes for the whole sandbox (default:
+    are tainted for every later run. on_unsure: overrides the
+    configuration's (ask: an unsure run is held for a human, see
+    caper.held). max_memory: bytes for the whole sandbox (default:
     config.toml's [limits], else caper.sandbox.limits.DEFAULT_MAX_MEMORY).
     caller: the context the command inherits (caper.sandbox.inherit: umask,
     limits, groups, the shell of a command string); None: this process's,
     with cwd and env as given. allow_net: hosts the run may reach through
     caper's proxy (caper.sandbox.netproxy), besides config.toml's [network]."""
 
+    env = request.env
     config = config or load_config(env=env)
-    if on_unsure is not None:
-        if on_unsure not in ON_UNSURE:
-            raise ConfigError(f"on_unsure must be one of {', '.join(ON_UNSURE)}, not {on_unsure!r}")
-        config = config.model_copy(update={"on_unsure": on_unsure})
-    from caper.sandbox.limits import DEFAULT_MAX_MEMORY, parse_size
-    if isinstance(max_memory, str):        # "4G", from a gate request or a caller
-        try:
-            max_memory = parse_size(max_memory)
-        except ValueError as e:
-            raise ConfigError(f"max_memory: {e}") from e
-    max_memory = max_memory or config.limits.max_memory or DEFAULT_MAX_MEMORY
-    judge = get_approver(approver, config, env)
-    if session is not None:
-        check_session_id(session)
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
-    cwd = os.path.realpath(cwd or os.getcwd())
+    if request.on_unsure is not None:
+        config = config.model_copy(update={"on_unsure": request.on_unsure})
+    judge = get_approver(request.approver, config, env)
+    cwd = os.path.realpath(request.cwd or os.getcwd())
     if not os.path.isdir(cwd):
         raise ConfigError(f"working directory does not exist: {cwd}")
-    workspace = os.path.realpath(workspace) if workspace else find_workspace(cwd)
+    workspace = os.path.realpath(request.workspace) if request.workspace else find_workspace(cwd)
     if not os.path.isdir(workspace):
         raise ConfigError(f"workspace does not exist: {workspace}")
     state_dir = checked_state_dir(state_dir)
-    text = command if isinstance(command, str) else " ".join(command)
     timings: dict[str, float] = {}
     run_env = os.environ if env is None else env
     home = run_env.get("HOME")
-    caller = caller or Caller.here(cwd=cwd, env=dict(run_env))
-
-    if not isinstance(allow_net, (list, tuple)) or not all(isinstance(h, str) for h in allow_net):
-        raise ConfigError(f"allow_net must be a list of HOST[:PORT] strings, not {allow_net!r}")
-    allow = config.network.allowlist(allow_net)
+    request = request.replace(
+        cwd=cwd, workspace=workspace,
+        caller=request.caller or Caller.here(cwd=cwd, env=dict(run_env)),
+        max_memory=request.max_memory or config.limits.max_memory or DEFAULT_MAX_MEMORY)
 
     with open_sessions(state_dir) as sessions:
+        session = request.session
         if session is not None:
             stopped = sessions.tripped(session)
             if stopped:
@@ -179,22 +174,25 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
             history = sessions.history(session, config.llm.max_history or 1)
         # Files an earlier approved run wrote secrets into are credentials too.
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
-        outcome = _run(command, text, (task, task_from_transcript), judge, workspace, backend,
-                       timeout, cwd, env, state_dir, tuple(history), config, tainted, home,
-                       timings, still_wanted, max_memory, caller, allow)
+        outcome = _run(request, judge, state_dir, tuple(history), config, tainted, home,
+                       timings, still_wanted)
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
-            sessions.record(session, text, verdict, outcome.approver, outcome.reason)
+            sessions.record(session, request.text, verdict, outcome.approver, outcome.reason)
         if outcome.committed and outcome.report is not None and outcome.report.secret_files:
             sessions.taint(outcome.report.secret_files, session)
         return outcome
 
 
-def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: str, backend: str, timeout: float,
-         cwd: str, env, state_dir: str, history: tuple, config: "Config",
+def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
-         still_wanted: "Callable[[], bool] | None", max_memory: int,
-         caller: Caller | None, allow: Allowlist) -> RunOutcome:
+         still_wanted: "Callable[[], bool] | None") -> RunOutcome:
+    """The stages, for a request whose cwd, workspace, caller and
+    max_memory are resolved."""
+    command, text, workspace, backend = request.command, request.text, request.workspace, \
+        request.backend
+    env, cwd, caller = request.env, request.cwd, request.caller
+    allow = config.network.allowlist(list(request.allow_net))
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
     # its changes needs root); everything else, and every other case, overlay.
@@ -238,10 +236,10 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
             command_env = config.command_env(os.environ if env is None else env)
             try:
                 tr = trace(command, cwd=cwd, env=command_env | (proxy.env() if proxy else {}),
-                           caller=caller, timeout=timeout, mounts=snap.mounts,
+                           caller=caller, timeout=request.timeout, mounts=snap.mounts,
                            new_root=snap.stage, not_before_ns=snap.not_before_ns,
-                           disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
-                           proxy=proxy.start() if proxy else None,
+                           disk_guard=DiskGuard.for_state_dir(state_dir),
+                           max_memory=request.max_memory, proxy=proxy.start() if proxy else None,
                            **config.limits.trace_kwargs())
                 events, result = tr.run()
             finally:
@@ -270,13 +268,13 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
             timings["report_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
-            request = ApprovalRequest(text, task[0], report, history, cwd=cwd,
-                                      workspace=workspace, home=home, protected=protected,
-                                      task_from_transcript=task[1])
+            asked = ApprovalRequest(text, request.task, report, history, cwd=cwd,
+                                    workspace=workspace, home=home, protected=protected,
+                                    task_from_transcript=request.task_from_transcript)
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
                         Decision("block", report.late, approver="caper") if report.late else
-                        _decide(judge, request, result, config.on_unsure))
+                        _decide(judge, asked, result, config.on_unsure))
             timings["approve_ms"] = (time.perf_counter() - t) * 1000
             # What the verdict rests on is listed, never aggregated away.
             report = report.pinned(decision.flagged)

@@ -10,11 +10,18 @@ tests/test_gate.py turns it off where the gate is what it tests.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from helpers.gate import start_gate, stop_gate
+from helpers.report import AWS_SECRET, SECRET
+from helpers.trees import git, git_project
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -46,18 +53,61 @@ def cfixture(tmp_path_factory):
     return build
 
 
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
-                   check=True, capture_output=True)
+# Fixtures that more than one test file uses.
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.delenv("CAPER_NO_GATE", raising=False)
+    state = tmp_path / "state"
+    e = {**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(state),
+         "CAPER_GATE_IDLE": "30", "HOME": str(tmp_path)}
+    e.pop("CAPER_NO_GATE", None)
+    yield e
+    stop_gate(state)
 
 
-def git_project(root: Path, files: dict[str, str], tracked: tuple[str, ...] = ("-A",)) -> Path:
-    """A git repository at root holding files, with `tracked` committed."""
-    root.mkdir(parents=True)
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    git(root, "init", "-q")
-    git(root, "add", *tracked)
-    git(root, "commit", "-qm", "init")
-    return root
+@pytest.fixture
+def gate_ws(env, tmp_path):
+    """A workspace, and the gate started from it (env's)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    start_gate(env, ws)
+    return ws
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    (h / ".aws").mkdir(parents=True)
+    (h / ".aws" / "credentials").write_text(
+        f"[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = {AWS_SECRET}\n")
+    (h / ".bashrc").write_text("export PS1='$ '\n")
+    return h
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git project: tracked sources, an ignored build dir, a .env with a secret."""
+    w = tmp_path / "proj"
+    (w / "src").mkdir(parents=True)
+    for i in range(3):
+        (w / "src" / f"m{i}.c").write_text(f"int m{i}(void) {{ return {i}; }}\n")
+    (w / "Makefile").write_text("all:\n\tcc -c src/*.c\n")
+    (w / ".gitignore").write_text("build/\n.env\n")
+    (w / ".env").write_text(f"API_TOKEN={SECRET}\nDEBUG=1\n")
+    git(w, "init", "-q")
+    git(w, "add", "src", "Makefile", ".gitignore")
+    git(w, "commit", "-qm", "init")
+    (w / "build").mkdir()
+    for i in range(3):
+        (w / "build" / f"m{i}.o").write_bytes(b"\x7fELF" + bytes(60))
+    return w
+
+
+@pytest.fixture
+def project(tmp_path):
+    return git_project(tmp_path / "proj", {
+        "src/main.c": "int main(void) { return 0; }\n",
+        "Makefile": "build/app: src/main.c\n\t@mkdir -p build\n\tcc -o build/app src/main.c\n"
+                    "clean:\n\trm -rf build src .git\n",
+        ".gitignore": "build/\n"})

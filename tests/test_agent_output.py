@@ -12,12 +12,17 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from caper.report.build import WITHHELD
-from test_report import AWS_SECRET, ROOT, SECRET, go, home, repo  # noqa: F401  (fixtures)
+from helpers.report import AWS_SECRET, go
+from helpers.gate import stop_gate
 
 APPROVER_KEY = "sk-proj-Abc123ApproverKey-77e1d"
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("door", ["cli", "gate"])
@@ -44,8 +49,7 @@ def test_the_command_sees_none_of_capers_own_variables(repo, tmp_path, door):
         assert "MY_APPROVER_KEY" not in names and APPROVER_KEY not in doc["stdout"]
     finally:
         if door == "gate":
-            from test_gate import _stop
-            _stop(state)
+            stop_gate(state)
 
 
 ENCODE = ('base64 -w0 ~/.aws/credentials; echo; rev ~/.aws/credentials; '
@@ -101,8 +105,7 @@ def test_caper_run_of_a_blocked_credential_read_prints_no_encoding_of_it(repo, t
             assert _leaks(text) == [], text
     finally:
         if door == "gate":
-            from test_gate import _stop
-            _stop(state)
+            stop_gate(state)
 
 
 def test_what_a_run_without_a_credential_read_or_an_approved_one_gives_back(repo, tmp_path, home):

@@ -15,8 +15,7 @@ import pytest
 
 import caper
 from caper.config import Config
-from conftest import git_project
-from test_run import tree
+from helpers.trees import git_project, tree
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent          # .venv/bin: where `caper` is installed
@@ -162,7 +161,6 @@ def test_an_mcp_workspace_never_reaches_above_the_clients_root(tmp_path):
     lies beyond it is judged as outside."""
     from caper.front.api import Gate
     from caper.front.mcp_server import workspace_dir
-    from conftest import git_project
     repo = git_project(tmp_path / "repo", {"app/main.c": "int main;\n", "lib/x.c": "int x;\n"})
     app = str(repo / "app")
     assert workspace_dir(app, [app]) == (app, app)

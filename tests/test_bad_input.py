@@ -13,7 +13,7 @@ from caper.config import Config
 from caper.errors import ConfigError
 from caper.view.overlay import settle
 from caper.transaction import run
-from test_run import tree
+from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,31 +21,13 @@ from caper.view.btrfs import BtrfsConflict, BtrfsError, BtrfsSnapshot, is_subvol
 from caper.errors import CaperError
 from caper.view.overlay import settle
 from caper.fs.syscalls import RENAME_EXCHANGE, renameat2
-from crash import kill_sweep, killed_at
+from helpers.crash import kill_sweep, killed_at
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.trees import tree
+from helpers.btrfs import MKFS_BTRFS, why_not_btrfs
 
 
-# A user's PATH often lacks the sbin directories: look there too.
-MKFS_BTRFS = shutil.which("mkfs.btrfs", path=os.pathsep.join(
-    [os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"]))
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (loop mount, snapshot and tree-search ioctls)"
-    try:
-        with open("/proc/filesystems") as f:
-            if "btrfs" not in f.read():
-                return "the kernel lacks btrfs (not in /proc/filesystems)"
-    except OSError as e:
-        return f"cannot read /proc/filesystems: {e}"
-    if MKFS_BTRFS is None:
-        return "mkfs.btrfs missing (apt-get install btrfs-progs)"
-    if B.btrfsutil is None:
-        return "python module btrfsutil missing (pip install '.[btrfs]')"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+pytestmark = pytest.mark.skipif(why_not_btrfs() is not None, reason=why_not_btrfs() or "")
 
 
 # Module scope: the loop mount must be gone before other modules run, because
@@ -440,7 +422,6 @@ def test_cost_10k_files(env):
 
 def test_caper_run_on_a_subvolume_uses_btrfs_and_commits_or_rolls_back(env, tmp_path):
     import caper
-    from test_run import tree
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -476,7 +457,6 @@ SHELL_CHANGES = ("echo agent > b; rm -r d; mkdir n; echo 1 > n/f; mv k k2; chmod
 
 def _native(env: Env, cmd: str) -> dict:
     """The tree cmd leaves when run plainly in a fresh copy of the workspace."""
-    from test_run import tree
     subprocess.run(["sh", "-c", cmd], cwd=env.ws, check=True, capture_output=True)
     after = tree(env.ws)
     env.reset()
@@ -489,7 +469,6 @@ def test_overlay_backend_gives_a_subvolume_workspace_a_layer_of_its_own(env):
     root, as for a mount, so its changes commit (before, every write there
     was refused: one commit cannot cross subvolumes)."""
     import caper
-    from test_run import tree
 
     want, before = _native(env, SHELL_CHANGES), tree(env.ws)
     out = caper.run(SHELL_CHANGES, cwd=str(env.ws), approver="block", backend="overlay",
@@ -507,7 +486,6 @@ def test_overlay_backend_refuses_a_commit_across_a_nested_subvolume_and_says_why
     below it: a write in a nested subvolume is refused as such (it was called
     "a mount point"), and nothing changes."""
     import caper
-    from test_run import tree
 
     _subvol(env.ws / "inner")
     (env.ws / "inner" / "f").write_text("f\n")
@@ -522,8 +500,6 @@ def test_overlay_backend_refuses_a_commit_across_a_nested_subvolume_and_says_why
 def test_rootless_caper_commits_in_a_subvolume_workspace(env):
     """The same as uid 65534 (user namespace, userxattr overlays): auto picks
     the overlay, which covers the subvolume with a layer of its own."""
-    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
-    from test_run import tree
     need_rootless_venv()
     cmd = "echo agent > b; rm -r d; mkdir n; echo 1 > n/f; echo done"
     want = _native(env, cmd)

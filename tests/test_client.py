@@ -21,7 +21,7 @@ import pytest
 from caper import launch
 from caper.front import hooks
 
-from test_gate import _alive, _gate_pid, env  # noqa: F401  (the fixture)
+from helpers.gate import alive, gate_pid
 
 CLIENT = Path(launch.CLIENT)
 pytestmark = pytest.mark.skipif(hooks.caper_command() != [str(CLIENT)],
@@ -51,11 +51,11 @@ def ws(tmp_path):
 def start_gate(env, ws) -> int:
     p = client(env, ws, "run", "--approver", "allow", "-q", "-c", "true")   # Python starts it
     assert p.returncode == 0, p.stderr
-    return _gate_pid(Path(env["CAPER_STATE_DIR"]))
+    return gate_pid(Path(env["CAPER_STATE_DIR"]))
 
 
 def test_run_through_the_gate_is_the_clis_run(env, ws):
-    gate_pid = start_gate(env, ws)
+    pid = start_gate(env, ws)
     sub = ws / "sub"
     sub.mkdir()
     p = client({**env, "CLIENT_PROBE": "x\u00e9"}, sub, "run", "--approver", "allow", "-c",
@@ -65,9 +65,9 @@ def test_run_through_the_gate_is_the_clis_run(env, ws):
     assert (sub / "made").exists()
     j = client(env, ws, "run", "--json", "--approver", "block", "-c", "rm sub/made")
     doc = json.loads(j.stdout)
-    assert j.returncode == 125 and doc["committed"] is False and doc["gate"] == gate_pid
+    assert j.returncode == 125 and doc["committed"] is False and doc["gate"] == pid
     assert (sub / "made").exists()
-    assert _alive(gate_pid)
+    assert alive(pid)
 
 
 def test_without_a_gate_the_python_cli_runs_it(env, ws):
@@ -76,7 +76,7 @@ def test_without_a_gate_the_python_cli_runs_it(env, ws):
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["committed"] and "gate" not in doc
     assert (ws / "f").read_text() == "hi\n"
-    assert _gate_pid(Path(env["CAPER_STATE_DIR"])) is None
+    assert gate_pid(Path(env["CAPER_STATE_DIR"])) is None
 
 
 def test_what_the_gate_declines_goes_to_the_python_cli_with_its_stdin(env, ws):
@@ -113,7 +113,7 @@ def test_hook_without_a_gate_is_answered_by_the_python_hook(env, ws):
     p = client(env, ws, "hook", "claude-code", stdin=hook_input(ws, "ls"))
     out = json.loads(p.stdout)["hookSpecificOutput"]
     assert p.returncode == 0 and out["permissionDecision"] == "allow"
-    assert _gate_pid(Path(env["CAPER_STATE_DIR"])) is None
+    assert gate_pid(Path(env["CAPER_STATE_DIR"])) is None
     bad = client(env, ws, "hook", "claude-code", stdin=b"not json")
     assert json.loads(bad.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
 

@@ -40,8 +40,8 @@ from caper.commit.plan import plan_changes
 from caper.commit.recover import TRASH_DIR, recover
 from caper.commit.stage import STAGE_PREFIX, journal_at
 from caper.errors import CaperError, CommitConflict, CommitError, CommitIncomplete
-from crash import kill_sweep, killed_at
-from test_ctimes import wait_for
+from helpers.crash import kill_sweep, killed_at
+from helpers.ctimes import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlay mounts need root")
 

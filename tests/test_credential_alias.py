@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from test_report import AWS_SECRET, SECRET, go, home, repo  # noqa: F401  (fixtures)
+from helpers.gate import stop_gate
+from helpers.report import AWS_SECRET, SECRET, go
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.trees import git
 
 SSH_SECRET = "plainSshKeyMaterial-7c1d2e"
 PY = "/usr/bin/python3"
@@ -140,8 +143,7 @@ def test_caper_run_json_of_a_blocked_run_prints_no_raw_output(repo, tmp_path, mo
         assert doc["report"]["withheld"] and doc["report"]["protected_reads"]
     finally:
         if door == "gate":
-            from test_gate import _stop
-            _stop(tmp_path / "state")
+            stop_gate(tmp_path / "state")
 
 
 @pytest.mark.parametrize("route", ["symlink", "hard-link", "proc-self-root", "copied-file",
@@ -169,7 +171,6 @@ ROOTLESS_ROUTES = {
 
 @pytest.mark.parametrize("route", ROOTLESS_ROUTES)
 def test_rootless_a_credential_by_another_name_is_redacted_from_a_blocked_runs_output(route):
-    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
     need_rootless_venv()
     import shutil
     import tempfile
@@ -194,7 +195,6 @@ def test_a_credential_read_through_gits_object_store_is_a_credential_read(repo, 
     """The adversarial round's repro: a .env committed once and removed since
     is read from .git/objects, which no credential pattern covers: reported,
     its values (from the repository's history) redacted, and not allowed."""
-    from conftest import git
     git(repo, "add", "-f", ".env")
     git(repo, "commit", "-qm", "oops")
     git(repo, "rm", "-q", "--cached", ".env")

@@ -16,12 +16,7 @@ import pytest
 from caper.commit import ctimes
 from caper.fs import mountinfo
 from caper.view.overlay import settle
-
-
-def wait_for(threshold: ctimes.Threshold) -> None:
-    # What the native init does before it starts the command.
-    while time.clock_gettime_ns(ctimes.CLOCK_REALTIME_COARSE) < threshold.not_before_ns:
-        time.sleep(0.0002)
+from helpers.ctimes import wait_for
 
 
 def _separates(directory: Path, state: Path, rounds: int) -> list[str]:

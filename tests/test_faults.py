@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_run import tree
+from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from caper.transaction import run
-from conftest import git_project
+from helpers.trees import git_project
 
 FLAG = "a-process-could-see-the-sandbox"
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,48 +17,9 @@ from pathlib import Path
 import pytest
 
 from caper.front import gate
+from helpers.gate import alive, caper, gate_pid, stop_gate
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.delenv("CAPER_NO_GATE", raising=False)
-    state = tmp_path / "state"
-    e = {**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(state),
-         "CAPER_GATE_IDLE": "30", "HOME": str(tmp_path)}
-    e.pop("CAPER_NO_GATE", None)
-    yield e
-    _stop(state)
-
-
-def _gate_pid(state: Path) -> int | None:
-    log = state / "gate.log"
-    if not log.exists():
-        return None
-    pids = [int(line.split()[3]) for line in log.read_text().splitlines()
-            if line.startswith("caper serve: pid")]
-    return pids[-1] if pids else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ")[1][0] != "Z"
-
-
-def _stop(state: Path) -> None:
-    pid = _gate_pid(state)
-    if pid and _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-
-
-def caper(env, ws, *args):
-    return subprocess.run([sys.executable, "-m", "caper", "run", *args], cwd=ws, env=env,
-                          capture_output=True)
 
 
 def test_cli_through_the_gate_behaves_like_the_cli_alone(env, tmp_path):
@@ -71,10 +31,10 @@ def test_cli_through_the_gate_behaves_like_the_cli_alone(env, tmp_path):
     assert b"err\n" in p.stderr and b'created file "made"' in p.stderr
     assert (ws / "made").exists()
     state = Path(env["CAPER_STATE_DIR"])
-    assert (state / gate.SOCKET).exists() and _alive(_gate_pid(state))
+    assert (state / gate.SOCKET).exists() and alive(gate_pid(state))
     j = caper(env, ws, "--json", "--approver", "block", "-c", "rm made")
     doc = json.loads(j.stdout)
-    assert j.returncode == 125 and doc["gate"] == _gate_pid(state) and not doc["committed"]
+    assert j.returncode == 125 and doc["gate"] == gate_pid(state) and not doc["committed"]
     assert doc["report"]["changes"][0] == {**doc["report"]["changes"][0], "path": "made",
                                            "op": "deleted"}
     alone = subprocess.run([sys.executable, "-m", "caper", "run", "--no-gate", "--json",
@@ -103,10 +63,8 @@ def _raw(state: Path, doc: dict) -> socket.socket:
     return s
 
 
-def test_a_run_whose_caller_went_away_is_rolled_back(env, tmp_path):
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    assert caper(env, ws, "--approver", "allow", "-c", "true").returncode == 0   # gate up
+def test_a_run_whose_caller_went_away_is_rolled_back(env, gate_ws):
+    ws = gate_ws
     state = Path(env["CAPER_STATE_DIR"])
     from caper.sandbox.inherit import Caller
     s = _raw(state, {"command": "sleep 1; touch late", "approver": "allow",
@@ -118,8 +76,42 @@ def test_a_run_whose_caller_went_away_is_rolled_back(env, tmp_path):
     assert p.returncode == 0 and (ws / "fine").exists()
 
 
+def _answer(s: socket.socket) -> dict:
+    with s, s.makefile("rb") as f:
+        return json.loads(f.readline())
+
+
+def test_a_bad_request_is_told_from_a_failure_inside_the_run(env, gate_ws, tmp_path):
+    """A malformed option is the request's fault (caper.request.RunRequest),
+    named and nothing run; a failure in the run is caper's."""
+    ws = gate_ws
+    state = Path(env["CAPER_STATE_DIR"])
+    from caper.sandbox.inherit import Caller
+    good = {"command": "touch made", "approver": "allow",
+            "caller": Caller.here(cwd=str(ws), env=env).to_json()}
+    for bad, what in ((dict(backend="zfs"), "unknown backend 'zfs'"),
+                      (dict(timeout="10"), "timeout must be a positive number"),
+                      (dict(allow_nett=False), "unknown field(s): allow_nett"),
+                      (dict(caller={"cwd": "relative"}), "caller:")):
+        answer = _answer(_raw(state, {**good, **bad}))
+        assert answer["error"].startswith("bad request: ") and what in answer["error"], answer
+    assert not (ws / "made").exists()
+    gone = Caller.here(cwd=str(tmp_path / "gone"), env=env).to_json()
+    answer = _answer(_raw(state, {**good, "caller": gone}))
+    assert answer["error"].startswith("caper failed: working directory does not exist"), answer
+    assert "outcome" in _answer(_raw(state, good)) and (ws / "made").exists()
+
+
+def test_doctor_runs_its_sandboxed_true_through_the_gate(env, monkeypatch):
+    from caper.front import doctor
+    for name in ("CAPER_STATE_DIR", "CAPER_GATE_IDLE", "HOME"):
+        monkeypatch.setenv(name, env[name])
+    [check] = doctor.check_gate()
+    assert check.status == doctor.OK and "through the gate (pid" in check.what, check.what
+
+
 def _wait_for_process(cmdline: bytes) -> None:
-    from hostprocs import pids_with_cmdline
+    from helpers.hostprocs import pids_with_cmdline
     for _ in range(3000):                       # bounded: 30 s on a loaded machine
         if pids_with_cmdline(cmdline):
             return
@@ -182,7 +174,7 @@ def test_only_the_owner_may_use_the_gate(env, tmp_path):
                              capture_output=True, text=True, timeout=30)
         assert "refused: uid 65534" in out.stdout, out.stderr
     finally:
-        _stop(state)
+        stop_gate(state)
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -191,7 +183,7 @@ def test_a_newer_caper_makes_the_gate_step_aside(env, tmp_path):
     ws.mkdir()
     assert caper(env, ws, "--approver", "allow", "-c", "true").returncode == 0
     state = Path(env["CAPER_STATE_DIR"])
-    old = _gate_pid(state)
+    old = gate_pid(state)
     s = socket.socket(socket.AF_UNIX)
     s.connect(str(state / gate.SOCKET))
     s.sendall(json.dumps({"build": "0-other", "token": (state / gate.TOKEN).read_text()}).encode()
@@ -199,9 +191,9 @@ def test_a_newer_caper_makes_the_gate_step_aside(env, tmp_path):
     assert json.loads(s.makefile().readline()) == {"stale": True}
     s.close()
     deadline = time.monotonic() + 5
-    while _alive(old) and time.monotonic() < deadline:
+    while alive(old) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(old)
+    assert not alive(old)
     p = caper(env, ws, "--json", "--approver", "allow", "-c", "true")   # a new gate starts
     assert json.loads(p.stdout)["gate"] != old
 
@@ -212,8 +204,8 @@ def test_the_gate_exits_when_idle(env, tmp_path):
     assert caper({**env, "CAPER_GATE_IDLE": "0.5"}, ws, "--approver", "allow", "-c",
                  "true").returncode == 0
     state = Path(env["CAPER_STATE_DIR"])
-    pid = _gate_pid(state)
+    pid = gate_pid(state)
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(pid) and not (state / gate.SOCKET).exists()
+    assert not alive(pid) and not (state / gate.SOCKET).exists()

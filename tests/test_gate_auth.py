@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from caper.front import gate
-from test_gate import _stop, caper, env  # noqa: F401  (env is a fixture)
+from helpers.gate import caper, start_gate, stop_gate
 
 
 def _ask(state: Path, doc: dict, argv_prefix: tuple[str, ...] = ()) -> dict:
@@ -36,8 +36,7 @@ def _ask(state: Path, doc: dict, argv_prefix: tuple[str, ...] = ()) -> dict:
 def _gate_up(env, tmp_path) -> tuple[Path, Path]:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    assert caper(env, ws, "--approver", "allow", "-c", "true").returncode == 0
-    state = Path(env["CAPER_STATE_DIR"])
+    state = start_gate(env, ws)
     assert (state / gate.TOKEN).stat().st_mode & 0o777 == 0o600
     return state, ws
 
@@ -141,6 +140,6 @@ def test_a_blocked_command_cannot_submit_a_run_to_the_gate(env, tmp_path):
         assert "ANSWER" not in out["stdout"], out["stdout"]
         assert out["stdout"].count("FAILED") == 5, out["stdout"]
     finally:
-        _stop(state)
+        stop_gate(state)
         import shutil
         shutil.rmtree(state, ignore_errors=True)

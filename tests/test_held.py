@@ -21,12 +21,10 @@ from caper.config import Config
 from caper.errors import ConfigError
 from caper.front import hooks
 from caper.transaction import run
-from test_hooks import hook_input, run_command, run_hook, transcript
-from conftest import git_project
-from test_run import tree
+from helpers.trees import git_project, tree
+from helpers.hooks import BIN, hook_input, run_command, run_hook, transcript
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from caper import held as pending
 from caper.errors import ConfigError
 from caper.front import hooks
 from caper.state import state_dir
-from conftest import git_project
+from helpers.trees import git_project
 
 ROOT = Path(__file__).resolve().parent.parent
 OTHER = 4242            # another local user: any uid but ours (no passwd entry needed)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from caper.report.build import WRITES_HELD
-from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount the host tree")
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from caper.front import gate
-from test_gate import _alive, _gate_pid, _stop, env  # noqa: F401 (fixture)
+from helpers.gate import alive, stop_gate
+from helpers.rootless import NOBODY, ROOTLESS_VENV, need_rootless_venv, source_root
 
 PROBE = ("umask; ulimit -n; ulimit -s; ulimit -c; nice; id -g; id -G; pwd; "
          "echo \"$LANG $INHERIT_PROBE\"; touch f; mkdir d; stat -c '%n %a' f d; rm -r f d")
@@ -65,14 +66,11 @@ def test_a_run_inherits_the_callers_context_through_the_gate_and_without(env, tm
     assert lines[:5] == ["0002", "512", "4096", "0", "3"] and "f 664" in lines and "d 775" in lines  # not 0600
 
 
-def test_the_callers_groups_are_the_commands_groups(env, tmp_path):
+def test_the_callers_groups_are_the_commands_groups(env, gate_ws):
     """Root's gate gives the command the caller's gid and supplementary groups."""
+    ws = gate_ws
     if os.geteuid() != 0:
         pytest.skip("only root can give a process other groups")
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    assert subprocess.run([sys.executable, "-m", "caper", "run", "--approver", "allow", "-c",
-                           "true"], cwd=ws, env=env, capture_output=True).returncode == 0
     native, gated, alone = _three_ways(env, ws, ["setpriv", "--regid=100", "--groups=4,20"])
     assert gated == alone == native
     assert "100\n" in native and "4 20" in native
@@ -188,14 +186,13 @@ def _is_gate_of(pid: int, state: Path) -> bool:
             argv = f.read().split(b"\0")
     except OSError:
         return False
-    return b"serve" in argv and os.fsencode(state) in argv and _alive(pid)
+    return b"serve" in argv and os.fsencode(state) in argv and alive(pid)
 
 
 def test_a_rootless_run_inherits_the_callers_context_through_the_gate_and_without():
     """The same, as uid 65534: the user's own gate, a user namespace sandbox."""
     import shutil
     import tempfile
-    from test_rootless import NOBODY, ROOTLESS_VENV, need_rootless_venv, source_root
     need_rootless_venv()
     base = Path(tempfile.mkdtemp(prefix="caper-inherit-"))
     try:
@@ -216,7 +213,7 @@ def test_a_rootless_run_inherits_the_callers_context_through_the_gate_and_withou
         assert _stdout(gated) == _stdout(alone) == native.stdout
         assert "f 664" in native.stdout.splitlines()
     finally:
-        _stop(base / "state")
+        stop_gate(base / "state")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -236,14 +233,11 @@ def test_the_callers_stdin_reaches_the_command_only_where_given(env, tmp_path):
 
 @pytest.mark.parametrize("unshare, why", [(["-p", "-f"], "another pid namespace"),
                                           (["-U", "-r"], "another user namespace")])
-def test_a_caller_in_another_pid_or_user_namespace_is_not_served_by_the_gate(env, tmp_path,
-                                                                            unshare, why):
+def test_a_caller_in_another_pid_or_user_namespace_is_not_served_by_the_gate(env, gate_ws, unshare,
+                                                                            why):
+    ws = gate_ws
     if os.geteuid() != 0:
         pytest.skip("needs root for unshare")
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    assert subprocess.run([sys.executable, "-m", "caper", "run", "--approver", "allow", "-c",
-                           "true"], cwd=ws, env=env, capture_output=True).returncode == 0
     p = subprocess.run(["unshare", *unshare, sys.executable, "-m", "caper", "run", "--json",
                         "--approver", "allow", "-c", "true"], cwd=ws, env=env,
                        capture_output=True, text=True, timeout=120)

@@ -27,7 +27,8 @@ import pytest
 
 from caper.sandbox.events import End, Event, Family, Info, Kind, Refusal
 from caper.sandbox.trace import trace
-from hostprocs import pids_with_cmdline
+from helpers.hostprocs import pids_with_cmdline
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 
 PY = sys.executable  # not the pyenv shim: a shell script that forks a lot
 
@@ -1076,7 +1077,6 @@ def test_a_device_node_on_a_host_filesystem_opens_no_device(tmp_path, userns):
     if os.geteuid() != 0:
         pytest.skip("needs root to make the device nodes")
     if userns:   # a directory uid 65534 can reach (pytest's own is root's alone)
-        from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
         need_rootless_venv()
         tmp_path = Path(tempfile.mkdtemp(prefix="caper-devnode-"))
         os.chmod(tmp_path, 0o755)
@@ -1187,7 +1187,6 @@ def test_a_crash_writes_no_core_dump_and_is_reported(tmp_path, userns):
     from caper.report.build import CRASHES, NOTES
     from caper.transaction import run
     if userns:
-        from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
         need_rootless_venv()
         base = Path(tempfile.mkdtemp(prefix="caper-core-"))
         try:

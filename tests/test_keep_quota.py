@@ -10,8 +10,8 @@ import sys
 from caper import held as pending
 from caper.config import Config
 from caper.transaction import run
-from conftest import git_project
-from test_display import Unsure
+from helpers.trees import git_project
+from helpers.approvers import Unsure
 
 WRITE = f"{sys.executable} -c \"open('blob%d', 'wb').write(b'x' * 700_000)\""
 

@@ -21,6 +21,7 @@ from caper.sandbox.events import End, Kind
 from caper.sandbox.limits import DEFAULT_MAX_MEMORY, DEFAULT_SHM_SIZE, DiskGuard, parse_size
 from caper.sandbox.trace import trace
 from caper.transaction import run
+from helpers.rootless import NOBODY, SYSTEM_PY, as_nobody, need_rootless_venv, run_as_nobody, source_root, why_not_rootless
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -130,11 +131,10 @@ print(json.dumps({"end": r.end.name, "stdout": r.stdout.text().decode(),
 
 def test_the_memory_limit_holds_rootless():
     """uid 65534 cannot make a cgroup here: RLIMIT_AS bounds each process."""
-    from test_rootless import SYSTEM_PY, _as_nobody, _usable, source_root
-    reason = _usable()
+    reason = why_not_rootless()
     if reason:
         pytest.skip(reason)
-    p = _as_nobody(SYSTEM_PY, "-c", ROOTLESS_HOG, str(source_root()), HOG, timeout=120, cwd="/")
+    p = as_nobody(SYSTEM_PY, "-c", ROOTLESS_HOG, str(source_root()), HOG, timeout=120, cwd="/")
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout)
     assert "survived" not in got["stdout"]
@@ -445,7 +445,6 @@ def test_file_capabilities_are_shown_and_blocked(ws, tmp_path):
 def test_setuid_is_shown_and_blocked_rootless():
     import shutil
     import tempfile
-    from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
     need_rootless_venv()
     base = tempfile.mkdtemp(prefix="caper-limits-")    # pytest's tmp_path is root's only
     try:

@@ -19,8 +19,8 @@ from caper.errors import ConfigError
 from caper.sandbox.netproxy import Allowlist, _sni
 from caper.transaction import run
 from registry import NPM_PACKAGE, Registry, command_env
-from test_gate import ROOT, _stop
-from test_rootless import NOBODY, ROOTLESS_VENV, _as_nobody, need_rootless_venv, source_root
+from helpers.gate import stop_gate
+from helpers.rootless import NOBODY, ROOT, ROOTLESS_VENV, as_nobody, need_rootless_venv, source_root
 
 
 @pytest.fixture
@@ -243,7 +243,7 @@ def test_rootless_pip_install_through_the_proxy_and_a_leak_refused(registry, tmp
             os.chown(p, NOBODY, NOBODY)
 
         def as_nobody(command: str) -> dict:
-            p = _as_nobody(ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(source_root()), ws, command,
+            p = as_nobody(ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(source_root()), ws, command,
                            state, registry.host, timeout=180, cwd="/")
             assert p.returncode == 0, p.stderr[-3000:]
             return json.loads(p.stdout)
@@ -280,7 +280,7 @@ def test_caper_run_allow_net_through_the_gate(registry, ws, home, tmp_path, monk
         assert [(n["allowed"], n["method"], n["path"]) for n in proxied] == \
             [(True, "GET", "/simple/demo-pkg/")]
     finally:
-        _stop(state)
+        stop_gate(state)
 
 
 def test_the_tls_server_name_is_read_from_a_real_client_hello():

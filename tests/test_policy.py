@@ -28,8 +28,8 @@ from caper.report.gitstate import lost
 from caper.report.secrets import default_patterns, protected_for, values_in
 from caper.sandbox.events import End, Output, RunResult
 from caper.transaction import run
-from conftest import git, git_project
-from test_run import tree
+from helpers.facts import run_facts
+from helpers.trees import git, git_project, tree
 
 PY = sys.executable
 
@@ -444,19 +444,10 @@ def test_privilege_changes_block_whoever_asked():
 
 
 def _facts(tmp_path, n: int, extra: list[str]) -> RunFacts:
-    """A run that created n fixtures and the files in extra, as RunFacts over
-    real files (the host tree and the run's upper tree)."""
-    host = git_project(tmp_path / "ws", {"README.md": "r\n"})
-    up = tmp_path / "upper"
+    """A run that created n fixtures and the files in extra."""
     paths = [f"fixtures/f{i}.json" for i in range(n)] + extra
-    for p in paths:
-        (up / p).parent.mkdir(parents=True, exist_ok=True)
-        (up / p).write_text("#!/bin/sh\n" if "hooks" in p else "{}\n")
-    empty = Output(b"", b"", 0)
-    return RunFacts(command="./gen.sh", events=[], result=RunResult(End.EXITED, 0, None, empty, empty),
-                    changes=[Change(str(host / p), "created", "file") for p in paths],
-                    workspace=str(host), tree=RunTree.of([(str(host), str(up))]),
-                    protected=protected_for(default_patterns(), None, str(host)))
+    return run_facts(tmp_path, {"README.md": "r\n"}, "./gen.sh",
+                     created={p: "#!/bin/sh\n" if "hooks" in p else "{}\n" for p in paths})
 
 
 def test_the_budget_never_hides_a_flagged_change(tmp_path):
@@ -510,7 +501,7 @@ def test_a_task_naming_a_kind_of_file_declares_them():
 def test_auto_sends_the_unsure_to_the_llm_with_the_flagged_changes(tmp_path):
     """auto: the policy is unsure, the LLM (the local fake server) gets the
     report with every change the policy flagged listed, and decides."""
-    from llm_server import GOOD, LlmServer
+    from helpers.llm_server import GOOD, LlmServer
     facts = _facts(tmp_path, 400, ["data/users.csv"])
     (Path(facts.workspace) / ".gitignore").write_text("data/\n")
     facts.changes[-1] = Change(os.path.join(facts.workspace, "data/users.csv"), "deleted", "file")

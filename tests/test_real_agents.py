@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from caper.front import hooks
-from conftest import git_project
 
 sys.path.insert(0, str(Path(__file__).parent / "agents"))
 import clients  # noqa: E402
 from model_server import ModelServer, commands  # noqa: E402
+from helpers.trees import git_project
+from caper.front import hooks
 
 AGENTS = list(clients.PINS)
 TASK = "clean the build artifacts and recompile"
@@ -53,9 +53,19 @@ def project(tmp_path):
     return p
 
 
-def start(agent: str, tmp_path: Path, script, **kw):
-    model = ModelServer(clients.PROTOCOLS[agent], script)
-    return model, clients.Client(agent, tmp_path / agent, model, **kw)
+@pytest.fixture
+def start(tmp_path):
+    """start(agent, script, **kw): a fake model for the agent, and a client of
+    it with a home of its own; every model is closed after the test."""
+    models = []
+
+    def start(agent: str, script, **kw):
+        model = ModelServer(clients.PROTOCOLS[agent], script)
+        models.append(model)
+        return model, clients.Client(agent, tmp_path / agent, model, **kw)
+    yield start
+    for model in models:
+        model.close()
 
 
 def reviews(client: clients.Client, project: Path) -> int:
@@ -72,14 +82,11 @@ def install_caper(client: clients.Client, project: Path, *args: str) -> str:
 
 
 @pytest.mark.parametrize("agent", AGENTS)
-def test_a_harmful_command_is_blocked_and_the_model_is_told_why(agent, installed, project,
+def test_a_harmful_command_is_blocked_and_the_model_is_told_why(agent, installed, start, project,
                                                                  tmp_path):
-    model, client = start(agent, tmp_path, commands(HARMFUL))
-    try:
-        install_caper(client, project)
-        run = client.run(TASK, project)
-    finally:
-        model.close()
+    model, client = start(agent, commands(HARMFUL))
+    install_caper(client, project)
+    run = client.run(TASK, project)
     assert model.asked == [HARMFUL], (run.stdout, run.stderr)
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
     [told] = model.results
@@ -88,13 +95,10 @@ def test_a_harmful_command_is_blocked_and_the_model_is_told_why(agent, installed
 
 
 @pytest.mark.parametrize("agent", AGENTS)
-def test_a_safe_command_is_committed_with_native_modes(agent, installed, project, tmp_path):
-    model, client = start(agent, tmp_path, commands(SAFE))
-    try:
-        install_caper(client, project)
-        run = client.run(TASK, project)
-    finally:
-        model.close()
+def test_a_safe_command_is_committed_with_native_modes(agent, installed, start, project, tmp_path):
+    model, client = start(agent, commands(SAFE))
+    install_caper(client, project)
+    run = client.run(TASK, project)
     assert model.asked == [SAFE], (run.stdout, run.stderr)
     [told] = model.results
     assert "ok" in told, told
@@ -105,34 +109,31 @@ def test_a_safe_command_is_committed_with_native_modes(agent, installed, project
 
 
 @pytest.mark.parametrize("agent", AGENTS)
-def test_with_caper_gone_the_call_does_not_run(agent, installed, project, tmp_path):
+def test_with_caper_gone_the_call_does_not_run(agent, installed, start, project, tmp_path):
     """caper is installed through an interpreter that then disappears (caper
     uninstalled, its venv deleted), the agent's settings untouched: the agent
     must not run the command."""
-    model, client = start(agent, tmp_path, commands(HARMFUL))
+    model, client = start(agent, commands(HARMFUL))
     python = tmp_path / "gone" / "python"
     python.parent.mkdir()
     python.symlink_to(sys.executable)
-    try:
-        p = client.caper("install", agent, cwd=project, python=str(python))
-        assert p.returncode == 0, p.stderr
-        python.unlink()
-        client.run(TASK, project)
-    finally:
-        model.close()
+    p = client.caper("install", agent, cwd=project, python=str(python))
+    assert p.returncode == 0, p.stderr
+    python.unlink()
+    client.run(TASK, project)
     # Gemini refuses the turn itself when its prompt hook cannot start; the
     # others go on to the tool call, which their shell hook then blocks.
     assert model.asked == ([] if agent == "gemini" else [HARMFUL])
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
 
 
-def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, project, tmp_path):
+def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, start, project,
+                                                                   tmp_path):
     """The hash caper writes is the one Codex computes (its own hooks/list),
     for the user-level install (the default) and a project install; a stale
     trust entry is replaced, the rest of config.toml kept."""
     from caper.front import hooks
-    model, client = start("codex", tmp_path, commands())
-    model.close()
+    model, client = start("codex", commands())
     config = client.home / ".codex" / "config.toml"
     config.write_text(config.read_text() + f'\n[projects."{project}"]\ntrust_level = "trusted"\n'
                       f'\n[hooks.state."{project}/.codex/hooks.json:pre_tool_use:0:0"]\n'
@@ -150,9 +151,8 @@ def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, pro
     assert 'model_provider = "fake"' in config.read_text()
 
 
-def test_codex_project_install_in_an_untrusted_project_says_so(installed, project, tmp_path):
-    model, client = start("codex", tmp_path, commands())
-    model.close()
+def test_codex_project_install_in_an_untrusted_project_says_so(installed, start, project, tmp_path):
+    model, client = start("codex", commands())
     p = client.caper("install", "codex", "--project", cwd=project)
     assert p.returncode == 1
     assert "WARNING" in p.stderr and "NOT in front of Codex" in p.stderr
@@ -161,8 +161,8 @@ def test_codex_project_install_in_an_untrusted_project_says_so(installed, projec
 
 # --- Claude Code: the user's rules, deadlines, timeouts, held runs ---------------------------
 
-def claude(tmp_path, script, project, *install_args):
-    model, client = start("claude-code", tmp_path, script)
+def claude(start, script, project, *install_args):
+    model, client = start("claude-code", script)
     install_caper(client, project, *install_args)
     return model, client
 
@@ -170,13 +170,13 @@ def claude(tmp_path, script, project, *install_args):
 @pytest.mark.parametrize("scope", ["user", "project", "local", None])
 @pytest.mark.parametrize("kind", ["deny", "ask"])
 def test_claude_code_permission_rules_hold_against_the_original_command(
-        kind, scope, installed, project, tmp_path):
+        kind, scope, installed, start, project, tmp_path):
     """`rm -rf build` (untracked build output, which caper alone would allow
     for this task) under the user's `Bash(rm:*)` rule in each settings scope:
     not run, and the model is told which rule. No rule (None): it runs."""
     (project / "build").mkdir()
     (project / "build" / "app").write_text("old\n")
-    model, client = claude(tmp_path, commands("rm -rf build"), project)
+    model, client = claude(start, commands("rm -rf build"), project)
     if scope is not None:
         settings = {"user": client.home / ".claude" / "settings.json",
                     "project": project / ".claude" / "settings.json",
@@ -185,10 +185,7 @@ def test_claude_code_permission_rules_hold_against_the_original_command(
         doc = json.loads(settings.read_text()) if settings.exists() else {}
         doc["permissions"] = {kind: ["Bash(rm:*)"]}
         settings.write_text(json.dumps(doc))
-    try:
-        run = client.run(TASK, project, "--allowedTools", "Bash")
-    finally:
-        model.close()
+    run = client.run(TASK, project, "--allowedTools", "Bash")
     assert model.asked == ["rm -rf build"], (run.stdout, run.stderr)
     if scope is None:
         assert not (project / "build").exists(), model.results
@@ -202,61 +199,52 @@ def test_claude_code_permission_rules_hold_against_the_original_command(
 
 @pytest.mark.parametrize("launch", ["disallowed", "settings-file", "settings-json"])
 def test_claude_code_command_line_rules_hold_against_the_original_command(
-        launch, installed, project, tmp_path):
+        launch, installed, start, project, tmp_path):
     """`Bash(rm:*)` given on Claude Code's own command line, which its hooks
     are not told (`--disallowedTools`, or a `--settings` file or JSON text):
     `rm -rf build` is not run, and the model is told which rule."""
     (project / "build").mkdir()
     (project / "build" / "app").write_text("old\n")
-    model, client = claude(tmp_path, commands("rm -rf build"), project)
+    model, client = claude(start, commands("rm -rf build"), project)
     deny = json.dumps({"permissions": {"deny": ["Bash(rm:*)"]}})
     (tmp_path / "extra.json").write_text(deny)
     args = {"disallowed": ["--disallowedTools", "Edit,Bash(rm:*)"],
             "settings-file": ["--settings", str(tmp_path / "extra.json")],
             "settings-json": ["--settings", deny]}[launch]
-    try:
-        run = client.run(TASK, project, "--allowedTools", "Bash", *args)
-    finally:
-        model.close()
+    run = client.run(TASK, project, "--allowedTools", "Bash", *args)
     assert model.asked == ["rm -rf build"], (run.stdout, run.stderr)
     assert (project / "build" / "app").read_text() == "old\n"
     [told] = model.results
     assert "Bash(rm:*)" in told and ("--disallowedTools" in told or "--settings" in told), told
 
 
-def test_claude_code_hook_deadline_answers_deny(installed, project, tmp_path):
+def test_claude_code_hook_deadline_answers_deny(installed, start, project, tmp_path):
     """The hook is stuck (the held run it must read is a FIFO nobody writes):
     it answers deny at half its configured timeout, before Claude Code
     would cancel it and run the call."""
     held = "0123456789abcdef"
-    model, client = claude(tmp_path, commands(f"caper commit {held}"), project,
+    model, client = claude(start, commands(f"caper commit {held}"), project,
                            "--hook-timeout", "4")
     (tmp_path / "claude-code" / "state" / "pending").mkdir(parents=True)
     os.mkfifo(tmp_path / "claude-code" / "state" / "pending" / f"{held}.json")
-    try:
-        run = client.run(TASK, project, "--allowedTools", "Bash")
-    finally:
-        model.close()
+    run = client.run(TASK, project, "--allowedTools", "Bash")
     [told] = model.results
     assert "did not finish within 2 s" in told and "not run" in told, (told, run.stdout)
 
 
-def test_claude_code_timeout_lets_caper_answer(installed, project, tmp_path):
+def test_claude_code_timeout_lets_caper_answer(installed, start, project, tmp_path):
     """The model asks for a 2 s timeout on a command that takes longer: caper
     stops it at 2 s and its verdict reaches the model (Claude Code's own
     timeout, which would move the command to the background, is later)."""
-    model, client = claude(tmp_path, commands(("sleep 20; touch late", {"timeout": 2000})),
+    model, client = claude(start, commands(("sleep 20; touch late", {"timeout": 2000})),
                            project)
-    try:
-        run = client.run(TASK, project, "--allowedTools", "Bash")
-    finally:
-        model.close()
+    run = client.run(TASK, project, "--allowedTools", "Bash")
     [told] = model.results
     assert "timeout" in told and "blocked" in told, (told, run.stdout)
     assert not (project / "late").exists()
 
 
-def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed, project,
+def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed, start, project,
                                                                        tmp_path):
     """A run caper holds (unsure, --on-unsure ask), then the model asks to
     apply it as `caper commit ID`, by an absolute path and as `python -m
@@ -271,11 +259,8 @@ def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed
         if held and len(results) <= len(forms):
             return forms[len(results) - 1].format(held.group(1))
         return None
-    model, client = claude(tmp_path, script, project)
-    try:
-        run = client.run("tidy up", project, "--allowedTools", "Bash")
-    finally:
-        model.close()
+    model, client = claude(start, script, project)
+    run = client.run("tidy up", project, "--allowedTools", "Bash")
     assert len(model.results) == 4, (model.results, run.stdout)
     assert "held for a human" in model.results[0]
     for told in model.results[1:]:
@@ -287,8 +272,8 @@ def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed
     assert (project / "src" / "main.c").exists()
 
 
-def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(installed, project,
-                                                                           tmp_path):
+def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(installed, start,
+                                                                           project, tmp_path):
     """`claude -p` with text output shows the user only the model's answer,
     never a hook's systemMessage: the hook writes the held run's id and the
     command that applies it to the terminal Claude Code's errors go to
@@ -300,7 +285,7 @@ def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(inst
             return "rm -rf src; echo gone"
         held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
         return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
-    model, client = claude(tmp_path, script, project)
+    model, client = claude(start, script, project)
     master, slave = pty.openpty()
     try:
         p = subprocess.run(client.argv("tidy up", "--allowedTools", "Bash", "--output-format",
@@ -313,7 +298,6 @@ def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(inst
         except BlockingIOError:
             terminal = ""
     finally:
-        model.close()
         os.close(master)
         os.close(slave)
     held = re.search(r"caper commit ([0-9a-f]{16})", model.results[0]).group(1)
@@ -323,19 +307,16 @@ def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(inst
     assert (project / "src" / "main.c").exists()
 
 
-def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(installed, project,
-                                                                             tmp_path):
+def test_inside_codex_workspace_write_sandbox_caper_fails_closed_and_says_how(installed, start,
+                                                                             project, tmp_path):
     """Codex's default sandbox leaves caper nothing to snapshot: the command
     does not run, and the model is told the combination that works."""
-    model, client = start("codex", tmp_path, commands(SAFE))
+    model, client = start("codex", commands(SAFE))
     argv = client.argv(TASK)
     argv[argv.index("danger-full-access")] = "workspace-write"
-    try:
-        install_caper(client, project)
-        subprocess.run(argv, cwd=project, env=client.env, capture_output=True,
-                       stdin=subprocess.DEVNULL, timeout=clients.CLIENT_TIMEOUT_S)
-    finally:
-        model.close()
+    install_caper(client, project)
+    subprocess.run(argv, cwd=project, env=client.env, capture_output=True,
+                   stdin=subprocess.DEVNULL, timeout=clients.CLIENT_TIMEOUT_S)
     [told] = model.results
     assert "inside Codex's own sandbox" in told and "danger-full-access" in told, told
     assert not (project / "build").exists()
@@ -356,10 +337,9 @@ def doctor(client: clients.Client, project: Path) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("agent", AGENTS)
-def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installed, project,
+def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installed, start, project,
                                                                  tmp_path):
-    model, client = start(agent, tmp_path, commands())
-    model.close()
+    model, client = start(agent, commands())
     status, text = doctor(client, project)
     assert status == 1 and "FAIL" in text and "not installed" in text
     assert f"fix: caper install {agent}" in text
@@ -387,47 +367,38 @@ def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installe
 
 
 @pytest.mark.parametrize("agent", ["codex", "gemini"])
-def test_hosts_that_cannot_ask_refuse_caper_commit(agent, installed, project, tmp_path):
+def test_hosts_that_cannot_ask_refuse_caper_commit(agent, installed, start, project, tmp_path):
     """Codex and Gemini cannot ask their user: the model's `caper commit` is
     denied (the answer, with Gemini's systemMessage, parses as a deny: a
     parse failure would have let it run) and the model is told to leave it
     to the user."""
-    model, client = start(agent, tmp_path, commands("caper commit 0123456789abcdef"))
-    try:
-        install_caper(client, project)
-        client.run(TASK, project)
-    finally:
-        model.close()
+    model, client = start(agent, commands("caper commit 0123456789abcdef"))
+    install_caper(client, project)
+    client.run(TASK, project)
     [told] = model.results
     assert "only the user may apply" in told and "no held run" not in told, told
 
 
-def test_gemini_skip_trust_still_runs_the_user_level_hook(installed, project, tmp_path):
+def test_gemini_skip_trust_still_runs_the_user_level_hook(installed, start, project, tmp_path):
     """`--skip-trust` (which Gemini's own error message suggests) loads no
     project hooks: the default user-level install still gates the call."""
-    model, client = start("gemini", tmp_path, commands(HARMFUL))
+    model, client = start("gemini", commands(HARMFUL))
     client.env.pop("GEMINI_CLI_TRUST_WORKSPACE")
-    try:
-        install_caper(client, project)
-        client.run(TASK, project, "--skip-trust")
-    finally:
-        model.close()
+    install_caper(client, project)
+    client.run(TASK, project, "--skip-trust")
     assert model.asked == [HARMFUL]
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
     [told] = model.results
     assert 'deleted dir "src"' in told, told
 
 
-def test_claude_code_background_request_runs_in_the_foreground(installed, project, tmp_path):
+def test_claude_code_background_request_runs_in_the_foreground(installed, start, project, tmp_path):
     """A call the model asks to run in the background would finish after
     caper's answer was due: it runs in the foreground, and the model gets
     its output."""
-    model, client = claude(tmp_path, commands(("echo bg > bg.txt; echo done-in-fg",
+    model, client = claude(start, commands(("echo bg > bg.txt; echo done-in-fg",
                                                {"run_in_background": True})), project)
-    try:
-        client.run(TASK, project, "--allowedTools", "Bash")
-    finally:
-        model.close()
+    client.run(TASK, project, "--allowedTools", "Bash")
     [told] = model.results
     assert "done-in-fg" in told and (project / "bg.txt").read_text() == "bg\n", told
 
@@ -439,7 +410,7 @@ def _screen(raw: bytes) -> str:
                   raw.decode("utf-8", "replace"))
 
 
-def test_claude_code_interactive_user_applies_a_held_run(installed, project, tmp_path):
+def test_claude_code_interactive_user_applies_a_held_run(installed, start, project, tmp_path):
     """Interactive Claude Code through a pty: caper holds an unsure run, the
     model asks for `caper commit ID`, Claude Code's prompt shows the user the
     effect card, the user answers yes, and caper's own commit applies it."""
@@ -452,7 +423,7 @@ def test_claude_code_interactive_user_applies_a_held_run(installed, project, tmp
             return "rm -rf src; echo gone"
         held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
         return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
-    model, client = claude(tmp_path, script, project)
+    model, client = claude(start, script, project)
     cfg = json.loads((client.home / ".claude.json").read_text())
     cfg.update(theme="dark", projects={str(project): {"hasTrustDialogAccepted": True}},
                customApiKeyResponses={"approved": ["sk-ant-test"], "rejected": []})
@@ -489,6 +460,5 @@ def test_claude_code_interactive_user_applies_a_held_run(installed, project, tmp
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         os.close(fd)
-        model.close()
     assert len(model.results) == 2 and model.results[1].strip() == "gone", model.results
     assert not (project / "src").exists() and (project / ".git").is_dir()

@@ -16,48 +16,10 @@ import caper.report.build
 from caper.config import Config, load_config
 from caper.errors import ConfigError, ReportError
 from caper.report.build import CAP_BYTES, Report
-from caper.transaction import run
-from conftest import git
-from test_run import tree
+from helpers.trees import git, git_project, tree
+from helpers.report import AWS_SECRET, SECRET, go
 
 ROOT = Path(__file__).resolve().parent.parent
-SECRET = "s3cr3t-Value-9f8e7d6c5b4a"
-AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
-
-
-@pytest.fixture
-def home(tmp_path):
-    h = tmp_path / "home"
-    (h / ".aws").mkdir(parents=True)
-    (h / ".aws" / "credentials").write_text(
-        f"[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = {AWS_SECRET}\n")
-    (h / ".bashrc").write_text("export PS1='$ '\n")
-    return h
-
-
-@pytest.fixture
-def repo(tmp_path):
-    """A git project: tracked sources, an ignored build dir, a .env with a secret."""
-    w = tmp_path / "proj"
-    (w / "src").mkdir(parents=True)
-    for i in range(3):
-        (w / "src" / f"m{i}.c").write_text(f"int m{i}(void) {{ return {i}; }}\n")
-    (w / "Makefile").write_text("all:\n\tcc -c src/*.c\n")
-    (w / ".gitignore").write_text("build/\n.env\n")
-    (w / ".env").write_text(f"API_TOKEN={SECRET}\nDEBUG=1\n")
-    git(w, "init", "-q")
-    git(w, "add", "src", "Makefile", ".gitignore")
-    git(w, "commit", "-qm", "init")
-    (w / "build").mkdir()
-    for i in range(3):
-        (w / "build" / f"m{i}.o").write_bytes(b"\x7fELF" + bytes(60))
-    return w
-
-
-def go(cmd: str, cwd: Path, tmp_path: Path, home: Path | None = None, **kw):
-    env = {**os.environ, "HOME": str(home or tmp_path / "nohome")}
-    return run(cmd, cwd=cwd, approver=kw.pop("approver", "block"), env=env,
-               state_dir=str(tmp_path / "state"), **kw)
 
 
 def dump(r: Report) -> str:
@@ -374,7 +336,6 @@ def test_git_classification_of_many_paths_more_than_a_pipe_holds(tmp_path):
     part of the names that fits in the pipe is written at once, the rest
     when the answer is read. 3,000 long names (~200 KB) go both ways."""
     from caper.report.workspace import PathView
-    from conftest import git_project
     ws = git_project(tmp_path / "p", {"src/a.c": "int a;\n", ".gitignore": "build/\n"})
     names = [str(ws / "build" / f"{'o' * 60}{i}.o") for i in range(3000)]
     view = PathView(str(ws), str(tmp_path))

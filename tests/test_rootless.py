@@ -4,7 +4,6 @@ system Python (the only interpreter that user can read here)."""
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
 import shutil
@@ -14,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SYSTEM_PY = "/usr/bin/python3"
-NOBODY = 65534
+from helpers.rootless import (NOBODY, ROOTLESS_VENV, SYSTEM_PY, as_nobody, need_rootless_venv,
+                              run_as_nobody, source_root, why_not_rootless)
+
 
 SCRIPT = r"""
 import json, sys
@@ -35,46 +34,14 @@ print(json.dumps({
 """
 
 
-def _as_nobody(*argv: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                           *argv], capture_output=True, text=True, **kw)
-
-
-@functools.cache
-def source_root() -> Path:
-    """The checkout, where uid 65534 can read it; else (a directory above it
-    closed to others, as /root is, where a CI may clone) a copy of it, built
-    module included, in a temporary directory that user can read."""
-    if _as_nobody("/usr/bin/test", "-r", str(ROOT / "caper" / "__init__.py")).returncode == 0:
-        return ROOT
-    copy = Path(tempfile.mkdtemp(prefix="caper-rootless-src-"))
-    atexit.register(shutil.rmtree, copy, True)
-    copy.chmod(0o755)
-    shutil.copytree(ROOT, copy / "src", symlinks=True,
-                    ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.img"))
-    return copy / "src"
-
-
-def _usable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root to switch to an unprivileged user"
-    if not shutil.which("setpriv"):
-        return "setpriv (util-linux) missing"
-    probe = _as_nobody(SYSTEM_PY, "-c", f"import sys, _cffi_backend; sys.path.insert(0, "
-                       f"{str(source_root())!r}); import caper_native._caper")
-    if probe.returncode != 0:
-        return f"uid {NOBODY} cannot import caper with {SYSTEM_PY}: {probe.stderr.strip()[-200:]}"
-    return None
-
-
 def test_unprivileged_user_gets_a_user_namespace_sandbox():
-    reason = _usable()
+    reason = why_not_rootless()
     if reason:
         pytest.skip(reason)
     work = tempfile.mkdtemp(prefix="caper-rootless-")
     try:
         os.chown(work, NOBODY, NOBODY)
-        p = _as_nobody(SYSTEM_PY, "-c", SCRIPT, str(source_root()), work, timeout=120, cwd=work)
+        p = as_nobody(SYSTEM_PY, "-c", SCRIPT, str(source_root()), work, timeout=120, cwd=work)
         assert p.returncode == 0, p.stderr
         out = json.loads(p.stdout)
         assert out["end"] == "EXITED" and out["exit"] == 0
@@ -91,13 +58,10 @@ def test_unprivileged_user_gets_a_user_namespace_sandbox():
         shutil.rmtree(work, ignore_errors=True)
 
 
-ROOTLESS_VENV = "/opt/caper-rootless-venv/bin/python"
-
-
 def test_caper_run_tests_pass_as_an_unprivileged_user():
     """The commit/rollback tests and the property tests, run by uid 65534:
     user namespace, userxattr overlays, per-directory layers."""
-    reason = _usable()
+    reason = why_not_rootless()
     if reason:
         pytest.skip(reason)
     if not os.access(ROOTLESS_VENV, os.X_OK):
@@ -108,40 +72,13 @@ def test_caper_run_tests_pass_as_an_unprivileged_user():
         env = {"PATH": "/usr/bin:/bin", "HOME": base, "CAPER_STATE_DIR": f"{base}/state",
                "PYTHONPATH": str(source_root()), "CAPER_HYPOTHESIS_EXAMPLES":
                os.environ.get("CAPER_HYPOTHESIS_EXAMPLES", "15"), "PYTHONDONTWRITEBYTECODE": "1"}
-        p = _as_nobody(ROOTLESS_VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                       f"--basetemp={base}/t", "tests/test_run.py", "tests/test_run_property.py",
-                       cwd=source_root(), env=env, timeout=600)
+        p = as_nobody(ROOTLESS_VENV, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      f"--basetemp={base}/t", "tests/test_run.py", "tests/test_run_property.py",
+                      cwd=source_root(), env=env, timeout=600)
         assert p.returncode == 0, p.stdout[-8000:] + p.stderr[-2000:]
         assert " passed" in p.stdout
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-RUN_AS_NOBODY = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import caper
-out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=sys.argv[4],
-                state_dir=sys.argv[5])
-print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.exit_code,
-                  "stdout": out.stdout.text().decode(), "notes": list(out.notes),
-                  "backend": out.report.backend, "report": out.report.to_json()}))
-"""
-
-
-def need_rootless_venv() -> None:
-    reason = _usable()
-    if reason or not os.access(ROOTLESS_VENV, os.X_OK):
-        pytest.skip(reason or f"{ROOTLESS_VENV} missing (./bootstrap makes it)")
-
-
-def run_as_nobody(ws, command: str, approver: str, state, home=None) -> dict:
-    """caper.run(command) in workspace ws by uid 65534: its outcome's fields."""
-    p = _as_nobody(ROOTLESS_VENV, "-c", RUN_AS_NOBODY, str(source_root()), str(ws), command, approver,
-                   str(state), timeout=120, cwd="/",
-                   env={"PATH": "/usr/bin:/bin", "HOME": str(home or state)})
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout)
 
 
 @pytest.mark.parametrize("above", ["a directory this user can pass but not list",
@@ -370,9 +307,9 @@ def test_a_rootless_run_that_closes_what_it_wrote_is_not_held_past_the_quota(clo
     for d in (base, ws):
         os.chown(d, NOBODY, NOBODY)
     cmd = "mkdir d; head -c 16777216 /dev/urandom > d/big" + ("; chmod 000 d" if closed else "")
-    p = _as_nobody(ROOTLESS_VENV, "-c", HOLD_AS_NOBODY, str(source_root()), str(ws), cmd,
-                   str(base / "state"), timeout=120, cwd="/",
-                   env={"PATH": "/usr/bin:/bin", "HOME": str(base)})
+    p = as_nobody(ROOTLESS_VENV, "-c", HOLD_AS_NOBODY, str(source_root()), str(ws), cmd,
+                  str(base / "state"), timeout=120, cwd="/",
+                  env={"PATH": "/usr/bin:/bin", "HOME": str(base)})
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["held"] is None and "Not held for a human" in out["reason"], out

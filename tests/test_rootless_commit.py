@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from test_rootless import NOBODY, ROOTLESS_VENV, _as_nobody, need_rootless_venv, source_root
+from helpers.rootless import NOBODY, ROOTLESS_VENV, as_nobody, need_rootless_venv, source_root
+
 
 RUN = r"""
 import json, os, sys
@@ -38,12 +39,12 @@ def _env(home: Path) -> dict:
 
 
 def native(ws: Path, command: str, home: Path) -> subprocess.CompletedProcess:
-    return _as_nobody("/bin/sh", "-c", command, cwd=ws, env=_env(home), timeout=60)
+    return as_nobody("/bin/sh", "-c", command, cwd=ws, env=_env(home), timeout=60)
 
 
 def through_caper(ws: Path, command: str, state: Path, home: Path) -> dict:
-    p = _as_nobody(ROOTLESS_VENV, "-c", RUN, str(source_root()), str(ws), command, str(state),
-                   cwd="/", env=_env(home), timeout=120)
+    p = as_nobody(ROOTLESS_VENV, "-c", RUN, str(source_root()), str(ws), command, str(state),
+                  cwd="/", env=_env(home), timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout)
 
@@ -142,7 +143,7 @@ def test_git_add_and_commit_in_a_real_repository_matches_a_native_run(pair):
     assert out["committed"], out["reason"]
     # .git/index holds inode numbers and ctimes: the same commit, not the same bytes
     assert tree(pair["caper"], (".git/index",)) == tree(pair["native"], (".git/index",))
-    status = _as_nobody("git", "status", "--porcelain", cwd=pair["caper"], env=_env(pair["home"]))
+    status = as_nobody("git", "status", "--porcelain", cwd=pair["caper"], env=_env(pair["home"]))
     assert status.returncode == 0 and status.stdout == ""
     again = through_caper(pair["caper"], "echo three > f && git commit -qam three", pair["state"],
                           pair["home"])
@@ -165,8 +166,8 @@ def test_recover_exits_non_zero_when_it_cannot_recover_and_other_work_goes_on(pa
                "metas": [], "times": []}
     (jdir / "0123456789ab.json").write_text(json.dumps(journal))
     subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(jdir)], check=True)
-    p = _as_nobody(ROOTLESS_VENV, "-m", "caper", "recover", "--state-dir", str(state),
-                   cwd=source_root(), env={**_env(pair["home"]), "PYTHONPATH": str(source_root())})
+    p = as_nobody(ROOTLESS_VENV, "-m", "caper", "recover", "--state-dir", str(state),
+                  cwd=source_root(), env={**_env(pair["home"]), "PYTHONPATH": str(source_root())})
     assert p.returncode == 1, p.stdout + p.stderr
     assert "FAILED" in p.stdout
     out = through_caper(ws, "echo fine > other", state, pair["home"])
@@ -211,7 +212,7 @@ def test_a_rootless_commit_killed_in_a_directory_it_opened_is_shut_again_by_reco
     """The commit opens the user's 0555 directory for the swap; a kill there
     left it 0755 for good. The journal records it, recover shuts it."""
     base = pair["state"]
-    p = _as_nobody(ROOTLESS_VENV, "-c", KILLED, str(source_root()), str(base), cwd="/",
-                   env=_env(pair["home"]), timeout=120)
+    p = as_nobody(ROOTLESS_VENV, "-c", KILLED, str(source_root()), str(base), cwd="/",
+                  env=_env(pair["home"]), timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split() == ["0o755", "0o555", "False", "1"], p.stdout

@@ -17,34 +17,11 @@ from caper.errors import ConfigError
 from caper.view.overlay import settle
 from caper.report.build import LINKS_SPLIT, NOTES, RENAMES_REFUSED
 from caper.transaction import EXIT_NOT_COMMITTED, run
+from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parent.parent
 # These build their bad filesystems with mount(8); the rootless run skips them.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts filesystems")
-
-
-def tree(path: Path) -> dict:
-    """Everything about a tree that a user would miss: types, modes, contents, links."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath, name)
-            rel = str(p.relative_to(path))
-            try:
-                st = p.lstat()
-            except PermissionError:  # its directory was chmodded unsearchable
-                out[rel] = ("unsearchable",)
-                continue
-            if p.is_symlink():
-                out[rel] = ("link", os.readlink(p))
-            elif p.is_dir():
-                out[rel] = ("dir", st.st_mode & 0o7777)
-            else:
-                try:
-                    out[rel] = ("file", st.st_mode & 0o7777, p.read_bytes())
-                except PermissionError:  # an unprivileged run chmodded it shut
-                    out[rel] = ("file", st.st_mode & 0o7777, st.st_size, "unreadable")
-    return out
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from caper.view.overlay import remove_tree
 from caper.transaction import run
-from test_run import tree
-from treestate import acl, directories, state
+from helpers.trees import tree
+from helpers.treestate import acl, directories, state
 
 ROOT = Path(__file__).resolve().parent.parent
 

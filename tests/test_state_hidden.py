@@ -12,9 +12,13 @@ import shutil
 import subprocess
 import sys
 
-import pytest
+from pathlib import Path
 
-from test_report import ROOT
+import pytest
+from helpers.btrfs import MKFS_BTRFS, why_not_btrfs
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
 import json, subprocess, sys
@@ -82,9 +86,8 @@ print(json.dumps({"committed": out.committed, "stdout": out.stdout.text().decode
 
 def test_the_state_directory_is_hidden_through_a_btrfs_top_level_mounted_elsewhere(tmp_path):
     """Timeshift/snapper mount the top level (`@home/<user>/...` in it)."""
-    from test_btrfs import MKFS_BTRFS, _why_not
-    if _why_not() or not shutil.which("losetup") or not shutil.which("unshare"):
-        pytest.skip(_why_not() or "needs losetup and unshare")
+    if why_not_btrfs() or not shutil.which("losetup") or not shutil.which("unshare"):
+        pytest.skip(why_not_btrfs() or "needs losetup and unshare")
     img = tmp_path / "img"
     with open(img, "wb") as f:
         f.truncate(200 << 20)

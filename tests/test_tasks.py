@@ -25,8 +25,8 @@ import pytest
 from caper.front import tasks
 from caper.front import hooks
 from caper.front.transcripts import task_from_transcript
-from test_hooks import AGENTS, BIN, TASK, hook_input, project, run_command, run_hook  # noqa: F401
-from test_run import tree
+from helpers.trees import tree
+from helpers.hooks import AGENTS, BIN, TASK, hook_input, run_command, run_hook
 
 VICTIM_TASK = "delete the victim folder in my home"
 

@@ -19,7 +19,7 @@ from caper.sandbox._native import lib
 from caper.errors import STEP_ERRORS, ConfigError, ExecError
 from caper.sandbox.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
 from caper.sandbox.trace import Trace, baseline, trace
-from hostprocs import pids_with_cmdline
+from helpers.hostprocs import pids_with_cmdline
 
 PY = os.path.realpath(sys.executable)
 

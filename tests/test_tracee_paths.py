@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from caper.transaction import run
-from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 
 SYSTEM_PY = "/usr/bin/python3"   # readable by uid 65534, and inside every sandbox
 

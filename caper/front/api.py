@@ -23,36 +23,32 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from typing import Mapping, Sequence
+from typing import Sequence
 
-from caper.transaction import DEFAULT_TIMEOUT_S, RunOutcome, run
+from caper.request import RunRequest
+from caper.transaction import RunOutcome, run_request
 
 
 class Gate:
-    def __init__(self, workspace: str | None = None, *, approver="auto",
-                 session: str | None = None, backend: str = "auto",
-                 timeout: float = DEFAULT_TIMEOUT_S, config=None,
-                 env: Mapping[str, str] | None = None, state_dir: str | None = None,
-                 max_memory: int | None = None, allow_net: Sequence[str] = ()):
+    def __init__(self, workspace: str | None = None, *, session: str | None = None,
+                 config=None, state_dir: str | None = None, **options):
+        """options: the defaults of this gate's runs, any of caper.request.OPTIONS
+        (approver, backend, timeout, env, max_memory, on_unsure, ...). The
+        workspace is also the runs' default cwd."""
         self.workspace = os.path.realpath(workspace) if workspace else None
-        self.approver = approver
         self.session = session or f"api-{uuid.uuid4().hex[:12]}"
-        self.backend, self.timeout = backend, timeout
-        self.config, self.env, self.state_dir = config, env, state_dir
-        self.max_memory = max_memory   # None: config.toml's, else caper's default
-        self.allow_net = tuple(allow_net)  # hosts caper's proxy lets runs reach
+        self.config, self.state_dir = config, state_dir
+        self.options = {"workspace": self.workspace, "cwd": self.workspace,
+                        "session": self.session, **options}
+        RunRequest("true", **self.options)     # a bad option fails here, not at the first run
 
-    def run(self, command: str | Sequence[str], *, task: str | None = None,
-            cwd: str | None = None, timeout: float | None = None,
-            workspace: str | None = None) -> RunOutcome:
+    def run(self, command: str | Sequence[str], **options) -> RunOutcome:
         """Run the command once in the sandbox; commit it if approved.
-        workspace: this call's, instead of the gate's."""
-        return run(command, task=task, approver=self.approver,
-                   workspace=workspace or self.workspace,
-                   backend=self.backend, timeout=timeout or self.timeout,
-                   cwd=cwd or self.workspace, env=self.env, state_dir=self.state_dir,
-                   config=self.config, session=self.session, max_memory=self.max_memory,
-                   allow_net=self.allow_net)
+        options: this call's, instead of the gate's (task, cwd, timeout,
+        workspace, ...; None: the gate's)."""
+        given = {name: value for name, value in options.items() if value is not None}
+        return run_request(RunRequest(command, **{**self.options, **given}),
+                           state_dir=self.state_dir, config=self.config)
 
     async def arun(self, command: str | Sequence[str], **kw) -> RunOutcome:
         return await asyncio.to_thread(self.run, command, **kw)

@@ -160,6 +160,7 @@ def cmd_run(args, parser) -> int:
 def _run(args, parser, said: Said) -> int:
     from caper.errors import ConfigError
     from caper.front.tasks import TaskRecordError
+    from caper.request import RunRequest
     from caper.sandbox.inherit import Caller
     from caper.state import state_dir
     command = _command(args, parser)
@@ -167,22 +168,20 @@ def _run(args, parser, said: Said) -> int:
         state = state_dir()
         task, from_transcript = (_call_task(args, parser, command, state) if args.call
                                  else (args.task, False))
+        request = RunRequest(command, task=task, task_from_transcript=from_transcript,
+                             approver=args.approver, backend=args.backend, timeout=args.timeout,
+                             workspace=args.workspace, session=args.session,
+                             on_unsure=args.on_unsure, max_memory=args.max_memory,
+                             allow_net=args.allow_net or (),
+                             caller=Caller.here(shell=args.shell, stdin=args.stdin))
     except ConfigError as e:
         return _failed(args, str(e), said)
     except TaskRecordError as e:
         return _failed(args, f"{e}; not run", said)
-    caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
-        payload = {"command": command, "task": task, "task_from_transcript": from_transcript,
-                   "approver": args.approver,
-                   "backend": args.backend, "timeout": args.timeout,
-                   "workspace": args.workspace and os.path.abspath(args.workspace),
-                   "session": args.session, "on_unsure": args.on_unsure,
-                   "max_memory": args.max_memory, "caller": caller.to_json(),
-                   **({"allow_net": args.allow_net} if args.allow_net else {})}
         try:
-            answer = gate.request(state, payload)
+            answer = gate.request(state, request.to_wire())
         except gate.GateUnavailable as e:
             print(f"caper: running in this process ({e})", file=sys.stderr)
         else:
@@ -197,13 +196,9 @@ def _run(args, parser, said: Said) -> int:
             said.emit()
             os._exit(status)
     from caper.errors import CaperError
-    from caper.transaction import run
+    from caper.transaction import run_request
     try:
-        outcome = run(command, task=task, task_from_transcript=from_transcript,
-                      approver=args.approver, backend=args.backend,
-                      timeout=args.timeout, workspace=args.workspace, session=args.session,
-                      on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state,
-                      caller=caller, allow_net=args.allow_net or ())
+        outcome = run_request(request, state_dir=state)
     except CaperError as e:
         return _failed(args, f"caper failed: {e}", said)
     return _finish(args, outcome.to_json(), outcome.card(),
@@ -260,8 +255,8 @@ def gate_argv(argv: list[str], caller_doc: dict, stdin: bytes, state: str,
         out = run(command, task=task, task_from_transcript=from_transcript,
                   approver=args.approver, backend=args.backend, timeout=args.timeout,
                   workspace=workspace, session=args.session, on_unsure=args.on_unsure,
-                  max_memory=args.max_memory, state_dir=state, cwd=caller.cwd, env=caller.env,
-                  caller=caller, still_wanted=still_wanted)
+                  max_memory=args.max_memory, allow_net=args.allow_net or (), state_dir=state,
+                  cwd=caller.cwd, env=caller.env, caller=caller, still_wanted=still_wanted)
     except CaperError as e:
         return EXIT_CAPER_FAILED, _failed_said(args, f"caper failed: {e}")
     status = _finish(args, {**out.to_json(), "gate": os.getpid()}, out.card(),
@@ -398,7 +393,8 @@ def cmd_serve(args, parser) -> int:
 
 def cmd_session(args, parser) -> int:
     from caper.errors import CaperError
-    from caper.judge.session import check_session_id, open_sessions
+    from caper.judge.session import open_sessions
+    from caper.request import check_session_id
     from caper.state import state_dir
 
     try:
@@ -474,6 +470,9 @@ def _columns() -> int:
 
 
 def _args_run(r: argparse.ArgumentParser) -> None:
+    # The options' names and defaults are caper.request's; an option left
+    # out is None, which RunRequest reads as its default.
+    from caper.request import APPROVERS, BACKENDS, ON_UNSURE
     r.add_argument("-c", metavar="STRING", help="run STRING with SHELL -c (see --shell)")
     r.add_argument("--shell", metavar="SHELL",
                    help="the shell that runs -c STRING (default /bin/sh, as sh -c and "
@@ -483,21 +482,18 @@ def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--call", metavar="ID",
                    help="a hook's call record: the task is the one the hook recorded for this "
                         "session and exactly this command (caper.front.tasks)")
-    r.add_argument("--approver", default="auto", choices=["auto", "policy", "llm", "allow", "block"],
+    r.add_argument("--approver", choices=APPROVERS,
                    help="auto (default): policy, then the LLM if configured for what policy is "
                         "unsure of; allow: commit everything; block: preview only")
     r.add_argument("--session", metavar="ID",
                    help="the agent session (history, circuit breaker)")
-    r.add_argument("--on-unsure", choices=["block", "allow", "ask"],
+    r.add_argument("--on-unsure", choices=ON_UNSURE,
                    help="when the approver is unsure (default: config.toml's, else block); "
                         "ask: hold the run for a human (`caper commit ID` applies it)")
-    r.add_argument("--backend", default="auto", choices=["auto", "overlay", "btrfs"],
+    r.add_argument("--backend", choices=BACKENDS,
                    help="auto: btrfs where the workspace is a btrfs subvolume (as root), "
                         "else overlay")
-    r.add_argument("--timeout", type=float, default=600.0, metavar="S")
-    r.add_argument("--max-memory", type=_size, metavar="SIZE",
-                   help="memory of the whole sandbox, e.g. 4G (default: config.toml's "
-                        "[limits] max_memory, else half of RAM, at most 8 GiB)")
+    _args_limits(r, "config.toml's [limits] max_memory, else ")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
     r.add_argument("--allow-net", action="append", metavar="HOST[:PORT]",
@@ -580,11 +576,8 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
     t.add_argument("--quiet", action="store_true", help="print no events, only the output")
     t.add_argument("--raw", action="store_true",
                    help="keep baseline noise and repeated events (no pre-filter)")
-    t.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    _args_limits(t)
     t.add_argument("--max-pids", type=int, default=1024, metavar="N")
-    t.add_argument("--max-memory", type=_size, default=None, metavar="SIZE",
-                   help="memory of the whole sandbox, e.g. 4G (default: half of RAM, "
-                        "at most 8 GiB)")
     t.add_argument("--all-cpus", action="store_true",
                    help="let the sandbox use every CPU (parallel builds); by default it shares "
                         "one CPU with the tracer, which makes each ptrace stop ~3x cheaper")
@@ -592,6 +585,16 @@ def _args_trace(t: argparse.ArgumentParser) -> None:
                    help="print the seccomp program as pseudocode first")
     t.add_argument("argv", nargs=argparse.REMAINDER)
     t.set_defaults(func=cmd_trace)
+
+
+def _args_limits(p: argparse.ArgumentParser, memory_default: str = "") -> None:
+    """The sandbox's limits, as `caper run` and `caper trace` take them."""
+    from caper.request import DEFAULT_TIMEOUT_S
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"the command's time limit (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--max-memory", type=_size, metavar="SIZE",
+                   help=f"memory of the whole sandbox, e.g. 4G (default: {memory_default}"
+                        "half of RAM, at most 8 GiB)")
 
 
 def _size(text: str) -> int:

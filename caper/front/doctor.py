@@ -25,6 +25,7 @@ from caper.front import claude_rules
 from caper.front import hooks
 from caper.fs.programs import find_program
 from caper.report.workspace import find_workspace
+from caper.request import RunRequest
 
 OK, WARN, FAIL, INFO = "ok", "WARN", "FAIL", "--"
 VERSION_TIMEOUT_S = 15
@@ -209,15 +210,13 @@ def check_gate() -> list[Check]:
     where = tempfile.mkdtemp(prefix="caper-doctor-")
     t = time.monotonic()
     try:
+        request = RunRequest("true", approver="allow", workspace=where, cwd=where, timeout=60.0)
         if os.environ.get("CAPER_NO_GATE") == "1":
-            from caper.transaction import run
-            out = run("true", approver="allow", workspace=where, cwd=where)
+            from caper.transaction import run_request
+            out = run_request(request)
             ok, how, err = out.committed, "in this process (CAPER_NO_GATE=1)", out.reason
         else:
-            answer = gate.request(default_state_dir(), {
-                "command": "true", "task": None, "approver": "allow", "backend": "auto",
-                "timeout": 60.0, "cwd": where, "workspace": where, "session": None,
-                "on_unsure": None, "env": dict(os.environ)})
+            answer = gate.request(default_state_dir(), request.to_wire())
             ok = "error" not in answer and answer["outcome"]["committed"]
             how = f"through the gate (pid {answer.get('gate_pid')})"
             err = answer.get("error") or answer.get("outcome", {}).get("reason")

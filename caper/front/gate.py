@@ -309,9 +309,9 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import struct
     import threading
 
-    from caper.errors import CaperError
-    from caper.sandbox.inherit import Caller
-    from caper.transaction import run
+    from caper.errors import BadRequest, CaperError
+    from caper.request import RunRequest
+    from caper.transaction import run_request
 
     os.umask(0o077)
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -337,8 +337,12 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             with guard:
                 state["active"] += 1
             try:
-                req = json.loads(line)
-                if not hmac.compare_digest(str(req.get("token", "")).encode(), token.encode()):
+                try:
+                    req = json.loads(line)
+                except ValueError as e:
+                    raise BadRequest(f"not one line of JSON: {e}") from e
+                if not isinstance(req, dict) or not hmac.compare_digest(
+                        str(req.get("token", "")).encode(), token.encode()):
                     self._answer({"error": f"refused: pid {pid} did not send the gate's token "
                                            f"({os.path.join(state_dir, TOKEN)})"})
                     return
@@ -349,8 +353,8 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                 if req.get("kind") == "argv":
                     self._argv(req, conn, pid)
                     return
-                self._answer(self._run(req, conn))
-            except (ValueError, KeyError, TypeError) as e:
+                self._answer(self._run(RunRequest.from_wire(req), conn))
+            except (BadRequest, KeyError, TypeError) as e:   # the request's own fault: nothing ran
                 self._answer({"error": f"bad request: {e}"})
             finally:
                 with guard:
@@ -384,23 +388,17 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             except OSError:
                 pass   # the caller went away
 
-        def _run(self, req: dict, conn: socket.socket) -> dict:
-            caller = Caller.from_json(req["caller"])
-            why = caller.not_reproducible()
+        def _run(self, req: RunRequest, conn: socket.socket) -> dict:
+            why = req.caller.not_reproducible()
             if why:
                 return {"decline": f"{why}: run it in the caller's process"}
             try:
-                out = run(req["command"], task=req.get("task"),
-                          task_from_transcript=req.get("task_from_transcript") is not False,
-                          approver=req.get("approver", "auto"),
-                          workspace=req.get("workspace"), backend=req.get("backend", "auto"),
-                          timeout=float(req.get("timeout", 600)), cwd=caller.cwd,
-                          env=caller.env, state_dir=state_dir, session=req.get("session"),
-                          still_wanted=lambda: _still_wanted(conn), on_unsure=req.get("on_unsure"),
-                          caller=caller, max_memory=req.get("max_memory"),
-                          allow_net=req.get("allow_net") or ())
+                out = run_request(req, state_dir=state_dir,
+                                  still_wanted=lambda: _still_wanted(conn))
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
+            except Exception as e:   # a bug inside the run: reported as caper's, fails closed
+                return {"error": f"caper failed inside the run: {e!r}"}
             return {"outcome": out.to_json(),
                     "card": out.card(),
                     "stdout_b64": binascii.b2a_base64(out.stdout.text(), newline=False).decode(),

@@ -16,11 +16,12 @@ from typing import Mapping
 
 from caper.config import Config
 from caper.errors import ConfigError
-from caper.judge.base import ON_UNSURE, ApprovalRequest, Approver, Decision, resolve_unsure
+from caper.judge.base import ApprovalRequest, Approver, Decision, resolve_unsure
 from caper.judge.llm import LlmApprover
 from caper.judge.policy import PolicyApprover
+from caper.request import APPROVERS
 
-__all__ = ["APPROVERS", "ON_UNSURE", "AllowApprover", "ApprovalRequest", "Approver", "AutoApprover",
+__all__ = ["APPROVERS", "AllowApprover", "ApprovalRequest", "Approver", "AutoApprover",
            "BlockApprover", "Decision", "get_approver", "resolve_unsure"]
 
 
@@ -65,9 +66,6 @@ class AutoApprover:
             steps += (f"llm:{second.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)
             return replace(second, steps=steps, flagged=first.flagged)
         return replace(resolve_unsure(first, self.on_unsure), steps=steps)
-
-
-APPROVERS = ("auto", "policy", "llm", "allow", "block")
 
 
 def get_approver(name_or_approver: str | Approver, config: Config | None = None,

@@ -10,9 +10,6 @@ if TYPE_CHECKING:
     from caper.report.build import Report
     from caper.report.secrets import Protected
 
-ON_UNSURE = ("block", "allow", "ask")
-
-
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
     """Everything an approver may see. All of it is evidence, never instructions."""

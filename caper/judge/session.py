@@ -45,12 +45,6 @@ CREATE TABLE IF NOT EXISTS taint (
 """
 
 
-def check_session_id(sid: str) -> str:
-    if not sid or len(sid) > 200 or any(ord(ch) < 32 for ch in sid):
-        raise ConfigError(f"bad session id {sid!r}: 1-200 printable characters")
-    return sid
-
-
 class Sessions:
     def __init__(self, state_dir: str):
         os.makedirs(state_dir, mode=0o700, exist_ok=True)

@@ -49,8 +49,8 @@ TARGET_BYTES = 4096
 CAP_BYTES = 8192
 CREATED_DIFF_LINES = 4
 CHANGES_NOT_SHOWN = "changes-not-shown"   # uncertainty flag: dropped by the budget
-# Uncertainty flags for where the run differed from a native one (README:
-# known differences), and what caper run tells the caller about each.
+# Uncertainty flags for where the run differed from a native one
+# (docs/known-differences.md), and what caper run tells the caller about each.
 # A rename(2) inside the workspace failed with EXDEV: the overlay's answer for
 # a directory that was there before the run.
 RENAMES_REFUSED = "directory-renames-refused-by-the-overlay"

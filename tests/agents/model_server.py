@@ -26,8 +26,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
+
+from helpers.http import JsonServer
 
 SHELL_TOOLS = {"anthropic": "Bash", "openai": "exec_command", "gemini": "run_shell_command"}
 DONE_TEXT = "Done."
@@ -50,7 +51,9 @@ def _text(content) -> str:
     return str(content)
 
 
-class ModelServer:
+class ModelServer(JsonServer):
+    http_version = "HTTP/1.1"
+
     def __init__(self, protocol: str, script: Callable[[list[str]], str | None]):
         assert protocol in SHELL_TOOLS
         self.protocol, self.script = protocol, script
@@ -60,55 +63,19 @@ class ModelServer:
         self.results: list[str] = []                    # tool results, latest conversation
         self.asked: list[str] = []                      # commands the model asked for
         self.lock = threading.Lock()
-        outer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def get(self, path: str) -> tuple:
+        return 200, {"data": [], "models": []}
 
-            def log_message(self, *a):
-                pass
-
-            def do_HEAD(self):
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def do_GET(self):
-                self._json(200, {"data": [], "models": []})
-
-            def do_POST(self):
-                n = int(self.headers.get("Content-Length", 0))
-                raw = self.rfile.read(n)
-                try:
-                    body = json.loads(raw or b"{}")
-                except ValueError:
-                    body = {}
-                with outer.lock:
-                    outer.requests.append((self.path, body))
-                    events, plain = outer.respond(self.path, body)
-                if events is None:
-                    self._json(200, plain)
-                    return
-                data = "".join((f"event: {name}\n" if name else "") + f"data: {json.dumps(doc)}\n\n"
-                               for name, doc in events).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _json(self, status, doc):
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    def post(self, path: str, headers: dict, body: dict) -> tuple:
+        with self.lock:
+            self.requests.append((path, body))
+            events, plain = self.respond(path, body)
+        if events is None:
+            return 200, plain
+        return 200, "".join((f"event: {name}\n" if name else "") + f"data: {json.dumps(doc)}\n\n"
+                            for name, doc in events).encode(), "text/event-stream"
 
     def call_times(self) -> list[float]:
         """Each shell call as the model sees it: from the answer asking for
@@ -117,14 +84,6 @@ class ModelServer:
         for t, n in self.turns:
             first.setdefault(n, t)
         return [first[n] - first[n - 1] for n in sorted(first) if n and n - 1 in first]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
     # --- one turn ------------------------------------------------------------------------------
 

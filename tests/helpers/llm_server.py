@@ -11,53 +11,28 @@ stop_reason, tool_choice {"type": "tool"})."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from helpers.http import JsonServer
 
 GOOD = {"decision": "block", "confidence": 0.9, "risk_level": "high",
         "reason": "deletes tracked sources the task did not ask for",
         "boundary": "destroying tracked files"}
 
 
-class LlmServer:
+class LlmServer(JsonServer):
     def __init__(self):
         self.requests: list[tuple[str, dict, dict]] = []   # path, headers, body
         self.behaviour = "good"
         self.answer = dict(GOOD)
         self.delay = 0.0
-        outer = self
+        super().__init__()
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                n = int(self.headers.get("Content-Length", 0))
-                body = json.loads(self.rfile.read(n) or b"{}")
-                outer.requests.append((self.path, dict(self.headers), body))
-                if outer.delay:
-                    time.sleep(outer.delay)
-                status, payload = outer.respond(self.path, body)
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def post(self, path: str, headers: dict, body: dict) -> tuple:
+        self.requests.append((path, headers, body))
+        if self.delay:
+            time.sleep(self.delay)
+        return self.respond(path, body)
 
     def respond(self, path: str, body: dict) -> tuple[int, dict | bytes]:
         b = self.behaviour

@@ -1,0 +1,1 @@
+"""Helpers the test files share (imported as `from helpers.<module> import ...`)."""
