@@ -242,19 +242,19 @@ def test_rootless_pip_install_through_the_proxy_and_a_leak_refused(registry, tmp
         for p in (base, ws, os.path.join(ws, ".env")):
             os.chown(p, NOBODY, NOBODY)
 
-        def as_nobody(command: str) -> dict:
+        def run_as_nobody(command: str) -> dict:
             p = as_nobody(ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(source_root()), ws, command,
                            state, registry.host, timeout=180, cwd="/")
             assert p.returncode == 0, p.stderr[-3000:]
             return json.loads(p.stdout)
 
-        out = as_nobody(f"{ROOTLESS_VENV} -m pip install --index-url "
+        out = run_as_nobody(f"{ROOTLESS_VENV} -m pip install --index-url "
                         f"http://{registry.host}/simple/ --target vendor demo-pkg")
         assert out["exit"] == 0 and out["committed"], out["reason"]
         assert os.path.exists(os.path.join(ws, "vendor", "demo_pkg", "__init__.py"))
         assert out["proxied"] and all(n["allowed"] for n in out["proxied"])
         uploads = len(registry.uploads)
-        out = as_nobody(LEAK.format(host=registry.host).replace(sys.executable, ROOTLESS_VENV))
+        out = run_as_nobody(LEAK.format(host=registry.host).replace(sys.executable, ROOTLESS_VENV))
         assert not out["committed"] and len(registry.uploads) == uploads
         assert [n["allowed"] for n in out["proxied"]] == [False]
     finally:
