@@ -176,7 +176,7 @@ def test_an_unprivileged_user_runs_through_their_own_gate():
     """uid 65534: the client reaches the gate that user started (its own
     socket, token and namespaces), and the run happens there, in a user
     namespace sandbox."""
-    from test_rootless import ROOTLESS_VENV, _as_nobody, need_rootless_venv, source_root
+    from helpers.rootless import ROOTLESS_VENV, as_nobody, need_rootless_venv, source_root
     need_rootless_venv()
     base = Path(tempfile.mkdtemp(prefix="caper-rootless-client-"))   # not under root's 0700 tmp
     ws = base / "ws"
@@ -190,7 +190,7 @@ def test_an_unprivileged_user_runs_through_their_own_gate():
                             env=env, cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         gate.stderr.readline()           # "caper serve: pid ... on <socket>": it listens
-        p = _as_nobody(str(source_root() / "caper_native" / "caper-client"), "run", "--json",
+        p = as_nobody(str(source_root() / "caper_native" / "caper-client"), "run", "--json",
                        "--approver", "allow", "-c", "id -u > who", cwd=str(ws), env=env,
                        timeout=120)
         assert p.returncode == 0, p.stderr
