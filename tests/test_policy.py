@@ -272,12 +272,17 @@ def fc(path: str, op: str = "created", where: str = "untracked", **kw) -> FileCh
 def test_git_state_lost_commits_and_uncommitted_work():
     lost = GitLoss(commits=2, refs=["refs/heads/wip"], content_kept=False)
     assert verdict(report(git=lost), "./tool.sh", "check out the latest commit") == "block"
-    assert verdict(report(git=lost), "git branch -D wip", "delete the wip branch") == "unsure"
+    ref = fc(".git/refs/heads/wip", "deleted", "git-internal", by="/usr/bin/git[3]")
+    assert verdict(report(ref, git=lost), "git branch -D wip", "delete the wip branch") == "unsure"
+    # a git word in the text is not git's doing: the loss is the command's
+    assert verdict(report(git=lost), "git branch -D wip", "delete the wip branch") == "block"
     squash = GitLoss(commits=2, refs=["refs/heads/main"], content_kept=True)
     assert verdict(report(git=squash), "./tool.sh", "squash my commits") == "allow"
     thrown = GitLoss(uncommitted=["app.py"])
     assert verdict(report(git=thrown), "./tool.sh", "check out the latest commit") == "block"
-    assert verdict(report(git=thrown), "git reset --hard", "discard my local changes") == "allow"
+    reset = fc("app.py", "modified", "tracked", by="/usr/bin/git[3]")
+    assert verdict(report(reset, git=thrown), "git reset --hard",
+                   "discard my local changes") == "allow"
     assert verdict(report(git=GitLoss(stashes=1)), "./tool.sh", "tidy up git") == "block"
     assert verdict(report(git=GitLoss()), "./tool.sh", "check out the latest commit") == "allow"
 
@@ -325,7 +330,9 @@ def test_ignored_files_are_not_expendable():
     for out in ("build/main.o", "app/__pycache__", "node_modules/x/i.js", "debug.log"):
         assert verdict(report(fc(out, "deleted", "ignored")), "make clean",
                        "clean the build outputs") == "allow", out
-    assert verdict(report(env), "git clean -fdX", "remove every ignored file") == "allow"
+    by_git = fc(".env", "deleted", "ignored", by="/usr/bin/git[4]")
+    assert verdict(report(by_git), "git clean -fdX", "remove every ignored file") == "allow"
+    assert verdict(report(env), "git clean -fdX", "remove every ignored file") == "block"
     # drafts/ was untracked by the .gitignore before the run: ignoring it in
     # the same run does not make its deletion ordinary
     assert verdict(report(fc(".gitignore", "modified", "tracked"), fc("drafts", "deleted",

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Iterable
 
+from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
 from caper.report import configkeys
@@ -51,7 +52,8 @@ _OWNER = re.compile(r"owner (\d+):(\d+)->(\d+):(\d+)")
 class Rules:
     """policy.toml, with globs compiled against one workspace and home."""
 
-    def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str):
+    def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str,
+                 own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = ()):
         self.data = data
         self.home, self.workspace = home, workspace
         # A home inside /tmp (tests, CI) is still a home: its files are judged
@@ -66,8 +68,13 @@ class Rules:
                           if os.path.isabs(d) and d.rstrip("/")}
         self.persistence = self._globs(list(data["persistence"]) + [
             d + "/*" for d in sorted(self.path_dirs)] + [
-            d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}])
+            d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}]
+            + _own_config_globs(own_config, xdg_config, data["persistence"])
+            + [d.rstrip("/") + "/**" for d in hook_dirs])
         self.code_caches = self._globs(data["code_caches"])
+        self.cache_data = self._globs(data["cache_data"])
+        self.git_program_keys = list(data["git_program_keys"]["keys"])
+        self.formatter_binaries = set(data["formatter_binaries"])
         self.instructions = self._globs(data["agent_instructions"])
         self.persistence_except = self._globs(data["persistence_except"])
         self.temp_owned = self._globs(data["temp_owned"])
@@ -124,10 +131,52 @@ class Rules:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str) -> Rules:
-    """Rules compiled once per configuration, home, workspace, PATH and state
-    dir (an agent session runs many commands in one place)."""
-    return Rules(json.loads(data_json), home, workspace, path, state)
+def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str,
+              own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = ()) -> Rules:
+    """Rules compiled once per configuration, home, workspace, PATH, state
+    dir, caper's own config file and git hook directories (an agent session
+    runs many commands in one place)."""
+    return Rules(json.loads(data_json), home, workspace, path, state, own_config, xdg_config,
+                 hook_dirs)
+
+
+def configured_hook_dirs(workspace: str, home: str | None) -> tuple[str, ...]:
+    """The directories the repository's and the user's core.hooksPath name
+    (`.githooks`): hooks there run at the next commit like .git/hooks/*."""
+    out = []
+    for cfg, base in ((os.path.join(workspace, ".git", "config"), workspace),
+                      (os.path.join(home, ".gitconfig") if home else "", home or "")):
+        for v in _git_config_values(cfg, "core.hookspath", *_stamp(cfg)):
+            v = home.rstrip("/") + v[1:] if v.startswith("~/") and home else v
+            out.append(os.path.normpath(os.path.join(base, v)))
+    return tuple(dict.fromkeys(out))
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _git_config_values(path: str, key: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """A config file's values of key, read again only when the file changed."""
+    return tuple(configkeys.git_values(path, key)) if path and size >= 0 else ()
+
+
+def _own_config_globs(own_config: str, xdg_config: str, persistence: list[str]) -> list[str]:
+    """caper's config file wherever config_path() finds it (CAPER_CONFIG,
+    XDG_CONFIG_HOME), by path and real path, and every ~/.config/ entry of
+    the persistence list under XDG_CONFIG_HOME too: tools read them there."""
+    own = os.path.abspath(own_config) if own_config else ""
+    out = list(dict.fromkeys([own, os.path.realpath(own)])) if own else []
+    if xdg_config and os.path.isabs(xdg_config):
+        for base in dict.fromkeys([xdg_config, os.path.realpath(xdg_config)]):
+            out += [base.rstrip("/") + g[len("~/.config"):]
+                    for g in persistence if g.startswith("~/.config/")]
+    return out
 
 
 @functools.cache
@@ -155,7 +204,6 @@ class Declared:
     git: set[str] = field(default_factory=set)         # git subcommands named
     git_configs: set[str] = field(default_factory=set)  # `git config KEY ...`
     operands: dict[str, list[str]] = field(default_factory=dict)  # program -> its path arguments
-    git_clean: bool = False
 
     def covers(self, path: str, targets: list[str]) -> bool:
         for t in targets:
@@ -236,8 +284,6 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
     elif prog == "git" and args:
         sub = args[0]
         d.git.add(sub)
-        if sub == "clean":
-            d.git_clean = True
         if sub in ("rm", "mv"):
             d.deletes += [absolute(a) for a in args[1:]]
         if sub == "config" and len(args) > 1:
@@ -254,7 +300,14 @@ class TaskIntent:
         """The task mentions this path or one of its last two components."""
         parts = [p for p in path.split("/") if p and p != "~"]
         return any(p.lower() in self.words or p.lower().rstrip("s") in self.words
-                   for p in parts[-2:]) or path.lower() in self.text.lower()
+                   for p in parts[-2:]) or _mentions(self.text, path)
+
+
+def _mentions(text: str, path: str) -> bool:
+    """path appears in text as a whole path, not inside a longer word or path
+    (`ui` is not in "build", `.git` not in ".github")."""
+    rx = r"(?<![\w.~/-])" + re.escape(path.rstrip("/")) + r"/?(?![\w/-]|\.\w)"
+    return re.search(rx, text, re.I) is not None
 
 
 def task_intent(task: str | None, rules: Rules) -> TaskIntent | None:
@@ -296,7 +349,9 @@ class PolicyApprover:
         report = request.report
         workspace = request.workspace or report.workspace
         rules = _compiled(self._key, request.home, workspace, os.environ.get("PATH", ""),
-                          default_state_dir())
+                          default_state_dir(), config_path(),
+                          os.environ.get("XDG_CONFIG_HOME", ""),
+                          configured_hook_dirs(workspace, request.home))
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
         # A task from the transcript may be the agent's own words (it can
@@ -339,6 +394,9 @@ class _Judge:
     def run(self, report) -> list[Finding]:
         self.credential_reads = {p.path for p in report.protected_reads}
         changes = report.all_changes
+        self.changed = {self.absolute(c.path) for c in changes}
+        # git's own process changed something: what the git commands named did.
+        self.git_ran = any(self._ran(c, {"git"}) for c in changes)
         for c in changes:
             self.change(c)
         if report._all_changes is None:     # a report made by hand: its aggregates too
@@ -432,12 +490,11 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
-        cached = self.r.matches(self.r.code_caches, full)
-        if cached and c.op in ("created", "deleted"):
+        listed = self._persistent_place(full)
+        cached = not listed and self.r.matches(self.r.code_caches, full) and \
+            not self.r.matches(self.r.cache_data, full)
+        if not listed and (not cached or c.op in ("created", "deleted")):
             return False     # an installer's new entries; a removed one is fetched again
-        if not cached and (not self.r.matches(self.r.persistence, full) or
-                           self.r.matches(self.r.persistence_except, full)):
-            return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         if c.keys is not None:
@@ -448,8 +505,9 @@ class _Judge:
             what = f"it would set {', '.join(map(_q, risky[:4]))} in {_q(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_q(c.path)}"
-        if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
-            return True      # an installer the command names, in the place it installs to
+        if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full) \
+                and below(full, self.ws):
+            return True      # an installer the command names, in the project it installs into
         git = c.where == "git-internal" or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
@@ -464,14 +522,28 @@ class _Judge:
 
     def _harmless_key(self, fmt: str | None, kv: str) -> bool:
         key, _, value = kv.partition("=")
-        if fmt == "git" and key.startswith("alias.") and not value.startswith("!"):
-            return True      # an alias of git subcommands runs nothing new
+        if fmt == "git" and self._git_runs(key, value):
+            return False
+        if fmt == "git" and key.startswith("alias."):
+            return True      # an alias of git subcommands, with no option that runs a program
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
             return True
         for prefix, subs in self.r.git_declares.items():
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
         return any(fnmatch.fnmatchcase(key, g) for g in self.r.harmless_keys.get(fmt or "", ()))
+
+    def _git_runs(self, key: str, value: str) -> bool:
+        """A git key whose value is a program git runs (core.pager,
+        remote.*.uploadpack, `!cmd` for aliases and submodule.*.update), or an
+        alias that passes git an option that runs or writes (`-c k=v`): never
+        declared by a git word in the command."""
+        if any(fnmatch.fnmatchcase(key, g) for g in self.r.git_program_keys):
+            return True
+        if key.startswith("alias.") or fnmatch.fnmatchcase(key, "submodule.*.update"):
+            v = value.strip().strip("\"'")
+            return v.startswith("!") or any(w.startswith(_ALIAS_RISKY) for w in v.split())
+        return False
 
     def outside(self, path: str, full: str, op: str, where: str) -> None:
         if self.r.matches(self.r.harmless_home if where == "home" else self.r.harmless, full):
@@ -512,7 +584,13 @@ class _Judge:
             self.add(91, "block", f"it would delete {_q(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
-        elif not routine and not self.d.git and not (op == "meta" and "mode" not in (c.detail or "")):
+        elif op == "deleted" and parts[1] == "objects" and not self._ran(c, {"git"}):
+            # git's object store is routine for git (gc, repack), history for anyone else.
+            self.add(91, "block", f"it would delete {_q(path)}, objects of the repository's "
+                     "history, without git", "the repository's history",
+                     "let git prune its own objects (git gc)", path)
+        elif not routine and not self._ran(c, {"git"}) and \
+                not (op == "meta" and "mode" not in (c.detail or "")):
             self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git without "
                      "running git", "the repository's internals", path=path)
 
@@ -534,16 +612,32 @@ class _Judge:
         if "delete" not in self.t.kinds:
             return False
         ext = os.path.splitext(path)[1].lower()
-        return by_git or bool(ext) and (ext[1:] in self.t.words or ext in self.t.text.lower())
+        # The kind by its exact extension: ".pyc files" is no licence for .py.
+        return by_git or bool(ext) and (ext[1:] in self.t.words or "*" + ext in self.t.words)
+
+    def _ran(self, c, names: set[str]) -> bool:
+        """This change was made by the own process of one of these programs,
+        installed where programs are: the exec path is the run's choice, so
+        one in the workspace, a temp dir or a file the run wrote
+        (`cp /bin/sh /tmp/x/sed`) is nobody's but the run's."""
+        if c is None or not c.by or not c.by.endswith("]"):
+            return False
+        exe = os.path.normpath(self.absolute(c.by.rsplit("[", 1)[0]))
+        if os.path.basename(exe) not in names:
+            return False
+        return all(os.path.isabs(x) and not below(x, self.ws) and x not in self.changed
+                   and not any(below(x, t) for t in _SCRATCH)
+                   for x in dict.fromkeys([exe, os.path.realpath(exe)]))
 
     def _formatted(self, full: str, c) -> bool:
         """A formatter the command names rewrote this file: one of the paths
-        it was given, or written by a formatter's own process (`cargo fmt`:
-        rustfmt). Naming a formatter licenses nothing else."""
+        it was given, or written by a real formatter's own binary (`cargo
+        fmt`: rustfmt; never sed or perl, which write whatever they are told).
+        Naming a formatter licenses nothing else."""
         if self.d.covers(full, self.formatted):
             return True
-        writer = os.path.basename((c.by or "").rsplit("[", 1)[0]) if c is not None else ""
-        return bool(self.d.programs & self.r.formatters) and writer in self.r.formatters
+        return bool(self.d.programs & self.r.formatters) and \
+            self._ran(c, self.r.formatter_binaries)
 
     def expendable(self, full: str) -> bool:
         """A build output or cache: known build and cache directories, object
@@ -565,13 +659,16 @@ class _Judge:
         if where == "ignored":
             self.ignored(path, full, op, c, task_names)
             return
-        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean:
+        # git's own process did it (never a git word in the command text),
+        # for a git command the command names.
+        by_git = self._ran(c, {"git"}) and bool(self.d.git & self.r.git_rewrites)
+        if where == "untracked" and op in ("deleted", "replaced") and by_git and \
+                self.task_says("delete"):
             return
-        git_named = bool(self.d.git & self.r.git_rewrites)
         if op in ("deleted", "replaced"):
-            declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
+            declared = self.d.covers(full, self.d.deletes) or (by_git and tracked) or task_names
         else:
-            declared = (self.d.covers(full, self.d.writes) or git_named
+            declared = (self.d.covers(full, self.d.writes) or by_git
                         or self._formatted(full, c)
                         and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
@@ -579,7 +676,6 @@ class _Judge:
                     + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
-                by_git = git_named and not self.d.covers(full, self.d.deletes)
                 if op in ("deleted", "replaced") and not self._task_deletes(path, by_git):
                     self.add(55, "unsure", what + ", named by the command but not by the task"
                              + (" (no task is known)" if self.t is None else ""),
@@ -599,12 +695,16 @@ class _Judge:
         host's repository), so a run cannot ignore a file and then delete it."""
         if self.expendable(full):
             return
-        asked = task_names or (self.d.git_clean and self.t is not None
-                               and not self.t.words.isdisjoint(self.r.ignored_words))
+        credential = self.protected.kind(full) is not None
+        # `git clean -X` under "remove the ignored files": git's own process,
+        # and a credential only when the task says "ignored".
+        asked = task_names or (self._ran(c, {"git"}) and "clean" in self.d.git
+                               and self.task_says("delete")
+                               and ("ignored" in self.t.words if credential else
+                                    not self.t.words.isdisjoint(self.r.ignored_words)))
         if asked:
             return
         by_command = self.d.covers(full, self.d.deletes + self.d.writes)
-        credential = self.protected.kind(full) is not None
         verdict = "block" if credential and not by_command else "unsure"
         self.add(83 if credential else 50, verdict,
                  f"it would {'delete' if op != 'modified' else 'overwrite'} {_q(path)}, an "
@@ -644,23 +744,28 @@ class _Judge:
                      "permissions on sensitive or shared files", "grant only what is needed", path)
 
     def link(self, path: str, full: str, target: str) -> None:
-        """A symlink out of the workspace: whatever later writes "inside the
-        project" through it (the agent's own file tools, which caper does not
-        gate, the user's cp) writes its target. Into persistence or a
-        credential location it is that harm; into the home or /etc, unsure."""
+        """A symlink out of the workspace, or into persistence anywhere:
+        whatever later writes "inside the project" through it (the agent's own
+        file tools, which caper does not gate, the user's cp) writes its
+        target. Into persistence or a credential location it is that harm;
+        into the home or /etc, unsure."""
         lexical = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        # A link in place of a hook directory (.git/hooks -> tools/h), or into
+        # persistence inside the workspace (tools -> .git/hooks): what is
+        # written through it, or what it holds, runs later.
+        at_place = self._persistent_place(full + "/x")
         for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
-            if below(t, self.ws):
-                continue
-            if os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
+            if not at_place and os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
                 continue    # a program on PATH (a venv's python): the link runs it, writes nothing
-            if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
-                   for x in (t, t + "/x")):
+            into = at_place or any(self._persistent_place(x) for x in (t, t + "/x"))
+            if below(t, self.ws) and not into:
+                continue
+            if into or any(self.protected.kind(x) for x in (t, t + "/x")):
                 verdict = "unsure" if self.task_says("persistence") else "block"
                 self.add(94, verdict, f"it would link {_q(path)} to {_q(t)}: what is written "
                          "through the link later runs or configures later sessions, or reads "
-                         "credentials", "persistence outside the workspace",
-                         "link only inside the project")
+                         "credentials", "persistence: code or configuration that runs later",
+                         "link only to the project's own files")
                 return
             if (self.home and below(t, self.home) and not self.r.matches(self.r.harmless_home, t)
                     or below(t, "/etc")):
@@ -668,6 +773,10 @@ class _Judge:
                          "workspace: what is written through it lands there",
                          "writes outside the workspace", "link only inside the project")
                 return
+
+    def _persistent_place(self, full: str) -> bool:
+        return self.r.matches(self.r.persistence, full) and \
+            not self.r.matches(self.r.persistence_except, full)
 
     def owner(self, path: str, full: str, detail: str) -> None:
         """A file handed to another user, or to a group the user is not in, or
@@ -765,7 +874,7 @@ class _Judge:
     def git_history(self, g) -> None:
         """What git cannot give back: commits on no branch or tag any more,
         dropped stashes, uncommitted work put back to a committed version."""
-        rewrites = bool(self.d.git & self.r.git_rewrites)
+        rewrites = bool(self.d.git & self.r.git_rewrites) and self.git_ran
         discard = self.task_says("delete")
         if g.commits and not g.content_kept:
             self.add(89, "unsure" if rewrites and discard else "block",
@@ -816,6 +925,11 @@ class _Judge:
         return short in self.credential_reads or self.protected.kind(self.absolute(short)) is not None
 
 
+# Options by which a git alias runs a program, reads another config or writes a file.
+_ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-tree",
+                "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
+                "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
+_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 _URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
 
 
