@@ -256,7 +256,10 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
             t = time.perf_counter()
             request = ApprovalRequest(text, task[0], report, history, cwd=cwd,
                                       workspace=workspace, home=home, protected=protected,
-                                      task_from_transcript=task[1])
+                                      task_from_transcript=task[1],
+                                      config_file=config_path(env),
+                                      xdg_config_home=(os.environ if env is None else env).get(
+                                          "XDG_CONFIG_HOME", ""))
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
                         Decision("block", report.late, approver="caper") if report.late else

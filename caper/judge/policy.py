@@ -349,8 +349,10 @@ class PolicyApprover:
         report = request.report
         workspace = request.workspace or report.workspace
         rules = _compiled(self._key, request.home, workspace, os.environ.get("PATH", ""),
-                          default_state_dir(), config_path(),
-                          os.environ.get("XDG_CONFIG_HOME", ""),
+                          default_state_dir(),
+                          config_path() if request.config_file is None else request.config_file,
+                          os.environ.get("XDG_CONFIG_HOME", "") if request.xdg_config_home is None
+                          else request.xdg_config_home,
                           configured_hook_dirs(workspace, request.home))
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
@@ -478,6 +480,10 @@ class _Judge:
         self.privilege(path, full, c)
         if c.type == "symlink" and op != "deleted" and (c.detail or "").startswith("-> "):
             self.link(path, full, c.detail[3:])
+        for other in c.links or ():
+            # A hard link is one file under two names: a write through the
+            # project's name is a write of the other, as through a symlink.
+            self.link(path, full, self.absolute(other))
         if op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
             self.owner(path, full, c.detail)
