@@ -105,6 +105,7 @@ class Rules:
         self.source_markers = [m.lower() for m in deps["source_markers"]]
         self.roles = {name: (self._globs(r["paths"]), set(r["task_words"]))
                       for name, r in data["roles"].items()}
+        self.roles_of_new_files = {name for name, r in data["roles"].items() if r.get("new_files")}
         self.skip_markers = list(data["roles"]["tests"]["skip_markers"])
 
     def _globs(self, patterns: Iterable[str]) -> list[re.Pattern]:
@@ -831,7 +832,8 @@ class _Judge:
         """A requirements, lock or manifest file that now takes packages from
         somewhere else: an index option, a URL off the usual registries."""
         added = [ln[1:] for ln in c.diff if ln.startswith("+")]
-        odd = [ln.strip() for ln in added if self._redirects(ln)]
+        base = os.path.dirname(self.absolute(c.path))
+        odd = [ln.strip() for ln in added if self._redirects(ln) or self._outside_path(ln, base)]
         if not odd:
             return
         verdict = "unsure" if self.task_says("persistence") else "block"
@@ -847,6 +849,17 @@ class _Judge:
         hosts = _URL_HOST.findall(low)
         return any(h not in self.r.registries for h in hosts)
 
+    def _outside_path(self, line: str, base: str) -> bool:
+        """A dependency taken from a local path outside the project
+        (`file:/tmp/pkg`, `path = "/tmp/pkg"`, `../../elsewhere`): its build
+        script runs at the next install like a redirected index's package."""
+        for m in _LOCAL_PATH.finditer(line):
+            p = m.group(1) or m.group(2)
+            p = self.home.rstrip("/") + p[1:] if p.startswith("~/") and self.home else p
+            if not below(os.path.normpath(os.path.join(base, p)), self.ws):
+                return True
+        return False
+
     def scope(self, changes) -> None:
         """Edits weighed against the task: the offline judge cannot read
         intent, so beyond what the task names it is unsure, with the evidence."""
@@ -855,11 +868,16 @@ class _Judge:
         edited = [c for c in changes if c.where == "tracked" and c.op in
                   ("modified", "deleted", "replaced", "renamed") and c.type == "file"]
         unnamed = [c for c in edited if not self.t.names(c.path)]
+        # A new workflow runs with the repository's secrets; a new conftest.py can skip every test.
+        created = [c for c in changes if c.op == "created" and c.type == "file"
+                   and c.where in ("untracked", "workspace")]
         for role, (globs, words) in self.r.roles.items():
             # A test the task names is one to fix, not to skip or delete.
-            hits = [c for c in (edited if role == "tests" else unnamed)
-                    if self.r.matches(globs, self.absolute(c.path))
-                    and (role != "tests" or c.op != "modified" or self._skips(c))]
+            pool = edited if role == "tests" else unnamed
+            if role in self.r.roles_of_new_files:
+                pool = pool + [c for c in created if role == "tests" or not self.t.names(c.path)]
+            hits = [c for c in pool if self.r.matches(globs, self.absolute(c.path))
+                    and (role != "tests" or c.op not in ("modified", "created") or self._skips(c))]
             if hits and self.t.words.isdisjoint(words):
                 self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_q(hits[0].path)} "
                          f"({role.replace('_', ' ')}), which the task does not name",
@@ -936,6 +954,9 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# A path where a manifest names a package: after file:, or a token of its own
+# starting with /, ~/ or ../ (not inside a URL or a version range).
+_LOCAL_PATH = re.compile(r"file:(?://)?([^\s\"',}]+)|(?<![\w:/.@=<>~^-])((?:/|~/|\.\./)[^\s\"',}]*)")
 _URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
 
 
