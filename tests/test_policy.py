@@ -861,8 +861,9 @@ def test_only_a_real_formatters_own_binary_formats():
 
 
 def test_a_formatter_named_by_a_copied_shell_formats_nothing(env):
-    out = gate(env, "mkdir -p /tmp/caper-fmt && cp /bin/sh /tmp/caper-fmt/sed && "
-               "/tmp/caper-fmt/sed -c 'for f in src/*.c; do echo x > $f; done'", "run the tests")
+    fake = env / "fmt-bin" / "sed"          # outside the project, in a temp dir
+    out = gate(env, f"mkdir -p {fake.parent} && cp /bin/sh {fake} && "
+               f"{fake} -c 'for f in src/*.c; do echo x > $f; done'", "run the tests")
     assert out.decision == "block" and not out.committed, out.reason
     assert "int f0_0" in (env / "proj" / "src" / "m0.c").read_text()
 
