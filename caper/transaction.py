@@ -270,7 +270,10 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
             t = time.perf_counter()
             asked = ApprovalRequest(text, request.task, report, history, cwd=cwd,
                                     workspace=workspace, home=home, protected=protected,
-                                    task_from_transcript=request.task_from_transcript)
+                                    task_from_transcript=request.task_from_transcript,
+                                    config_file=config_path(env),
+                                    xdg_config_home=(os.environ if env is None else env).get(
+                                        "XDG_CONFIG_HOME", ""))
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
                         Decision("block", report.late, approver="caper") if report.late else

@@ -314,3 +314,30 @@ def test_a_rootless_run_that_closes_what_it_wrote_is_not_held_past_the_quota(clo
     out = json.loads(p.stdout)
     assert out["held"] is None and "Not held for a human" in out["reason"], out
     assert ("cannot measure" if closed else "quota of 8 MiB") in out["reason"], out
+
+
+def test_rootless_policy_blocks_links_into_persistence():
+    """Round 3: a hard link to ~/.bashrc and a symlink into .git/hooks, each
+    an ordinary new file before, are blocked for uid 65534 too (the project
+    under the home: one layer, where a hard link between them is possible)."""
+    need_rootless_venv()
+    base, state = tempfile.mkdtemp(prefix="caper-links-"), tempfile.mkdtemp(prefix="caper-state-")
+    home = Path(base, "home")
+    ws = home / "proj"
+    try:
+        os.chmod(base, 0o755)
+        ws.mkdir(parents=True)
+        (home / ".bashrc").write_text("export A=1\n")
+        (ws / "README").write_text("hi\n")
+        subprocess.run(["git", "init", "-q", str(ws)], check=True)
+        for p in (home, ws, state, home / ".bashrc", *ws.rglob("*")):
+            os.lchown(p, NOBODY, NOBODY)
+        for command in ("ln $HOME/.bashrc notes.txt", "ln -s .git/hooks tools"):
+            out = run_as_nobody(ws, command, "policy", state, home)
+            assert out["exit"] == 0 and not out["committed"], (command, out["reason"])
+            assert "persistence" in out["reason"], out["reason"]
+        assert not (ws / "notes.txt").exists() and not (ws / "tools").is_symlink()
+        assert (home / ".bashrc").read_text() == "export A=1\n"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)

@@ -24,6 +24,10 @@ class ApprovalRequest:
     unsure: str | None = None        # what the offline policy could not judge, for the LLM
     task_names: tuple[str, ...] = ()  # changed paths (report paths) the task names, for the LLM
     task_from_transcript: bool = False   # the task was read from a file the agent can write
+    # The caller's caper config file and XDG_CONFIG_HOME (a gate serves many
+    # callers: its own environment is not theirs). None: this process's.
+    config_file: str | None = None
+    xdg_config_home: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

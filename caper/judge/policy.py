@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Iterable
 
+from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
 from caper.report import configkeys
@@ -51,7 +52,8 @@ _OWNER = re.compile(r"owner (\d+):(\d+)->(\d+):(\d+)")
 class Rules:
     """policy.toml, with globs compiled against one workspace and home."""
 
-    def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str):
+    def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str,
+                 own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = ()):
         self.data = data
         self.home, self.workspace = home, workspace
         # A home inside /tmp (tests, CI) is still a home: its files are judged
@@ -66,8 +68,13 @@ class Rules:
                           if os.path.isabs(d) and d.rstrip("/")}
         self.persistence = self._globs(list(data["persistence"]) + [
             d + "/*" for d in sorted(self.path_dirs)] + [
-            d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}])
+            d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}]
+            + _own_config_globs(own_config, xdg_config, data["persistence"])
+            + [d.rstrip("/") + "/**" for d in hook_dirs])
         self.code_caches = self._globs(data["code_caches"])
+        self.cache_data = self._globs(data["cache_data"])
+        self.git_program_keys = list(data["git_program_keys"]["keys"])
+        self.formatter_binaries = set(data["formatter_binaries"])
         self.instructions = self._globs(data["agent_instructions"])
         self.persistence_except = self._globs(data["persistence_except"])
         self.temp_owned = self._globs(data["temp_owned"])
@@ -99,6 +106,7 @@ class Rules:
         self.source_markers = [m.lower() for m in deps["source_markers"]]
         self.roles = {name: (self._globs(r["paths"]), set(r["task_words"]))
                       for name, r in data["roles"].items()}
+        self.roles_of_new_files = {name for name, r in data["roles"].items() if r.get("new_files")}
         self.skip_markers = list(data["roles"]["tests"]["skip_markers"])
         self.assertion_markers = list(data["roles"]["tests"]["assertion_markers"])
 
@@ -126,10 +134,52 @@ class Rules:
 
 
 @functools.lru_cache(maxsize=32)
-def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str) -> Rules:
-    """Rules compiled once per configuration, home, workspace, PATH and state
-    dir (an agent session runs many commands in one place)."""
-    return Rules(json.loads(data_json), home, workspace, path, state)
+def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str,
+              own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = ()) -> Rules:
+    """Rules compiled once per configuration, home, workspace, PATH, state
+    dir, caper's own config file and git hook directories (an agent session
+    runs many commands in one place)."""
+    return Rules(json.loads(data_json), home, workspace, path, state, own_config, xdg_config,
+                 hook_dirs)
+
+
+def configured_hook_dirs(workspace: str, home: str | None) -> tuple[str, ...]:
+    """The directories the repository's and the user's core.hooksPath name
+    (`.githooks`): hooks there run at the next commit like .git/hooks/*."""
+    out = []
+    for cfg, base in ((os.path.join(workspace, ".git", "config"), workspace),
+                      (os.path.join(home, ".gitconfig") if home else "", home or "")):
+        for v in _git_config_values(cfg, "core.hookspath", *_stamp(cfg)):
+            v = home.rstrip("/") + v[1:] if v.startswith("~/") and home else v
+            out.append(os.path.normpath(os.path.join(base, v)))
+    return tuple(dict.fromkeys(out))
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _git_config_values(path: str, key: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """A config file's values of key, read again only when the file changed."""
+    return tuple(configkeys.git_values(path, key)) if path and size >= 0 else ()
+
+
+def _own_config_globs(own_config: str, xdg_config: str, persistence: list[str]) -> list[str]:
+    """caper's config file wherever config_path() finds it (CAPER_CONFIG,
+    XDG_CONFIG_HOME), by path and real path, and every ~/.config/ entry of
+    the persistence list under XDG_CONFIG_HOME too: tools read them there."""
+    own = os.path.abspath(own_config) if own_config else ""
+    out = list(dict.fromkeys([own, os.path.realpath(own)])) if own else []
+    if xdg_config and os.path.isabs(xdg_config):
+        for base in dict.fromkeys([xdg_config, os.path.realpath(xdg_config)]):
+            out += [base.rstrip("/") + g[len("~/.config"):]
+                    for g in persistence if g.startswith("~/.config/")]
+    return out
 
 
 @functools.cache
@@ -157,7 +207,6 @@ class Declared:
     git: set[str] = field(default_factory=set)         # git subcommands named
     git_configs: set[str] = field(default_factory=set)  # `git config KEY ...`
     operands: dict[str, list[str]] = field(default_factory=dict)  # program -> its path arguments
-    git_clean: bool = False
 
     def covers(self, path: str, targets: list[str]) -> bool:
         for t in targets:
@@ -238,8 +287,6 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
     elif prog == "git" and args:
         sub = args[0]
         d.git.add(sub)
-        if sub == "clean":
-            d.git_clean = True
         if sub in ("rm", "mv"):
             d.deletes += [absolute(a) for a in args[1:]]
         if sub == "config" and len(args) > 1:
@@ -256,7 +303,14 @@ class TaskIntent:
         """The task mentions this path or one of its last two components."""
         parts = [p for p in path.split("/") if p and p != "~"]
         return any(p.lower() in self.words or p.lower().rstrip("s") in self.words
-                   for p in parts[-2:]) or path.lower() in self.text.lower()
+                   for p in parts[-2:]) or _mentions(self.text, path)
+
+
+def _mentions(text: str, path: str) -> bool:
+    """path appears in text as a whole path, not inside a longer word or path
+    (`ui` is not in "build", `.git` not in ".github")."""
+    rx = r"(?<![\w.~/-])" + re.escape(path.rstrip("/")) + r"/?(?![\w/-]|\.\w)"
+    return re.search(rx, text, re.I) is not None
 
 
 def task_intent(task: str | None, rules: Rules) -> TaskIntent | None:
@@ -299,7 +353,11 @@ class PolicyApprover:
         report = request.report
         workspace = request.workspace or report.workspace
         rules = _compiled(self._key, request.home, workspace, os.environ.get("PATH", ""),
-                          default_state_dir())
+                          default_state_dir(),
+                          config_path() if request.config_file is None else request.config_file,
+                          os.environ.get("XDG_CONFIG_HOME", "") if request.xdg_config_home is None
+                          else request.xdg_config_home,
+                          configured_hook_dirs(workspace, request.home))
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
         # A task from the transcript may be the agent's own words (it can
@@ -345,6 +403,9 @@ class _Judge:
         changes = report.all_changes
         self.task_names = tuple(c.path for c in changes if self.t is not None and (
             self.t.names(c.path) or _stem(c.path) in self.t.words))
+        self.changed = {self.absolute(c.path) for c in changes}
+        # git's own process changed something: what the git commands named did.
+        self.git_ran = any(self._ran(c, {"git"}) for c in changes)
         for c in changes:
             self.change(c)
         if report._all_changes is None:     # a report made by hand: its aggregates too
@@ -431,6 +492,10 @@ class _Judge:
         self.privilege(path, full, c)
         if c.type == "symlink" and op != "deleted" and (c.detail or "").startswith("-> "):
             self.link(path, full, c.detail[3:])
+        for other in c.links or ():
+            # A hard link is one file under two names: a write through the
+            # project's name is a write of the other, as through a symlink.
+            self.link(path, full, self.absolute(other))
         if op == "meta" and c.detail:
             self.mode(path, full, c.detail, where)
             self.owner(path, full, c.detail)
@@ -443,12 +508,11 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
-        cached = self.r.matches(self.r.code_caches, full)
-        if cached and c.op in ("created", "deleted"):
+        listed = self._persistent_place(full)
+        cached = not listed and self.r.matches(self.r.code_caches, full) and \
+            not self.r.matches(self.r.cache_data, full)
+        if not listed and (not cached or c.op in ("created", "deleted")):
             return False     # an installer's new entries; a removed one is fetched again
-        if not cached and (not self.r.matches(self.r.persistence, full) or
-                           self.r.matches(self.r.persistence_except, full)):
-            return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         if c.keys is not None:
@@ -459,8 +523,9 @@ class _Judge:
             what = f"it would set {', '.join(map(_quote_clipped, risky[:4]))} in {_quote_clipped(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
-        if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
-            return True      # an installer the command names, in the place it installs to
+        if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full) \
+                and below(full, self.ws):
+            return True      # an installer the command names, in the project it installs into
         git = c.where == "git-internal" or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
@@ -475,8 +540,10 @@ class _Judge:
 
     def _harmless_key(self, fmt: str | None, kv: str) -> bool:
         key, _, value = kv.partition("=")
-        if fmt == "git" and key.startswith("alias.") and not value.startswith("!"):
-            return True      # an alias of git subcommands runs nothing new
+        if fmt == "git" and self._git_runs(key, value):
+            return False
+        if fmt == "git" and key.startswith("alias."):
+            return True      # an alias of git subcommands, with no option that runs a program
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
             return True
         if fmt == "package":     # what npm runs by itself on install, publish and pack
@@ -485,6 +552,18 @@ class _Judge:
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
         return any(fnmatch.fnmatchcase(key, g) for g in self.r.harmless_keys.get(fmt or "", ()))
+
+    def _git_runs(self, key: str, value: str) -> bool:
+        """A git key whose value is a program git runs (core.pager,
+        remote.*.uploadpack, `!cmd` for aliases and submodule.*.update), or an
+        alias that passes git an option that runs or writes (`-c k=v`): never
+        declared by a git word in the command."""
+        if any(fnmatch.fnmatchcase(key, g) for g in self.r.git_program_keys):
+            return True
+        if key.startswith("alias.") or fnmatch.fnmatchcase(key, "submodule.*.update"):
+            v = value.strip().strip("\"'")
+            return v.startswith("!") or any(w.startswith(_ALIAS_RISKY) for w in v.split())
+        return False
 
     def outside(self, path: str, full: str, op: str, where: str) -> None:
         if self.r.matches(self.r.harmless_home if where == "home" else self.r.harmless, full):
@@ -525,7 +604,13 @@ class _Judge:
             self.add(91, "block", f"it would delete {_quote_clipped(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
-        elif not routine and not self.d.git and not (op == "meta" and "mode" not in (c.detail or "")):
+        elif op == "deleted" and parts[1] == "objects" and not self._ran(c, {"git"}):
+            # git's object store is routine for git (gc, repack), history for anyone else.
+            self.add(91, "block", f"it would delete {_quote_clipped(path)}, objects of the repository's "
+                     "history, without git", "the repository's history",
+                     "let git prune its own objects (git gc)", path)
+        elif not routine and not self._ran(c, {"git"}) and \
+                not (op == "meta" and "mode" not in (c.detail or "")):
             self.add(60, "unsure", f"it would {_verb(op)} {_quote_clipped(path)} inside .git without "
                      "running git", "the repository's internals", path=path)
 
@@ -555,14 +640,29 @@ class _Judge:
         return bool(ext) and (ext[1:] in self.t.words or re.search(
             r"(?<![\w.])\*?" + re.escape(ext) + r"(?![\w.])", self.t.text.lower()) is not None)
 
+    def _ran(self, c, names: set[str]) -> bool:
+        """This change was made by the own process of one of these programs,
+        installed where programs are: the exec path is the run's choice, so
+        one in the workspace, a temp dir or a file the run wrote
+        (`cp /bin/sh /tmp/x/sed`) is nobody's but the run's."""
+        if c is None or not c.by or not c.by.endswith("]"):
+            return False
+        exe = os.path.normpath(self.absolute(c.by.rsplit("[", 1)[0]))
+        if os.path.basename(exe) not in names:
+            return False
+        return all(os.path.isabs(x) and not below(x, self.ws) and x not in self.changed
+                   and not any(below(x, t) for t in _SCRATCH)
+                   for x in dict.fromkeys([exe, os.path.realpath(exe)]))
+
     def _formatted(self, full: str, c) -> bool:
         """A formatter the command names rewrote this file: one of the paths
-        it was given, or written by a formatter's own process (`cargo fmt`:
-        rustfmt). Naming a formatter licenses nothing else."""
+        it was given, or written by a real formatter's own binary (`cargo
+        fmt`: rustfmt; never sed or perl, which write whatever they are told).
+        Naming a formatter licenses nothing else."""
         if self.d.covers(full, self.formatted):
             return True
-        writer = os.path.basename((c.by or "").rsplit("[", 1)[0]) if c is not None else ""
-        return bool(self.d.programs & self.r.formatters) and writer in self.r.formatters
+        return bool(self.d.programs & self.r.formatters) and \
+            self._ran(c, self.r.formatter_binaries)
 
     def expendable(self, full: str) -> bool:
         """A build output or cache: known build and cache directories, object
@@ -589,15 +689,17 @@ class _Judge:
         if where == "ignored":
             self.ignored(path, full, op, c, task_names)
             return
-        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean and (
+        # git's own process did it (never a git word in the command text),
+        # for a git command the command names.
+        by_git = self._ran(c, {"git"}) and bool(self.d.git & self.r.git_rewrites)
+        if where == "untracked" and op in ("deleted", "replaced") and by_git and (
                 self.expendable(full) or self.t is not None and "delete" in self.t.kinds
                 and not self.t.words.isdisjoint(self.r.ignored_words)):
             return   # git clean of build outputs, or of what the task calls untracked
-        git_named = bool(self.d.git & self.r.git_rewrites)
         if op in ("deleted", "replaced"):
-            declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
+            declared = self.d.covers(full, self.d.deletes) or (by_git and tracked) or task_names
         else:
-            declared = (self.d.covers(full, self.d.writes) or git_named
+            declared = (self.d.covers(full, self.d.writes) or by_git
                         or self._formatted(full, c)
                         and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
@@ -605,7 +707,6 @@ class _Judge:
                     + (f"{n} tracked files under {_quote_clipped(path)}" if n > 1 else _quote_clipped(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
-                by_git = git_named and not self.d.covers(full, self.d.deletes)
                 if op in ("deleted", "replaced") and not self._task_deletes(path, by_git):
                     self.add(55, "unsure", what + ", named by the command but not by the task"
                              + (" (no task is known)" if self.t is None else ""),
@@ -625,12 +726,16 @@ class _Judge:
         host's repository), so a run cannot ignore a file and then delete it."""
         if self.expendable(full):
             return
-        asked = task_names or (self.d.git_clean and self.t is not None
-                               and not self.t.words.isdisjoint(self.r.ignored_words))
+        credential = self.protected.kind(full) is not None
+        # `git clean -X` under "remove the ignored files": git's own process,
+        # and a credential only when the task says "ignored".
+        asked = task_names or (self._ran(c, {"git"}) and "clean" in self.d.git
+                               and self.task_says("delete")
+                               and ("ignored" in self.t.words if credential else
+                                    not self.t.words.isdisjoint(self.r.ignored_words)))
         if asked:
             return
         by_command = self.d.covers(full, self.d.deletes + self.d.writes)
-        credential = self.protected.kind(full) is not None
         verdict = "block" if credential and not by_command else "unsure"
         self.add(83 if credential else 50, verdict,
                  f"it would {'delete' if op != 'modified' else 'overwrite'} {_quote_clipped(path)}, an "
@@ -670,23 +775,28 @@ class _Judge:
                      "permissions on sensitive or shared files", "grant only what is needed", path)
 
     def link(self, path: str, full: str, target: str) -> None:
-        """A symlink out of the workspace: whatever later writes "inside the
-        project" through it (the agent's own file tools, which caper does not
-        gate, the user's cp) writes its target. Into persistence or a
-        credential location it is that harm; into the home or /etc, unsure."""
+        """A symlink out of the workspace, or into persistence anywhere:
+        whatever later writes "inside the project" through it (the agent's own
+        file tools, which caper does not gate, the user's cp) writes its
+        target. Into persistence or a credential location it is that harm;
+        into the home or /etc, unsure."""
         lexical = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        # A link in place of a hook directory (.git/hooks -> tools/h), or into
+        # persistence inside the workspace (tools -> .git/hooks): what is
+        # written through it, or what it holds, runs later.
+        at_place = self._persistent_place(full + "/x")
         for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
-            if below(t, self.ws):
-                continue
-            if os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
+            if not at_place and os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
                 continue    # a program on PATH (a venv's python): the link runs it, writes nothing
-            if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
-                   for x in (t, t + "/x")):
+            into = at_place or any(self._persistent_place(x) for x in (t, t + "/x"))
+            if below(t, self.ws) and not into:
+                continue
+            if into or any(self.protected.kind(x) for x in (t, t + "/x")):
                 verdict = "unsure" if self.task_says("persistence") else "block"
                 self.add(94, verdict, f"it would link {_quote_clipped(path)} to {_quote_clipped(t)}: what is written "
                          "through the link later runs or configures later sessions, or reads "
-                         "credentials", "persistence outside the workspace",
-                         "link only inside the project")
+                         "credentials", "persistence: code or configuration that runs later",
+                         "link only to the project's own files")
                 return
             if (self.home and below(t, self.home) and not self.r.matches(self.r.harmless_home, t)
                     or below(t, "/etc")):
@@ -694,6 +804,10 @@ class _Judge:
                          "workspace: what is written through it lands there",
                          "writes outside the workspace", "link only inside the project")
                 return
+
+    def _persistent_place(self, full: str) -> bool:
+        return self.r.matches(self.r.persistence, full) and \
+            not self.r.matches(self.r.persistence_except, full)
 
     def owner(self, path: str, full: str, detail: str) -> None:
         """A file handed to another user, or to a group the user is not in, or
@@ -742,7 +856,8 @@ class _Judge:
         """A requirements, lock or manifest file that now takes packages from
         somewhere else: an index option, a URL off the usual registries."""
         added = [ln[1:] for ln in c.diff if ln.startswith("+")]
-        odd = [ln.strip() for ln in added if self._redirects(ln)]
+        base = os.path.dirname(self.absolute(c.path))
+        odd = [ln.strip() for ln in added if self._redirects(ln) or self._outside_path(ln, base)]
         if not odd:
             return
         verdict = "unsure" if self.task_says("persistence") else "block"
@@ -758,6 +873,17 @@ class _Judge:
         hosts = _URL_HOST.findall(low)
         return any(h not in self.r.registries for h in hosts)
 
+    def _outside_path(self, line: str, base: str) -> bool:
+        """A dependency taken from a local path outside the project
+        (`file:/tmp/pkg`, `path = "/tmp/pkg"`, `../../elsewhere`): its build
+        script runs at the next install like a redirected index's package."""
+        for m in _LOCAL_PATH.finditer(line):
+            p = m.group(1) or m.group(2)
+            p = self.home.rstrip("/") + p[1:] if p.startswith("~/") and self.home else p
+            if not below(os.path.normpath(os.path.join(base, p)), self.ws):
+                return True
+        return False
+
     def scope(self, changes) -> None:
         """Edits weighed against the task: the offline judge cannot read
         intent, so beyond what the task names it is unsure, with the evidence."""
@@ -766,15 +892,18 @@ class _Judge:
         edited = [c for c in changes if c.where == "tracked" and c.op in
                   ("modified", "deleted", "replaced", "renamed") and c.type == "file"]
         unnamed = [c for c in edited if not self.t.names(c.path)]
-        # A new file of the test runner's (a conftest.py, a pytest.ini) that
-        # skips tests is as much a skip as an edit of a test.
-        written = [c for c in changes if c.op == "created" and c.type == "file" and
-                   c.where in ("untracked", "workspace") and self._skips(c)]
+        # A new workflow runs with the repository's secrets; a new file of the
+        # test runner's (a conftest.py, a pytest.ini) that skips tests is as
+        # much a skip as an edit of a test.
+        created = [c for c in changes if c.op == "created" and c.type == "file"
+                   and c.where in ("untracked", "workspace")]
         for role, (globs, words) in self.r.roles.items():
             # A test the task names is one to fix, not to skip or delete; one
             # it does not name is not the place to weaken an assertion.
-            hits = [c for c in (edited + written if role == "tests" else unnamed)
-                    if self.r.matches(globs, self.absolute(c.path))
+            pool = edited if role == "tests" else unnamed
+            if role in self.r.roles_of_new_files:
+                pool = pool + [c for c in created if role == "tests" or not self.t.names(c.path)]
+            hits = [c for c in pool if self.r.matches(globs, self.absolute(c.path))
                     and (role != "tests" or c.op not in ("modified", "created") or self._skips(c)
                          or c in unnamed and self._weakens(c))]
             if hits and self.t.words.isdisjoint(words):
@@ -804,7 +933,7 @@ class _Judge:
     def git_history(self, g) -> None:
         """What git cannot give back: commits on no branch or tag any more,
         dropped stashes, uncommitted work put back to a committed version."""
-        rewrites = bool(self.d.git & self.r.git_rewrites)
+        rewrites = bool(self.d.git & self.r.git_rewrites) and self.git_ran
         discard = self.task_says("delete")
         if g.commits and not g.content_kept and g.rebased:
             # No change lost, but history rewritten (which branch, onto what):
@@ -896,6 +1025,14 @@ class _Judge:
 # few kilobytes of headers and TLS.
 UPLOAD_BYTES = 256 * 1024
 
+# Options by which a git alias runs a program, reads another config or writes a file.
+_ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-tree",
+                "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
+                "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
+_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# A path where a manifest names a package: after file:, or a token of its own
+# starting with /, ~/ or ../ (not inside a URL or a version range).
+_LOCAL_PATH = re.compile(r"file:(?://)?([^\s\"',}]+)|(?<![\w:/.@=<>~^-])((?:/|~/|\.\./)[^\s\"',}]*)")
 _URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
 
 

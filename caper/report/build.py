@@ -197,6 +197,7 @@ class FileChange(_Model):
     keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
     by: str | None = None
     read_before: list[str] | None = None
+    links: list[str] | None = None   # a new file's other names: one inode (a hard link)
 
 
 class GitLoss(_Model):
@@ -362,6 +363,7 @@ class Report(_Model):
             if c.op in _CHOSEN_OPS:
                 c.path = WITHHELD
             c.renamed_from = c.renamed_from and WITHHELD
+            c.links = c.links and [WITHHELD]
             c.by = c.by and WITHHELD
             # A size is a number the run chose (truncate -s): 8 bytes a file.
             c.detail = c.diff = c.tables = c.read_before = c.size = c.allocated = c.lines = None
@@ -877,6 +879,7 @@ def _draft(facts: RunFacts) -> _Draft:
 
     changes: list[tuple[int, FileChange]] = []
     writer_of: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the call that made it
+    names_of = _inode_names(facts)
     for c in facts.changes:
         if c.path in consumed:
             continue
@@ -892,6 +895,8 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.entries = c.entries
         if c.privileges:
             fc.privileges = list(c.privileges)
+        if c.kind in ("created", "replaced") and c.ftype == "file":
+            fc.links = _other_names(c.path, names_of, an) or None
         if view.inside(c.path) and view.is_git:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
@@ -1187,6 +1192,37 @@ def _writes(flags: int) -> bool:
     return flags & 3 != os.O_RDONLY or bool(flags & (os.O_CREAT | os.O_TRUNC))
 
 
+def _inode_names(facts: "RunFacts") -> dict[str, list[str]]:
+    """Each changed file of the run with other hard links -> every changed
+    name of its inode in the run's tree (overlay copies a linked lower file
+    up, so both names are changes)."""
+    by_inode: dict[tuple[int, int], list[str]] = {}
+    for c in facts.changes:
+        where = facts.tree.locate(c.path) if c.ftype == "file" and c.kind != "deleted" else None
+        try:
+            st = os.lstat(os.path.join(*where)) if where else None
+        except OSError:
+            st = None
+        if st is not None and st.st_nlink > 1:
+            by_inode.setdefault((st.st_dev, st.st_ino), []).append(c.path)
+    return {p: names for names in by_inode.values() for p in names}
+
+
+def _other_names(path: str, names_of: dict[str, list[str]], an: "_Analysis") -> list[str]:
+    """A new file's other names, when it has other links: the inode's, and
+    what the run linked it from."""
+    if path not in names_of:
+        return []
+    return [p for p in dict.fromkeys(names_of[path] + an.names(path)[1:]) if p != path]
+
+
+def _links(path: str) -> int:
+    try:
+        return os.lstat(path).st_nlink
+    except OSError:
+        return 0
+
+
 def _bump(flags: list[str], name: str) -> None:
     """Add one to the flag `name: N` (or add it)."""
     for i, f in enumerate(flags):
@@ -1219,6 +1255,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         out.detail = _clean(d.redactor, c.detail, lim.path_chars)
     if c.renamed_from:
         out.renamed_from = path(c.renamed_from)
+    if c.links:
+        out.links = [path(x) for x in c.links]
     if c.path in d.writer_of:
         pid, seq = d.writer_of[c.path]
         out.by = actor(pid, seq)
@@ -1362,6 +1400,8 @@ def render_card(r: Report) -> str:
             bits.append("CONTAINS SECRETS: " + ", ".join(c.secrets))
         if c.keys:
             bits.append("sets " + ", ".join(map(quote, c.keys)))
+        if c.links:
+            bits.append("same file as " + ", ".join(map(quote, c.links)))
         if c.by:
             bits.append(f"by {quote(c.by)}")
         L.append(" ".join(bits))

@@ -161,3 +161,15 @@ def _yaml(data: bytes) -> set[tuple[str, str]]:
         else:
             out.add((top.lower(), line.strip()))
     return out
+
+
+def git_values(path: str, key: str) -> list[str]:
+    """The values of key (lowercase, dotted) in the git config file at path;
+    none when it is missing, too big or does not parse."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        return []
+    pairs = _pairs("git", data) or set()
+    return sorted(v for k, v in pairs if k == key)
