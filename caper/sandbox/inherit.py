@@ -11,7 +11,10 @@ it in the command's process just before exec).
 
 Inherited (carried and applied):
   cwd            the working directory
-  env            the whole environment; the locale is LANG/LC_* in it
+  env            the environment, less caper's own variables and the caller's
+                 credentials (caper.config.Config.command_env: *_TOKEN,
+                 *_SECRET, *_KEY, *PASSWORD*, token-shaped values; [env]
+                 allow passes some); the locale is LANG/LC_* in it
   umask
   rlimits        every resource limit (`ulimit -n`, `-s`, `-c`, ...); caper's
                  own memory limit, where set, is applied after them
