@@ -27,7 +27,7 @@ ran caper says: a human's or a script's own call, never a hooked agent's
 (the hooks wrap every command but the exact `--call` form, so an agent's
 `caper run --task ...` runs inside the sandbox, where caper cannot run).
 
-Standard library only: the hooks import it.
+Standard library and caper.state (light) only: the hooks import it.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ import json
 import os
 import re
 import time
+
+from caper.errors import ConfigError
+from caper.state import record_key
 
 DIR = "tasks"
 PROMPTS_KEPT = 3            # the latest prompts that make the task
@@ -133,31 +136,10 @@ def recorded_task(state: str, session: str) -> tuple[bool, str | None]:
 
 
 def _key(d: str) -> bytes:
-    """The state directory's record key, made on first use (whole, by link():
-    a hook starting at the same moment reads all of it or makes none)."""
-    path = os.path.join(d, "key")
-    if not os.path.lexists(path):
-        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            os.write(fd, os.urandom(32))
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        key = os.read(fd, 64)
-    finally:
-        os.close(fd)
-    if len(key) != 32:
-        raise TaskRecordError(f"{path}: not a record key (remove it to make a new one)")
-    return key
+        return record_key(os.path.dirname(d))
+    except ConfigError as e:
+        raise TaskRecordError(str(e)) from e
 
 
 _CALL_FIELDS = ("id", "session", "command", "task", "source", "created")
