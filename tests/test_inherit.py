@@ -92,7 +92,9 @@ def test_a_hook_shaped_call_runs_bash_as_the_agents_tool_would(env, tmp_path):
     from caper.state import state_dir
     state = state_dir(env["CAPER_STATE_DIR"])
     for e in (env, {**env, "CAPER_NO_GATE": "1"}):
-        wrapped = hooks.wrap(text, "sess-1", new_call(state, "sess-1", text, None, "none"))
+        def wrapped_of(call):
+            return hooks.wrap(text, "sess-1", call)
+        wrapped = wrapped_of(new_call(state, "sess-1", text, None, "none", wrapped_of))
         assert hooks.is_wrapped(wrapped, "sess-1", state) == text
         p = subprocess.run(["bash", "-c", wrapped.replace(" run ", " run --approver allow ", 1)],
                            cwd=ws, env=e, capture_output=True, text=True, timeout=120)
