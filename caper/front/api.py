@@ -43,10 +43,14 @@ class Gate:
 
     def run(self, command: str | Sequence[str], *, task: str | None = None,
             cwd: str | None = None, timeout: float | None = None,
-            workspace: str | None = None) -> RunOutcome:
+            workspace: str | None = None, task_from_agent: bool = False) -> RunOutcome:
         """Run the command once in the sandbox; commit it if approved.
-        workspace: this call's, instead of the gate's."""
-        return run(command, task=task, approver=self.approver,
+        workspace: this call's, instead of the gate's. task_from_agent: the
+        task is the agent's own statement (MCP's `task` argument), not its
+        user's words: evidence for the approver, never licence (as a task
+        read from a transcript)."""
+        return run(command, task=task, task_from_transcript=task_from_agent,
+                   approver=self.approver,
                    workspace=workspace or self.workspace,
                    backend=self.backend, timeout=timeout or self.timeout,
                    cwd=cwd or self.workspace, env=self.env, state_dir=self.state_dir,
