@@ -141,7 +141,10 @@ def cmd_run(args, parser) -> int:
         return _failed(args, str(e))
     except TaskRecordError as e:
         return _failed(args, f"{e}; not run")
-    caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
+    try:
+        caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
+    except ValueError as e:
+        return _failed(args, f"{e}; not run")
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
         payload = {"command": command, "task": task, "task_from_transcript": from_transcript,
