@@ -27,6 +27,11 @@
     # HOST[:PORT], *.DOMAIN[:PORT], or a preset: pypi, npm, crates, goproxy, github.
     # The only way out is caper's proxy (caper.sandbox.netproxy), which records it.
     allow = ["pypi", "npm"]
+    [env]
+    # The caller's variables whose name (*_TOKEN, *_SECRET, *_KEY, *PASSWORD*,
+    # ...) or value (a token's shape) says credential are not passed to the
+    # command; these are, as they are (their values are then not redacted).
+    allow = ["NPM_TOKEN"]
 
     [llm]
     protocol = "openai"          # openai (chat completions: OpenAI, Ollama, vLLM,
@@ -45,6 +50,7 @@ that names the file and the field.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 
 from typing import Literal, Mapping, Sequence
@@ -52,7 +58,7 @@ from typing import Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from caper.errors import ConfigError
-from caper.report.secrets import ProtectedPattern
+from caper.report.secrets import ProtectedPattern, Redactor
 from caper.sandbox.netproxy import Allowlist
 
 
@@ -130,6 +136,26 @@ class LlmConfig(_Strict):
 
 # caper's own environment variables: never passed to the command it runs.
 OWN_ENV_PREFIX = "CAPER_"
+# A variable so named holds a credential (ANTHROPIC_API_KEY, GITHUB_TOKEN,
+# AWS_SECRET_ACCESS_KEY, PGPASSWORD, NPM_CONFIG__AUTH): reading the
+# environment is no syscall the tracer sees, so such a value would leave a
+# blocked run in any encoding (`printenv X | rev`). Not passed unless allowed.
+_SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?|AUTH|PAT)S?$"
+                          r"|PASSWORD|PASSWD|SECRET|(?:^|_)(?:ACCESS|PRIVATE|API)_?KEY(?:_|$)"
+                          r"|(?:^|_)(?:AUTH|SESSION|ACCESS|REFRESH|BEARER)_TOKEN(?:_|$)")
+
+
+class EnvConfig(_Strict):
+    # Credential-named or credential-valued variables the command still gets.
+    allow: list[str] = []
+
+
+def credential_var(name: str, value: str) -> bool:
+    """Does this environment variable, by its name or the shape of its
+    value (a token, a URL with a password), hold a credential?"""
+    found: set[str] = set()
+    Redactor().text(value, found)
+    return bool(_SECRET_NAME.search(name) or found)
 _POLICY_LISTS = ("harmless_outside", "persistence", "persistence_except", "temp_owned",
                  "formatters", "git_rewrites", "installers", "install_places")
 
@@ -144,6 +170,7 @@ class Config(_Strict):
     llm: LlmConfig = LlmConfig()
     limits: LimitsConfig = LimitsConfig()
     network: NetworkConfig = NetworkConfig()
+    env: EnvConfig = EnvConfig()
 
     @field_validator("policy")
     @classmethod
@@ -159,12 +186,15 @@ class Config(_Strict):
         return [ProtectedPattern(p.path, p.kind) for p in self.report.protected]
 
     def command_env(self, env: "Mapping[str, str]") -> dict[str, str]:
-        """env without caper's own variables, the command's environment:
-        every CAPER_* (the approver's key and settings, the state and config
-        paths) and the variable [llm] api_key_env names. The command is what
-        caper judges; its approver's credential is not its to read."""
+        """env without caper's own variables and the caller's credentials,
+        the command's environment: every CAPER_* (the approver's key and
+        settings, the state and config paths), the variable [llm] api_key_env
+        names, and every credential_var not in [env] allow. The command is
+        what caper judges; its approver's credential is not its to read."""
         own = {self.llm.api_key_env} - {None}
-        return {k: v for k, v in env.items() if not k.startswith(OWN_ENV_PREFIX) and k not in own}
+        allow = set(self.env.allow) - own
+        return {k: v for k, v in env.items() if not k.startswith(OWN_ENV_PREFIX)
+                and k not in own and (k in allow or not credential_var(k, v))}
 
 
 def config_path(env: "Mapping[str, str] | None" = None) -> str:

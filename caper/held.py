@@ -9,24 +9,34 @@ changes since the snapshot, the same journal), printing the held output.
 next run. The hooks let an agent ask for `caper commit ID` only through the
 host's own permission prompt, with the effect card in front of the human.
 
+A held run is committed exactly as it was judged: the record carries an
+HMAC (the state directory's record key) over its fields and a digest of
+every entry of its upper layers (name, type, mode, owner, size, mtime,
+content, link target, xattrs). The agent's file tools can write the state
+directory while the run waits; what they add to the upper or change in the
+record (its card, its layers) makes `caper commit` refuse it.
+
 Only overlay runs are held (a btrfs workspace snapshot is committed or
 dropped with its run).
 """
 from __future__ import annotations
 
 import binascii
+import hashlib
+import hmac
 import json
 import os
 import re
+import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from caper.changes import Layer
 from caper.commit.engine import commit
 from caper.commit.journal import write_atomic
 from caper.commit.recover import recover
 from caper.errors import CommitIncomplete, ConfigError
-from caper.state import inside, workspace_lock
+from caper.state import inside, record_key, workspace_lock
 from caper.view.overlay import remove_tree
 
 PENDING_DIR = "pending"
@@ -49,6 +59,7 @@ class Held:
     card: str
     reason: str
     created: float
+    mac: str = ""                # over the fields above and the upper layers' tree
 
 
 def _path(state_dir: str, run_id: str) -> str:
@@ -67,6 +78,7 @@ def hold(state_dir: str, snap, exclude, workspace: str, command: str, result, re
              stdout=binascii.b2a_base64(result.stdout.text(), newline=False).decode(),
              stderr=binascii.b2a_base64(result.stderr.text(), newline=False).decode(),
              card=report.card(), reason=reason, created=time.time())
+    h.mac = _mac(state_dir, h)
     os.makedirs(os.path.join(state_dir, PENDING_DIR), mode=0o700, exist_ok=True)
     write_atomic(_path(state_dir, run_id), json.dumps(asdict(h)).encode())
     return run_id
@@ -106,6 +118,75 @@ def _check(state_dir: str, run_id: str, h: Held) -> None:
         raise ConfigError(f"{bad}: malformed fields")
 
 
+_READ_CHUNK = 1 << 20
+
+
+def _tree_digest(layers: list[list]) -> str:
+    """A digest of every entry of the upper layers, as the commit reads them."""
+    d = hashlib.sha256()
+    for _, upper, _ in layers:
+        d.update(b"layer\0" + os.fsencode(upper) + b"\0")
+        for top, dirs, files in os.walk(upper, onerror=_raise):
+            dirs.sort()
+            for name in [top] + sorted(os.path.join(top, f) for f in files):
+                d.update(_entry(upper, name))
+    return d.hexdigest()
+
+
+def _raise(e: OSError) -> None:
+    raise e
+
+
+def _entry(upper: str, path: str) -> bytes:
+    st = os.lstat(path)
+    fields_ = [os.path.relpath(path, upper), st.st_mode, st.st_uid, st.st_gid, st.st_size,
+               st.st_mtime_ns, st.st_rdev]
+    if stat.S_ISLNK(st.st_mode):
+        fields_.append(os.readlink(path))
+    elif stat.S_ISREG(st.st_mode):
+        h = hashlib.sha256()
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except PermissionError:   # rootless: a file the run closed (mode 000); its stat stands
+            fields_.append("unreadable")
+        else:
+            try:
+                while chunk := os.read(fd, _READ_CHUNK):
+                    h.update(chunk)
+            finally:
+                os.close(fd)
+            fields_.append(h.hexdigest())
+    try:
+        names = sorted(os.listxattr(path, follow_symlinks=False))
+    except OSError:
+        names = []
+    for n in names:
+        try:
+            fields_.append([n, os.getxattr(path, n, follow_symlinks=False).hex()])
+        except OSError:
+            fields_.append([n, None])
+    return json.dumps(fields_).encode() + b"\n"
+
+
+def _mac(state_dir: str, h: Held) -> str:
+    body = json.dumps(["held", [getattr(h, f.name) for f in fields(Held) if f.name != "mac"],
+                       _tree_digest(h.layers)])
+    return hmac.new(record_key(state_dir), body.encode(), hashlib.sha256).hexdigest()
+
+
+def _sealed(state_dir: str, run_id: str, h: Held) -> None:
+    """Refuse a held run whose record or upper layers changed since it was held."""
+    try:
+        ok = isinstance(h.mac, str) and hmac.compare_digest(h.mac, _mac(state_dir, h))
+    except OSError as e:
+        raise ConfigError(f"held run {run_id}: its layers cannot be read back "
+                          f"({e.strerror}: {e.filename}); nothing was committed") from e
+    if not ok:
+        raise ConfigError(f"held run {run_id}: its record or its upper layer changed since it "
+                          "was held (not what was judged and shown); nothing was committed: "
+                          f"`caper discard {run_id}` drops it")
+
+
 def discard(state_dir: str, run_id: str) -> None:
     h = load(state_dir, run_id)
     remove_tree(h.scratch)
@@ -122,6 +203,7 @@ def apply(state_dir: str, run_id: str) -> tuple[int | None, bytes, bytes]:
     h = load(state_dir, run_id)
     recover(state_dir)
     with workspace_lock(state_dir, h.workspace):
+        _sealed(state_dir, run_id, h)
         try:
             commit([Layer(*layer) for layer in h.layers], state_dir=state_dir,
                    since_ns=h.since_ns, exclude=h.exclude)

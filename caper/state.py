@@ -26,6 +26,40 @@ KEPT_S = 7 * 86400
 ROOT_STATE_DIR = "/var/lib/caper"   # root's default
 
 
+RECORD_KEY = os.path.join("tasks", "key")
+
+
+def record_key(state: str) -> bytes:
+    """The state directory's record key (RECORD_KEY: 32 random bytes, 0600),
+    made on first use (whole, by link(): a hook starting at the same moment
+    reads all of it or makes none). Records an agent's file tools could
+    write (call, prompt and held-run records) carry an HMAC under it."""
+    path = os.path.join(state, RECORD_KEY)
+    if not os.path.lexists(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            os.write(fd, os.urandom(32))
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        key = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    if len(key) != 32:
+        raise ConfigError(f"{path}: not a record key (remove it to make a new one)")
+    return key
+
+
 def default_state_dir(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     if env.get("CAPER_STATE_DIR"):

@@ -94,7 +94,9 @@ class RunOutcome:
         """What the agent gets, by any front door."""
         report = self.agent_report
         return {
-            "decision": self.decision, "reason": self.agent_reason, "exit_code": self.exit_code,
+            "decision": self.decision, "reason": self.agent_reason,
+            # A status is a number the run chose: 8 bits a run when sealed.
+            "exit_code": None if self.withheld else self.exit_code,
             "committed": self.committed, "approver": self.approver,
             "confidence": self.confidence,
             **({"boundary": self.boundary} if self.boundary else {}),

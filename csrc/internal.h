@@ -53,8 +53,10 @@ enum filter {
     FL_SKIP_IF_NULL,     /* allow when arg == 0, else stop */
     FL_TRACE_IF_FLAG,    /* stop when (arg & filter_value) != 0, else allow */
     FL_ENOSYS,           /* fail with ENOSYS without stopping (clone3: libc falls back) */
-    FL_FAMILY            /* allow when arg is a family a network namespace holds, else
+    FL_FAMILY,           /* allow when arg is a family a network namespace holds, else
                             EAFNOSUPPORT without stopping */
+    FL_PREALLOC          /* an ioctl request that preallocates space (the ioctl doors to
+                            fallocate): EOPNOTSUPP without stopping, else allow */
 };
 
 struct sysent {

@@ -64,6 +64,16 @@ static int put(struct prog *p, uint16_t code, uint8_t jt, uint8_t jf, uint32_t k
  * reach past it. */
 static const uint32_t FAMILIES[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
 #define N_FAMILIES ((int)(sizeof FAMILIES / sizeof *FAMILIES))
+/* ioctl requests that reach vfs_fallocate() (ioctl_preallocate, XFS's
+ * ALLOCSP): one call would take any amount of space past the disk budget
+ * the tracer holds fallocate() to. _IOW('X', n, struct space_resv), 48 bytes. */
+static const uint32_t PREALLOC_IOCTLS[] = {
+    0x4030580a, 0x4030580b,   /* XFS_IOC_ALLOCSP, XFS_IOC_FREESP */
+    0x40305824, 0x40305825,   /* XFS_IOC_ALLOCSP64, XFS_IOC_FREESP64 */
+    0x40305828, 0x4030582a,   /* FS_IOC_RESVSP, FS_IOC_RESVSP64 */
+    0x40305839,               /* FS_IOC_ZERO_RANGE */
+};
+#define N_PREALLOC ((int)(sizeof PREALLOC_IOCTLS / sizeof *PREALLOC_IOCTLS))
 
 static int entry_len(const struct sysent *e)
 {
@@ -72,6 +82,7 @@ static int entry_len(const struct sysent *e)
     case FL_TRACE_IF_FLAG: return 4;  /* ld arg; jset; ret; ret */
     case FL_SKIP_IF_NULL:  return 6;  /* ld lo; jeq; ld hi; jeq; ret allow; ret trace */
     case FL_FAMILY:        return 3 + N_FAMILIES;  /* ld; jeq each; ret errno; ret allow */
+    case FL_PREALLOC:      return 3 + N_PREALLOC;  /* ld; jeq each; ret allow; ret errno */
     default:               return 1;
     }
 }
@@ -111,6 +122,13 @@ static int emit_entry(struct prog *p, const struct sysent *e, uint32_t index)
             r |= JEQ(FAMILIES[i], (uint8_t)(N_FAMILIES - i), 0);
         r |= RET(SECCOMP_RET_ERRNO | EAFNOSUPPORT);
         r |= RET(SECCOMP_RET_ALLOW);
+        break;
+    case FL_PREALLOC:
+        r |= LD(OFF_ARG_LO(e->filter_arg));   /* the request is an unsigned int */
+        for (int i = 0; i < N_PREALLOC; i++)
+            r |= JEQ(PREALLOC_IOCTLS[i], (uint8_t)(N_PREALLOC - i), 0);
+        r |= RET(SECCOMP_RET_ALLOW);
+        r |= RET(SECCOMP_RET_ERRNO | EOPNOTSUPP);
         break;
     default:
         r |= RET(trace);

@@ -109,6 +109,9 @@ const struct sysent caper_sysent[] = {
      * guard's poll: the tracer holds it to the run's budget. */
     { SYS_fallocate, "fallocate", CAPER_EV_REFUSED, DEC_FALLOCATE, FL_TRACE, N, 0, 0,
       N, N, N, N, N, N, N, N, 0 },
+    /* ...and so would the ioctls that preallocate (FS_IOC_RESVSP64, ZERO_RANGE):
+     * refused in the filter, other ioctls pass unstopped. */
+    { SYS_ioctl, "ioctl", 0, DEC_REFUSE, FL_PREALLOC, 1, 0, 0, N, N, N, N, N, N, N, N, 0 },
     /* The sandbox shares the tracer's CPU: a wider mask must not undo that. */
     { SYS_sched_setaffinity, "sched_setaffinity", 0, DEC_AFFINITY, FL_TRACE, N, 0, 0,
       N, N, N, N, N, N, N, N, 0 },

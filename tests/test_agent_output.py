@@ -25,31 +25,59 @@ APPROVER_KEY = "sk-proj-Abc123ApproverKey-77e1d"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("door", ["cli", "gate"])
-def test_the_command_sees_none_of_capers_own_variables(repo, tmp_path, door):
+def _command_env(repo, tmp_path, door: str, config: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment `env` run through caper (cli or gate door) with this config.toml."""
     conf = tmp_path / "config.toml"
-    conf.write_text('[llm]\napi_key_env = "MY_APPROVER_KEY"\n')
+    conf.write_text(config)
     state = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "nohome"),
            "CAPER_STATE_DIR": str(state), "CAPER_CONFIG": str(conf), "CAPER_GATE_IDLE": "5",
-           "CAPER_LLM_API_KEY": APPROVER_KEY, "MY_APPROVER_KEY": APPROVER_KEY,
-           "CAPER_LLM_BASE_URL": "http://127.0.0.1:9/v1", "ORDINARY_VAR": "kept-1"}
+           **env}
     if door == "gate":
         env.pop("CAPER_NO_GATE", None)
     else:
         env["CAPER_NO_GATE"] = "1"
     p = subprocess.run([sys.executable, "-P", "-m", "caper", "run", "--json", "--approver", "allow",
-                        "-c", "env"], cwd=repo, env=env, capture_output=True, timeout=120)
+                        "-c", "env -0"], cwd=repo, env=env, capture_output=True, timeout=120)
     try:
         doc = json.loads(p.stdout)
         assert ("gate" in doc) == (door == "gate") and doc["committed"], p.stderr
-        names = [line.split("=", 1)[0] for line in doc["stdout"].splitlines()]
-        assert "ORDINARY_VAR=kept-1" in doc["stdout"].splitlines()
-        assert not [n for n in names if n.startswith("CAPER_")], names
-        assert "MY_APPROVER_KEY" not in names and APPROVER_KEY not in doc["stdout"]
+        return dict(v.split("=", 1) for v in doc["stdout"].split("\0") if "=" in v)
     finally:
         if door == "gate":
             stop_gate(state)
+
+
+@pytest.mark.parametrize("door", ["cli", "gate"])
+def test_the_command_sees_none_of_capers_own_variables(repo, tmp_path, door):
+    got = _command_env(repo, tmp_path, door, '[llm]\napi_key_env = "MY_APPROVER_KEY"\n', {
+        "CAPER_LLM_API_KEY": APPROVER_KEY, "MY_APPROVER_KEY": APPROVER_KEY,
+        "CAPER_LLM_BASE_URL": "http://127.0.0.1:9/v1", "ORDINARY_VAR": "kept-1"})
+    assert got.get("ORDINARY_VAR") == "kept-1"
+    assert not [n for n in got if n.startswith("CAPER_")], got
+    assert "MY_APPROVER_KEY" not in got and APPROVER_KEY not in got.values()
+
+
+CALLER_CREDENTIALS = {
+    "ANTHROPIC_API_KEY": "sk-ant-api03-Zq8Xv3correcthorse41batterystaple",
+    "OPENAI_API_KEY": "not-shaped-but-named-1", "GITHUB_TOKEN": "named-2",
+    "AWS_SECRET_ACCESS_KEY": "named-3", "DB_PASSWORD": "named-4", "DEPLOY_SECRET": "named-5",
+    "SHAPED_ONLY": "ghp_" + "A1b2C3d4" * 5, "DATABASE_URL": "postgres://app:hunter22x@db/app",
+}
+
+
+@pytest.mark.parametrize("door", ["cli", "gate"])
+def test_the_command_gets_no_credential_of_the_callers_environment_unless_allowed(
+        repo, tmp_path, door):
+    ordinary = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "CI": "1", "TERM": "xterm",
+                "SSH_AUTH_SOCK": "/tmp/agent.sock", "TOKENIZERS_PARALLELISM": "false"}
+    got = _command_env(repo, tmp_path, door, '[env]\nallow = ["GITHUB_TOKEN"]\n',
+                       {**CALLER_CREDENTIALS, **ordinary})
+    assert {k: got.get(k) for k in ordinary} == ordinary
+    assert got.get("GITHUB_TOKEN") == "named-2"          # the user allowed it
+    leaked = [k for k in CALLER_CREDENTIALS if k != "GITHUB_TOKEN" and k in got]
+    assert leaked == [] and not set(CALLER_CREDENTIALS.values()) - {"named-2"} & set(
+        got.values())
 
 
 ENCODE = ('base64 -w0 ~/.aws/credentials; echo; rev ~/.aws/credentials; '
@@ -79,12 +107,44 @@ def test_a_blocked_run_that_read_a_credential_gives_back_no_output_and_no_chosen
     r = out.agent_report
     assert r.withheld and "withheld: the run read a credential" in r.card()
     assert r.output.stdout.head is None and r.output.stdout.bytes == 512   # 360, rounded up
-    assert all(c.size is None and c.lines is None for c in r.changes)
     assert out.stdout.text() == b"\n[... 512 bytes omitted ...]\n"
-    assert [c.path for c in r.changes if c.op == "created"] == [WITHHELD, WITHHELD]
-    assert [p.path for p in r.protected_reads] == ["~/.aws/credentials"] * len(r.protected_reads)
-    assert r.processes.execs == [] and r.counts["execs"].observed >= 5
+    assert r.changes == [] and [(a.op, a.files, a.under) for a in r.aggregates] == [
+        ("created", 2, WITHHELD)]
+    assert {(p.path, p.kind) for p in r.protected_reads} == {(WITHHELD, "aws-credentials")}
+    assert r.processes.execs == [] and r.counts["execs"].observed >= 8   # rounded up
     assert "withheld" in out.agent_reason and "aws" in out.agent_reason
+
+
+# Each number and name here is one the run chose after it read a credential:
+# an aggregate's file names, which existing files it touched, bytes of output
+# past what is held, its exit status, a signal's number and target.
+CHOSEN = ("cat ~/.aws/credentials >/dev/null; mkdir -p gen/x; "
+          "for j in $(seq 300); do : > gen/x/picked-name-$j; done; "
+          "echo >> src/m1.c; chmod 600 Makefile; "
+          "head -c 212345 /dev/zero; kill -s USR2 4280393 2>/dev/null; exit 77")
+
+
+def test_a_sealed_report_carries_no_name_or_number_the_run_chose(repo, tmp_path, home):
+    out = go(CHOSEN, repo, tmp_path, home=home)
+    full = out.report
+    assert not out.committed and out.withheld
+    approver_sees = full.card()
+    assert "picked-name-" in approver_sees and "src/m1.c" in approver_sees   # the test can fail
+    assert any(s.target == 4280393 for s in full.processes.signals) and full.end.exit_code == 77
+    assert any(u.startswith("stdout-not-all-held: ") for u in full.uncertain)
+    omitted = next(int(u.split(": ")[1]) for u in full.uncertain if u.startswith("stdout-not"))
+    r = out.agent_report.model_copy(update={"command": ""})   # the agent's own words
+    rest = {k: v for k, v in out.to_json().items() if k != "report"}
+    assert out.to_json()["report"] == out.agent_report.to_dict()
+    for agent_sees in (r.card(), r.to_json(), json.dumps(rest), out.agent_reason):
+        for chosen in ("picked-name", "src/m1.c", "Makefile", "gen/x", "4280393", "status 77",
+                       '"exit_code": 77', f": {omitted}", "signal 12", '"signal": 12'):
+            assert chosen not in agent_sees, (chosen, agent_sees)
+    assert {a.op: a.files for a in r.aggregates} == {"created": 512, "modified": 1, "meta": 1}
+    assert r.counts["changes"].observed == 512 and r.counts["signals"].observed == 1
+    assert r.end.exit_code is None and r.end.signal is None and r.processes.signals == []
+    assert all(int(u.split(": ")[1]) & (int(u.split(": ")[1]) - 1) == 0
+               for u in r.uncertain if ": " in u)                     # powers of two
 
 
 @pytest.mark.parametrize("door", ["cli", "gate"])

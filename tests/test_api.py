@@ -133,6 +133,31 @@ def test_mcp_server_keeps_to_the_roots_the_client_declares(project, tmp_path):
     assert not (other / "out.txt").exists()
 
 
+def test_an_mcp_task_is_the_agents_statement_and_licenses_no_deletion(project, tmp_path):
+    """adv3b F14: `task` is written by the agent; like a task read from a
+    transcript it is evidence, never the user's licence to delete sources."""
+    from mcp import Client, StdioServerParameters
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "caper", "mcp"], cwd=str(project),
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(tmp_path / "state"),
+             "HOME": str(tmp_path), "CAPER_CONFIG": str(tmp_path / "none.toml")})
+
+    async def main():
+        async with Client(params) as client:
+            return await client.call_tool("run_command", {"command": "rm -rf src",
+                                                          "task": "delete the src directory",
+                                                          "cwd": str(project)})
+    out = asyncio.run(main())
+    assert out.is_error and "blocked" in out.content[0].text
+    assert (project / "src" / "a.c").read_text() == "int a;\n"
+    # The same words from the API's caller (its own task) still license it.
+    done = caper.Gate(str(project), approver="policy", config=Config(),
+                      state_dir=str(tmp_path / "state"),
+                      env={**os.environ, "HOME": str(tmp_path)}).run(
+        "rm -rf src", task="delete the src directory")
+    assert done.committed and not (project / "src").exists()
+
+
 def test_examples_run(project, tmp_path):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
            "CAPER_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path)}

@@ -328,6 +328,28 @@ def test_nested_subvolume_refused(env):
     assert env.siblings() == ["ws"]
 
 
+def test_a_subvolume_the_run_made_in_its_snapshot_goes_with_the_discard(env):
+    """adv3a 21: a nested subvolume made inside the snapshot used to make the
+    delete fail (ENOTEMPTY), leaving the snapshot and the run's writes beside
+    the workspace for good."""
+    pre = state(env.ws)
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    _subvol(Path(snap.path) / "nested")
+    (Path(snap.path) / "nested" / "planted.txt").write_text("payload of a blocked run\n")
+    _subvol(Path(snap.path) / "nested" / "deeper")
+    snap.discard()
+    assert env.siblings() == ["ws"] and state(env.ws) == pre
+    assert os.listdir(env.state / "btrfs") == []
+
+
+def test_upkeep_collects_a_dead_runs_snapshot_holding_a_nested_subvolume(env):
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    _subvol(Path(snap.path) / "nested")
+    snap._journal.unlock()              # its owner died before discarding it
+    assert recover_btrfs(str(env.state)) and env.siblings() == ["ws"]
+    assert os.listdir(env.state / "btrfs") == []
+
+
 def test_a_failed_snapshot_leaves_no_record_and_names_the_call(env):
     """The snapshot ioctl fails (an immutable parent directory): the error
     names create_snapshot, and the record written before it is gone."""

@@ -26,6 +26,7 @@ Input and output shapes, copied from each agent's reference:
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import subprocess
 from pathlib import Path
@@ -113,6 +114,26 @@ def test_codex_lets_through_only_the_exact_wrapped_command(project, tmp_path):
                                                           tmp_path / "none")).encode(),
                            project, tmp_path)
         assert out["hookSpecificOutput"]["permissionDecision"] == "deny", sneaky
+
+
+def test_codex_lets_through_no_flag_the_model_added_to_the_wrapped_command(project, tmp_path):
+    """adv3b F13: `--on-unsure ask` added by the model would turn "unsure:
+    thrown away" into a held run; only the hook's own bytes pass."""
+    def answer(command):
+        return run_hook("codex", json.dumps(hook_input("codex", command, project,
+                                                       tmp_path / "none")).encode(),
+                        project, tmp_path)[1]
+    first = answer("rm -f README")["hookSpecificOutput"]
+    assert first["permissionDecision"] == "deny"
+    wrapped = first["permissionDecisionReason"].split("\n")[-1]
+    argv = shlex.split(wrapped)
+    at = argv.index("--brief") + 1
+    for flags in (["--on-unsure", "ask"], ["--timeout", "600"],
+                  ["--on-unsure", "ask", "--timeout", "5"]):
+        added = shlex.join(argv[:at] + flags + argv[at:])
+        out = answer(added)
+        assert out and out["hookSpecificOutput"]["permissionDecision"] == "deny", added
+    assert answer(wrapped) is None                   # the hook's own command passes
 
 
 BAD = [

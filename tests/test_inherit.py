@@ -90,7 +90,9 @@ def test_a_hook_shaped_call_runs_bash_as_the_agents_tool_would(env, tmp_path):
     from caper.state import state_dir
     state = state_dir(env["CAPER_STATE_DIR"])
     for e in (env, {**env, "CAPER_NO_GATE": "1"}):
-        wrapped = hooks.wrap(text, "sess-1", new_call(state, "sess-1", text, None, "none"))
+        def wrapped_of(call):
+            return hooks.wrap(text, "sess-1", call)
+        wrapped = wrapped_of(new_call(state, "sess-1", text, None, "none", wrapped_of))
         assert hooks.is_wrapped(wrapped, "sess-1", state) == text
         p = subprocess.run(["bash", "-c", wrapped.replace(" run ", " run --approver allow ", 1)],
                            cwd=ws, env=e, capture_output=True, text=True, timeout=120)
@@ -229,6 +231,32 @@ def test_the_callers_stdin_reaches_the_command_only_where_given(env, tmp_path):
                                 "-c", "cat; echo end"], cwd=ws, env=e, input="a\n",
                                capture_output=True, text=True)
         assert unset.stdout == "end\n", unset.stderr      # /dev/null, as documented
+
+
+def test_a_terminal_is_never_handed_to_the_command_as_stdin(env, tmp_path):
+    """adv3a 05: fd 0 would be the host tty, open read-write: a blocked run
+    wrote an OSC 52 clipboard escape to it and turned its echo off."""
+    import pty
+    import termios
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--stdin", "--approver",
+                            "block", "-c", r"printf '\033]52;c;eA==\007' >&0; stty -echo <&0"],
+                           cwd=ws, env={**env, "CAPER_NO_GATE": "1"}, stdin=slave,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 125 and "stdin is a terminal" in p.stderr, p.stderr
+        assert termios.tcgetattr(slave)[3] & termios.ECHO
+        os.set_blocking(master, False)
+        try:
+            got = os.read(master, 4096)
+        except BlockingIOError:
+            got = b""
+        assert b"\x1b]52" not in got
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 @pytest.mark.parametrize("unshare, why", [(["-p", "-f"], "another pid namespace"),

@@ -273,6 +273,34 @@ def test_fallocate_again_after_freeing_the_space_works(small_fs, ws):
     assert not outcome.report.processes.refused
 
 
+PREALLOC_IOCTLS = r"""
+import errno, fcntl, os, struct
+fd = os.open("f", os.O_RDWR | os.O_CREAT, 0o644)
+resv = struct.pack("hhqqiI4i", 0, 0, 0, 32 << 20, 0, 0, 0, 0, 0, 0)   # struct space_resv
+for name, req in (("RESVSP64", 0x4030582a), ("RESVSP", 0x40305828), ("ZERO_RANGE", 0x40305839),
+                  ("ALLOCSP64", 0x40305824)):
+    try:
+        fcntl.ioctl(fd, req, resv)
+        print(name, "allocated", os.fstat(fd).st_blocks * 512)
+    except OSError as e:
+        print(name, "EOPNOTSUPP" if e.errno == errno.EOPNOTSUPP else errno.errorcode[e.errno])
+r, w = os.pipe()
+os.write(w, b"abc")
+print("FIONREAD", struct.unpack("i", fcntl.ioctl(r, 0x541B, b"\0" * 4))[0])
+"""
+
+
+def test_the_ioctls_that_preallocate_are_refused(ws):
+    """adv3a 20: FS_IOC_RESVSP64 and FS_IOC_ZERO_RANGE reach vfs_fallocate()
+    past the tracer's disk budget, in one call: refused (EOPNOTSUPP) in the
+    filter; other ioctls pass."""
+    outcome = run([PY, "-c", PREALLOC_IOCTLS], cwd=str(ws), approver="allow")
+    lines = outcome.stdout.text().decode().splitlines()
+    assert lines == ["RESVSP64 EOPNOTSUPP", "RESVSP EOPNOTSUPP", "ZERO_RANGE EOPNOTSUPP",
+                     "ALLOCSP64 EOPNOTSUPP", "FIONREAD 3"], outcome.stderr.text()
+    assert os.stat(ws / "f").st_blocks == 0
+
+
 def test_fallocate_within_the_budget_works(ws):
     _, r = trace([PY, "-c", "import os; fd = os.open('f', os.O_CREAT | os.O_WRONLY); "
                   "os.posix_fallocate(fd, 0, 1 << 20); print(os.fstat(fd).st_size)"],

@@ -42,11 +42,17 @@ class Gate:
                         "session": self.session, **options}
         RunRequest("true", **self.options)     # a bad option fails here, not at the first run
 
-    def run(self, command: str | Sequence[str], **options) -> RunOutcome:
+    def run(self, command: str | Sequence[str], *, task_from_agent: bool = False,
+            **options) -> RunOutcome:
         """Run the command once in the sandbox; commit it if approved.
         options: this call's, instead of the gate's (task, cwd, timeout,
-        workspace, ...; None: the gate's)."""
+        workspace, ...; None: the gate's). task_from_agent: the task is the
+        agent's own statement (MCP's `task` argument), not its user's words:
+        evidence for the approver, never licence (as a task read from a
+        transcript)."""
         given = {name: value for name, value in options.items() if value is not None}
+        if task_from_agent:
+            given["task_from_transcript"] = True
         return run_request(RunRequest(command, **{**self.options, **given}),
                            state_dir=self.state_dir, config=self.config)
 

@@ -178,6 +178,8 @@ def _run(args, parser, said: Said) -> int:
         return _failed(args, str(e), said)
     except TaskRecordError as e:
         return _failed(args, f"{e}; not run", said)
+    except ValueError as e:          # a context the command cannot be given (a terminal)
+        return _failed(args, f"{e}; not run", said)
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
         try:
@@ -332,6 +334,10 @@ def cmd_commit(args, parser) -> int:
             pending.discard(state, args.id)
             print(f"caper: held run {args.id} discarded", file=sys.stderr)
             return 0
+        if sys.stdin.isatty() and sys.stderr.isatty() and not _confirmed(pending.load(state,
+                                                                                  args.id)):
+            print(f"caper: held run {args.id} not committed (still held)", file=sys.stderr)
+            return EXIT_CAPER_FAILED
         code, out, err = pending.apply(state, args.id)
     except CaperError as e:
         from caper.display import escape
@@ -340,6 +346,21 @@ def cmd_commit(args, parser) -> int:
     os.write(1, out)
     os.write(2, err)
     return code if code is not None else EXIT_CAPER_FAILED
+
+
+def _confirmed(h) -> bool:
+    """A human at a terminal sees what they apply: the held run's card, then
+    a question (an agent's shell has no terminal: its host's prompt showed
+    the card)."""
+    from caper.display import escape
+    print(escape(h.card, keep_lines=True), file=sys.stderr)
+    print(f"caper: held because: {escape(h.reason)}", file=sys.stderr)
+    print(f"caper: commit held run {h.id} into {escape(h.workspace)}? [y/N] ", end="",
+          file=sys.stderr, flush=True)
+    try:
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def cmd_hook(args, parser) -> int:

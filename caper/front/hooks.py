@@ -123,9 +123,10 @@ def caper_args(command: str) -> list[str] | None:
 
 
 def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> str | None:
-    """The inner command if `command` has exactly the form `wrap` produces
-    for this session and names a call record made for this session and
-    exactly this inner command, else None."""
+    """The inner command if `command` is, byte for byte, the wrapped command
+    the hook recorded for one of this session's calls (it names the call),
+    else None: a flag the model added (`--on-unsure ask`, a `--timeout`)
+    makes it another command."""
     from caper.front.tasks import TaskRecordError, check_call
     rest = caper_args(command)
     if rest is None or rest[:6] != ["run", "--session", session, "--shell", shell, "--brief"]:
@@ -138,7 +139,7 @@ def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> s
     if len(rest) != 4 or rest[0] != "--call" or rest[2] != "-c":
         return None
     try:
-        check_call(state, rest[1], session, rest[3])
+        check_call(state, rest[1], session, rest[3], wrapped=command)
     except TaskRecordError:
         return None
     return rest[3]
@@ -305,13 +306,14 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     if inner is not None:            # already inside the gate: it runs once, there
         return _out(agent, decision, why, command, tool_input)
     task, source = call_task(hook, session, state)
-    call = new_call(state, session, command, task, source)
+    caper_s, tool_ms = claude_timeouts(tool_input, env) if agent.name == "claude-code" \
+        else (None, None)
+    def wrapped_of(call: str) -> str:
+        return wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
+                    shell=agent.shell)
+    wrapped = wrapped_of(new_call(state, session, command, task, source, wrapped_of))
     if agent.name == "claude-code":
-        caper_s, tool_ms = claude_timeouts(tool_input, env)
-        wrapped = wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
-                       shell=agent.shell)
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
-    wrapped = wrap(command, session, call, ask=can_ask(agent, hook), shell=agent.shell)
     if mode(agent, env) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "

@@ -102,7 +102,8 @@ def build_server():
         except ValueError as e:
             return result(f"caper did not run this command: {e}", True)
         try:
-            out = await gate.arun(command, task=task or None, cwd=where, workspace=workspace)
+            out = await gate.arun(command, task=task or None, cwd=where, workspace=workspace,
+                                  task_from_agent=True)
         except Exception as e:   # a failure of caper's is a block, said plainly
             return result(f"caper blocked this command: caper failed ({escape(str(e))}). "
                           "Nothing was changed.", True)

@@ -27,7 +27,7 @@ ran caper says: a human's or a script's own call, never a hooked agent's
 (the hooks wrap every command but the exact `--call` form, so an agent's
 `caper run --task ...` runs inside the sandbox, where caper cannot run).
 
-Standard library only: the hooks import it.
+Standard library and caper.state (light) only: the hooks import it.
 """
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ import json
 import os
 import re
 import time
+from typing import Callable
+
+from caper.errors import ConfigError
+from caper.state import record_key
 
 DIR = "tasks"
 PROMPTS_KEPT = 3            # the latest prompts that make the task
@@ -133,34 +137,13 @@ def recorded_task(state: str, session: str) -> tuple[bool, str | None]:
 
 
 def _key(d: str) -> bytes:
-    """The state directory's record key, made on first use (whole, by link():
-    a hook starting at the same moment reads all of it or makes none)."""
-    path = os.path.join(d, "key")
-    if not os.path.lexists(path):
-        tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        try:
-            os.write(fd, os.urandom(32))
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        key = os.read(fd, 64)
-    finally:
-        os.close(fd)
-    if len(key) != 32:
-        raise TaskRecordError(f"{path}: not a record key (remove it to make a new one)")
-    return key
+        return record_key(os.path.dirname(d))
+    except ConfigError as e:
+        raise TaskRecordError(str(e)) from e
 
 
-_CALL_FIELDS = ("id", "session", "command", "task", "source", "created")
+_CALL_FIELDS = ("id", "session", "command", "task", "source", "created", "wrapped")
 
 
 def _mac(d: str, doc: dict, fields: tuple[str, ...]) -> str:
@@ -171,13 +154,16 @@ def _mac(d: str, doc: dict, fields: tuple[str, ...]) -> str:
     return hmac.new(_key(d), body.encode(), hashlib.sha256).hexdigest()
 
 
-def new_call(state: str, session: str, command: str, task: str | None, source: str) -> str:
-    """Record one gated call; its id goes into the wrapped command."""
+def new_call(state: str, session: str, command: str, task: str | None, source: str,
+             wrap: "Callable[[str], str] | None" = None) -> str:
+    """Record one gated call; its id goes into the wrapped command, wrap(id):
+    the exact bytes the hook hands the agent, kept so that a resubmitted
+    command passes only as those bytes, never with a flag the model added."""
     d = _dir(state)
     _expire(d)
     call = os.urandom(16).hex()
     doc = {"id": call, "session": session, "command": command, "task": task,
-           "source": source, "created": time.time()}
+           "source": source, "created": time.time(), "wrapped": wrap(call) if wrap else None}
     _write(os.path.join(d, f"call-{call}.json"), {**doc, "mac": _mac(d, doc, _CALL_FIELDS)})
     return call
 
@@ -188,9 +174,11 @@ def _call_path(state: str, call: str) -> str:
     return os.path.join(state, DIR, f"call-{call}.json")
 
 
-def check_call(state: str, call: str, session: str, command: str) -> dict:
+def check_call(state: str, call: str, session: str, command: str,
+               wrapped: str | None = None) -> dict:
     """The record of `call`, if it was made for this session and exactly this
-    command and has not expired; else TaskRecordError."""
+    command (and, given, exactly this wrapped command) and has not expired;
+    else TaskRecordError."""
     path = _call_path(state, call)
     doc = _read(path)
     if doc is None:
@@ -198,6 +186,9 @@ def check_call(state: str, call: str, session: str, command: str) -> dict:
                               "by caper's hook)")
     if doc.get("id") != call or doc.get("session") != session or doc.get("command") != command:
         raise TaskRecordError(f"call {call} was recorded for another session or command")
+    if wrapped is not None and doc.get("wrapped") != wrapped:
+        raise TaskRecordError(f"call {call}: not the wrapped command the hook gave "
+                              "(a flag added or changed)")
     if not isinstance(doc.get("task"), (str, type(None))) or \
             not isinstance(doc.get("created"), (int, float)) or \
             time.time() - doc["created"] > CALL_MAX_AGE_S:

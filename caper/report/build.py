@@ -27,7 +27,7 @@ import os
 import re
 import signal
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
@@ -139,9 +139,10 @@ REPORT_LATE = "report-deadline-passed"   # uncertainty flag
 # In the agent's view of a run that read a credential and was not committed
 # (Report.sealed): what stands for each name the run chose, and why.
 WITHHELD = "<withheld>"
-SEALED_WHY = ("the run read a credential and was not committed: no byte of its output and no "
-              "name it chose (created files, programs, addresses, diffs) is given back, in any "
-              "encoding; counts only, output sizes rounded up to a power of two")
+SEALED_WHY = ("the run read a credential and was not committed: no byte of its output, no "
+              "name it chose or touched (files, programs, addresses, diffs) and no number it "
+              "set (exit status, signals, sizes) is given back, in any encoding; changes by op "
+              "only, counts and output sizes rounded up to a power of two")
 _CHOSEN_OPS = ("created", "renamed", "replaced")   # a change whose name the run chose
 
 # --- the model --------------------------------------------------------------------------
@@ -351,45 +352,57 @@ class Report(_Model):
     def sealed(self) -> "Report":
         """The report as the agent of a run that read a credential and was
         not committed gets it. Redaction matches values verbatim; base64,
-        `rev`, one character per line or a file's name pass it. So nothing
-        the run chose after it could read is given back: no output byte,
-        no diff, no name of a created, renamed or replaced file, program,
-        address or directory; only counts, sizes, kinds and the names of
-        what existed before it (the approver saw the whole report)."""
+        `rev`, one character per line, a file's name, which existing files
+        it touched (a codebook), an exit status or a signal's target pass
+        it. So nothing the run chose after it could read is given back: no
+        output byte, no name, no number it set; only how many changes of
+        each op, credential kinds, refusal reasons, and counts and sizes
+        rounded up to a power of two (the approver saw the whole report)."""
         r = self.model_copy(deep=True)
         r.withheld = SEALED_WHY
-        chosen = {c.path for c in r.changes if c.op in _CHOSEN_OPS}
+        ops: Counter[str] = Counter()
         for c in r.changes:
-            if c.op in _CHOSEN_OPS:
-                c.path = WITHHELD
-            c.renamed_from = c.renamed_from and WITHHELD
-            c.links = c.links and [WITHHELD]
-            c.by = c.by and WITHHELD
-            # A size is a number the run chose (truncate -s): 8 bytes a file.
-            c.detail = c.diff = c.tables = c.read_before = c.size = c.allocated = c.lines = None
+            ops[c.op] += 1
         for a in r.aggregates:
-            a.under = WITHHELD
+            ops[a.op] += a.files
+        r.changes = []
+        r.aggregates = [Aggregate(under=WITHHELD, op=op, where=WITHHELD, files=rounded(n))
+                        for op, n in sorted(ops.items())]
+        r.counts = {k: Count(observed=rounded(c.observed), included=0,
+                             omitted=rounded(c.observed)) for k, c in r.counts.items()}
+        r.uncertain = sorted({_rounded_flag(u) for u in r.uncertain})
+        r.end = RunEnd(how=r.end.how, detail=WITHHELD if r.end.detail else None)
+        if r.git:
+            g = r.git
+            r.git = GitLoss(commits=rounded(g.commits), refs=[WITHHELD] if g.refs else [],
+                            content_kept=g.content_kept, stashes=rounded(g.stashes),
+                            uncommitted=[WITHHELD] if g.uncommitted else [],
+                            unknown=WITHHELD if g.unknown else None)
+        net: Counter[tuple] = Counter()
         for n in r.network:
-            n.address, n.by, n.argv, n.read_before = WITHHELD, WITHHELD, None, None
-            n.path, n.sni, n.reason = n.path and WITHHELD, n.sni and WITHHELD, n.reason and WITHHELD
-        for p in r.protected_reads:
-            if p.path in chosen or p.kind.startswith("copied:"):   # a copy the run named
-                p.path = WITHHELD
-            p.via = p.via and WITHHELD
-            p.by = WITHHELD
+            net[(n.call, n.family, n.protocol, n.result)] += n.count
+        r.network = [NetAttempt(call=call, family=family, protocol=protocol, address=WITHHELD,
+                                result=result, count=rounded(n), by=WITHHELD)
+                     for (call, family, protocol, result), n in sorted(net.items(), key=str)]
+        r.protected_reads = [ProtectedRead(path=WITHHELD, kind=kind, by=WITHHELD, op=op,
+                                           result=result)
+                             for kind, op, result in sorted({(p.kind, p.op, p.result)
+                                                             for p in r.protected_reads}, key=str)]
+        seen: dict[str, set[str]] = {}
         for x in r.secrets:
-            if x.where not in ("stdout", "stderr", "argv"):
-                x.where = WITHHELD
-        r.end.detail = r.end.detail and WITHHELD
+            seen.setdefault(x.where if x.where in ("stdout", "stderr", "argv") else WITHHELD,
+                            set()).update(x.kinds)
+        r.secrets = [SecretSeen(where=w, kinds=sorted(k)) for w, k in seen.items()]
         out = r.output
         r.output = OutputSummary(**{name: Stream(bytes=n, omitted_bytes=n) for name, n in (
             ("stdout", rounded(out.stdout.bytes)), ("stderr", rounded(out.stderr.bytes)))})
-        pr = r.processes
-        for x in pr.refused + pr.signals:
-            x.by = WITHHELD
-        if pr.execs:
-            pr.execs = []
-            r.counts["execs"] = _count(r.counts["execs"].observed, 0)
+        refused: Counter[str] = Counter()
+        for x in r.processes.refused:
+            refused[x.reason] += x.count
+        r.processes = Processes(
+            started=rounded(r.processes.started), execs=[], signals=[],
+            refused=[RefusedCall(syscall=WITHHELD, reason=why, by=WITHHELD, count=rounded(n))
+                     for why, n in sorted(refused.items())])
         return r
 
     def redacted_output(self, name: str) -> Output:
@@ -1165,6 +1178,12 @@ def _proxied(q: ProxyRequest, an: "_Analysis", red: Redactor, lim: Limits, actor
         reason=_clean(red, q.reason, 2 * lim.path_chars) if q.reason else None)
 
 
+def _rounded_flag(flag: str) -> str:
+    """An uncertainty flag `name: N` with N rounded up to a power of two."""
+    name, _, n = flag.partition(": ")
+    return f"{name}: {rounded(int(n))}" if n.isdigit() else flag
+
+
 def rounded(n: int) -> int:
     """n rounded up to a power of two: a sealed run's output size carries a
     few bits, not the exact number the run chose."""
@@ -1365,7 +1384,9 @@ def render_card(r: Report) -> str:
         f"workspace: {quote(r.workspace)} (backend {r.backend})",
     ]
     e = r.end
-    end = {"exited": f"exited with status {e.exit_code}", "signaled": f"killed by signal {e.signal}"}
+    status = "withheld" if e.exit_code is None and r.withheld else e.exit_code
+    end = {"exited": f"exited with status {status}",
+           "signaled": f"killed by signal {'(withheld)' if e.signal is None else e.signal}"}
     L.append("ended: " + end.get(e.how, e.how) + (f" ({quote(e.detail)})" if e.detail else ""))
     if r.withheld:
         L.append(f"withheld: {r.withheld}")

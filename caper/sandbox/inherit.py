@@ -11,7 +11,10 @@ it in the command's process just before exec).
 
 Inherited (carried and applied):
   cwd            the working directory
-  env            the whole environment; the locale is LANG/LC_* in it
+  env            the environment, less caper's own variables and the caller's
+                 credentials (caper.config.Config.command_env: *_TOKEN,
+                 *_SECRET, *_KEY, *PASSWORD*, token-shaped values; [env]
+                 allow passes some); the locale is LANG/LC_* in it
   umask
   rlimits        every resource limit (`ulimit -n`, `-s`, `-c`, ...); caper's
                  own memory limit, where set, is applied after them
@@ -22,7 +25,10 @@ Inherited (carried and applied):
                  as their shell tools run bash)
   stdin          where the caller gives it (`caper run --stdin`, a
                  Caller.here(stdin=True)): the command reads the caller's fd 0;
-                 else /dev/null. An fd does not travel in a gate request: such
+                 else /dev/null. Never a terminal: fd 0 is the host tty open
+                 read-write, so a run not yet approved could write escapes to
+                 it (an OSC 52 clipboard write), turn its echo off or resize it
+                 (Caller.here refuses; pipe the input instead). An fd does not travel in a gate request: such
                  a run is made in the caller's own process.
 
 Checked, never carried: the uid, the mount, user and pid namespaces and the
@@ -81,7 +87,12 @@ class Caller:
     def here(cls, shell: str | None = None, cwd: str | None = None,
              env: dict[str, str] | None = None, stdin: bool = False) -> "Caller":
         """This process's context (cwd and env may be given instead);
-        stdin: give the command this process's stdin."""
+        stdin: give the command this process's stdin, which must not be a
+        terminal (ValueError)."""
+        if stdin and os.isatty(0):
+            raise ValueError("--stdin: caper's stdin is a terminal, which a run not yet approved "
+                             "could write to, or change the settings of; pipe the input instead "
+                             "(`cat input | caper run --stdin ...`)")
         return cls(cwd=cwd or os.getcwd(), env=dict(os.environ if env is None else env),
                    umask=_umask(),
                    rlimits=tuple((r, *(v & _U64 for v in resource.getrlimit(r)))

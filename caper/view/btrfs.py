@@ -396,14 +396,17 @@ def _info(path: str):
         raise _utilerr("subvolume_info", path, e) from e
 
 
-def _delete(path: str, uuid_hex: str, what: str) -> bool:
-    """Delete the subvolume at path if it is the one with this UUID; True if deleted."""
+def _delete(path: str, uuid_hex: str, what: str, nested: bool = False) -> bool:
+    """Delete the subvolume at path if it is the one with this UUID; True if
+    deleted. nested: with every subvolume below it (a run's snapshot, where
+    the run may have made one: without, the delete fails with ENOTEMPTY and
+    the snapshot, with all the run wrote, stays beside the workspace)."""
     info = _info(path)
     if info is None or info.uuid.hex() != uuid_hex:
         return False
     step("delete " + what)
     try:
-        btrfsutil.delete_subvolume(path)
+        btrfsutil.delete_subvolume(path, recursive=nested)
     except btrfsutil.BtrfsUtilError as e:
         raise _utilerr("delete_subvolume", path, e) from e
     return True
@@ -638,7 +641,7 @@ class BtrfsSnapshot:
         self._check_live()
         self._phase = "done"
         try:
-            _delete(self.path, self._snap_uuid, "snapshot")
+            _delete(self.path, self._snap_uuid, "snapshot", nested=True)
         except BaseException:
             self._journal.unlock()          # recover_btrfs retries it
             raise
@@ -694,7 +697,7 @@ def _recover_one(journal: _Journal, rec: dict, max_kept_s: float) -> str | None:
     else:
         uuid = _is_our_snapshot(snap, rec)
         if uuid is not None:
-            _delete(snap, uuid, "snapshot")
+            _delete(snap, uuid, "snapshot", nested=True)
         what = f"{rec['id']}: rolled back (was {phase}; snapshot {'deleted' if uuid else 'absent'})"
     journal.remove()
     return what
