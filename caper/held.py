@@ -122,14 +122,18 @@ _READ_CHUNK = 1 << 20
 
 
 def _tree_digest(layers: list[list]) -> str:
-    """A digest of every entry of the upper layers, as the commit reads them."""
+    """A digest of every entry of the upper layers, and of the overlay's index
+    in each work dir (the copy-ups of hard-linked files), as the commit
+    reads them."""
     d = hashlib.sha256()
-    for _, upper, _ in layers:
-        d.update(b"layer\0" + os.fsencode(upper) + b"\0")
-        for top, dirs, files in os.walk(upper, onerror=_raise):
-            dirs.sort()
-            for name in [top] + sorted(os.path.join(top, f) for f in files):
-                d.update(_entry(upper, name))
+    for layer in layers:
+        index = os.path.join(layer[3], "index") if len(layer) > 3 and layer[3] else None
+        for root in [layer[1]] + ([index] if index and os.path.isdir(index) else []):
+            d.update(b"layer\0" + os.fsencode(root) + b"\0")
+            for top, dirs, files in os.walk(root, onerror=_raise):
+                dirs.sort()
+                for name in [top] + sorted(os.path.join(top, f) for f in files):
+                    d.update(_entry(root, name))
     return d.hexdigest()
 
 
