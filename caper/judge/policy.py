@@ -435,13 +435,13 @@ class _Judge:
         cached = self.r.matches(self.r.code_caches, full)
         if cached and c.op in ("created", "deleted"):
             return False     # an installer's new entries; a removed one is fetched again
-        if not cached and (not self.r.matches(self.r.persistence, full) or
-                           self.r.matches(self.r.persistence_except, full)):
+        if not cached and not c.git_config and (not self.r.matches(self.r.persistence, full) or
+                                                self.r.matches(self.r.persistence_except, full)):
             return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         if c.keys is not None:
-            fmt = configkeys.format_of(full)
+            fmt = "git" if c.git_config else configkeys.format_of(full)
             risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
             if not risky:
                 return True
@@ -450,7 +450,7 @@ class _Judge:
             what = f"it would {_verb(c.op)} {_q(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
             return True      # an installer the command names, in the place it installs to
-        git = c.where == "git-internal" or _is_git_config(full)
+        git = c.where == "git-internal" or c.git_config or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
                  what + (", code a cache keeps that later builds and hooks run unchecked"
@@ -507,7 +507,8 @@ class _Judge:
             return                   # hooks and config: persistence() judged them
         routine = len(parts) > 1 and parts[1] in GIT_ROUTINE
         if op == "deleted" and (len(parts) <= 2 or not routine):
-            if self.d.covers(full, self.d.deletes) and self._task_allows_delete(path):
+            if not _repository_itself(parts) and self.d.covers(full, self.d.deletes) and \
+                    self._task_allows_delete(path):
                 return
             self.add(91, "block", f"it would delete {_q(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
@@ -517,22 +518,20 @@ class _Judge:
                      "running git", "the repository's internals", path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
-        # No task known is the strictest case: nothing is deleted on the command's word alone.
-        return self.t is not None and (self.t.names(path) or "delete" in self.t.kinds and
-                                       not self.t.words.isdisjoint({p.lower()
-                                                                    for p in path.split("/")}))
+        # No task known is the strictest case: nothing is deleted on the command's word
+        # alone; a task that only names the path ("fix the lock file") asks for no deletion.
+        return self.t is not None and "delete" in self.t.kinds and (
+            self.t.names(path) or not self.t.words.isdisjoint({p.lower() for p in path.split("/")}))
 
     def _task_deletes(self, path: str, by_git: bool) -> bool:
         """The task (the user's words, not the agent's command) asks for this
         tracked deletion: it names the file or its kind (`the .o files`), or it
         asks to delete and a git command the command names does it (git keeps
         the content). No task known: never."""
-        if self.t is None:
-            return False
+        if self.t is None or "delete" not in self.t.kinds:
+            return False     # naming a file ("make the test pass") asks to fix it, not delete it
         if self.t.names(path):
             return True
-        if "delete" not in self.t.kinds:
-            return False
         ext = os.path.splitext(path)[1].lower()
         return by_git or bool(ext) and (ext[1:] in self.t.words or ext in self.t.text.lower())
 
@@ -823,6 +822,16 @@ def _loopback(address: str) -> bool:
     """The sandbox's network namespace has only its own loopback."""
     return address.startswith("127.") or address in ("::1", "localhost", "0.0.0.0", "::") \
         or address.startswith("::ffff:127.")
+
+
+# What makes .git a repository: deleting it (or .git itself) loses history git
+# cannot give back, whatever the task says; git's own commands remove what is stale.
+_REPOSITORY_PARTS = ("objects", "refs", "HEAD", "config", "packed-refs", "index")
+
+
+def _repository_itself(parts: list[str]) -> bool:
+    """parts: a .git path's components, ".git" first."""
+    return len(parts) == 1 or len(parts) == 2 and parts[1] in _REPOSITORY_PARTS
 
 
 def _is_git_config(path: str) -> bool:

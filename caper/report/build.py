@@ -191,6 +191,7 @@ class FileChange(_Model):
     tables: list[TableDelta] | None = None
     secrets: list[str] | None = None # kinds of secrets in the new content
     keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
+    git_config: bool = False         # git's configuration includes it (include.path)
     by: str | None = None
     read_before: list[str] | None = None
 
@@ -836,6 +837,8 @@ def _draft(facts: RunFacts) -> _Draft:
                 redactor.add_values(loc.credential_values(p), cred[1])
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
+    included = configkeys.git_included(
+        os.path.join(facts.workspace, ".git") if view.is_git else None, facts.home)
     uncertain: dict[str, int] = dict(an.uncertain)
     if facts.result.stats.shm_bytes:
         uncertain[SHM_DISCARDED] = facts.result.stats.shm_bytes
@@ -874,6 +877,7 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.entries = c.entries
         if c.privileges:
             fc.privileges = list(c.privileges)
+        fc.git_config = c.path in included
         if view.inside(c.path) and view.is_git:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
@@ -981,7 +985,7 @@ def _git_shown(g: GitLoss, path) -> GitLoss:
 
 def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
     """The keys a changed config file of a known format gained (configkeys)."""
-    fmt = configkeys.format_of(fc.path)
+    fmt = "git" if fc.git_config else configkeys.format_of(fc.path)
     if fmt is None or fc.type != "file" or fc.op in ("deleted", "meta"):
         return None
     where = loc.locate(fc.path)

@@ -1,0 +1,52 @@
+"""The offline approver on real runs against the repository itself: what git
+reads later (configuration however it is included, the index), what makes
+.git a repository, and deletions a task only names. Each harm beside the
+ordinary work it must not stop."""
+from __future__ import annotations
+
+from conftest import git
+from test_policy import env, gate, template  # noqa: F401  (fixtures)
+
+TASK = "fix the typo in README"
+
+
+def test_a_file_git_config_includes_is_git_configuration(env):
+    """include.path makes any file git configuration, whatever its name:
+    its keys are judged as .git/config's are."""
+    ws = env / "proj"
+    (ws / "tools").mkdir()
+    (ws / "tools" / "shared.cfg").write_text("[alias]\n\tco = checkout\n")
+    git(ws, "config", "include.path", "../tools/shared.cfg")
+    out = gate(env, "printf '[core]\\n\\tfsmonitor = \"touch x\"\\n' >> tools/shared.cfg", TASK)
+    assert not out.committed and "core.fsmonitor" in out.reason
+    assert "fsmonitor" not in (ws / "tools" / "shared.cfg").read_text()
+    assert gate(env, "printf '[alias]\\n\\tst = status\\n' >> tools/shared.cfg", TASK).committed
+
+
+def test_the_repository_is_never_deleted_on_the_tasks_word(env):
+    """`.git` (or what makes it a repository) is not deleted because the task
+    names something like it (`.github`, "cache objects")."""
+    ws = env / "proj"
+    (ws / ".github" / "workflows").mkdir(parents=True)
+    (ws / ".github" / "workflows" / "old.yml").write_text("x\n")
+    out = gate(env, "rm -rf .git .github/workflows/old.yml",
+               "delete the old .github/workflows/old.yml file")
+    assert not out.committed and (ws / ".git" / "HEAD").exists()
+    out = gate(env, "rm -rf .git/objects", "delete the stale cache objects")
+    assert not out.committed and (ws / ".git" / "objects").is_dir()
+    assert gate(env, "rm -rf .github/workflows/old.yml",
+                "delete the old .github/workflows/old.yml file").committed
+
+
+def test_a_task_that_names_a_path_does_not_ask_to_delete_it(env):
+    """"make the test pass" names the tests to fix, not to delete."""
+    ws = env / "proj"
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_x.py").write_text("def test_x(): assert 0\n")
+    git(ws, "add", "tests")
+    git(ws, "commit", "-qm", "t")
+    out = gate(env, "rm -rf tests", "make the test pass")
+    assert not out.committed and (ws / "tests" / "test_x.py").exists()
+    out = gate(env, "rm -f README.md", "fix the readme wording")
+    assert not out.committed and (ws / "README.md").exists()
+    assert gate(env, "rm -f README.md", "delete README.md").committed
