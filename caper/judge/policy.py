@@ -515,9 +515,10 @@ class _Judge:
             self.add(91, "block", f"it would delete {_q(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
-        elif not routine and not self.d.git and not (op == "meta" and "mode" not in (c.detail or "")):
-            self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git without "
-                     "running git", "the repository's internals", path=path)
+        elif not routine and not _by_git(c) and not (op == "meta" and "mode" not in (c.detail or "")):
+            self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git, written by "
+                     f"{_q(c.by or 'no traced process')}, not by git", "the repository's internals",
+                     path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
         # No task known is the strictest case: nothing is deleted on the command's word
@@ -852,6 +853,17 @@ def _loopback(address: str) -> bool:
     """The sandbox's network namespace has only its own loopback."""
     return address.startswith("127.") or address in ("::1", "localhost", "0.0.0.0", "::") \
         or address.startswith("::ffff:127.")
+
+
+def _by_git(c) -> bool:
+    """git's own process wrote the change (a git subcommand named in the text
+    shows nothing: `git status; echo x >> .git/info/exclude`)."""
+    exe = (c.by or "").rsplit("[", 1)[0]
+    prog = os.path.basename(exe)
+    # An installed git: the report names the workspace's files relatively,
+    # and a copy under /tmp is the run's own.
+    return (prog == "git" or prog.startswith("git-")) and exe.startswith("/") and \
+        place(exe, None) not in ("tmp",)
 
 
 # What makes .git a repository: deleting it (or .git itself) loses history git
