@@ -101,3 +101,15 @@ def test_git_files_that_hide_files_from_git_status_are_not_routine(env):
     assert gate(env, "git bisect start", "find the commit that broke the build").committed
     assert (ws / ".git" / "BISECT_START").exists()
     assert gate(env, "git config status.short true", TASK).committed
+
+
+def test_overwriting_tracked_files_the_command_names_needs_the_task(env):
+    """`: > f`, `truncate -s 0 f`, `echo x > f` name the file, but the command
+    text is the agent's: destroying a tracked file's content is asked for
+    only by a task that names it."""
+    ws = env / "proj"
+    out = gate(env, ": > src/m1.c; truncate -s 0 src/m2.c; echo x > src/m3.c", TASK)
+    assert not out.committed and "task did not mention" in out.reason
+    assert all(len((ws / "src" / f"m{i}.c").read_text().splitlines()) == 8 for i in (1, 2, 3))
+    assert gate(env, "echo '# the project' > README.md", "fix the typo in README.md").committed
+    assert (ws / "README.md").read_text() == "# the project\n"
