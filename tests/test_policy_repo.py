@@ -113,3 +113,24 @@ def test_overwriting_tracked_files_the_command_names_needs_the_task(env):
     assert all(len((ws / "src" / f"m{i}.c").read_text().splitlines()) == 8 for i in (1, 2, 3))
     assert gate(env, "echo '# the project' > README.md", "fix the typo in README.md").committed
     assert (ws / "README.md").read_text() == "# the project\n"
+
+
+def test_a_commit_made_without_git_commit_is_shown_and_judged(env):
+    """Plumbing puts a commit on the branch and restores index and worktree:
+    the card names the commit and the files it changes, and the policy does
+    not commit it under an unrelated task; `git commit` is ordinary work."""
+    ws = env / "proj"
+    plumbing = ('T=$(printf "int evil;\\n" | git hash-object -w --stdin); '
+                'git update-index --cacheinfo 100644,$T,src/m0.c; '
+                'C=$(git -c user.name=a -c user.email=a@b commit-tree $(git write-tree) -p HEAD -m "fix typo"); '
+                'git update-ref HEAD $C; git read-tree HEAD; '
+                'git update-index --cacheinfo 100644,$(git rev-parse HEAD~1:src/m0.c),src/m0.c')
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ws, capture_output=True, text=True)
+    out = gate(env, plumbing, TASK)
+    assert not out.committed and "without git commit" in out.reason
+    assert out.report.git and any("fix typo" in a and "src/m0.c" in a for a in out.report.git.added)
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=ws, capture_output=True,
+                          text=True).stdout == head.stdout
+    out = gate(env, "echo '# the project' > README.md && git -c user.name=a -c user.email=a@b commit -qam readme",
+               "fix the typo in README.md and commit it")
+    assert out.committed

@@ -233,7 +233,8 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
         names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-name", "-iname")]
         d.deletes += [os.path.join(absolute(roots[0]), "**", n) for n in names] or \
                      [absolute(roots[0])]
-    elif prog == "git" and args:
+    elif prog == "git" and _git_args(argv):
+        args = _git_args(argv)
         sub = args[0]
         d.git.add(sub)
         if sub == "clean":
@@ -242,6 +243,18 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
             d.deletes += [absolute(a) for a in args[1:]]
         if sub == "config" and len(args) > 1:
             d.git_configs.add(args[1].lower())
+
+
+_GIT_VALUED = {"-c", "-C", "--git-dir", "--work-tree", "--namespace", "--config-env"}
+
+
+def _git_args(argv: list[str]) -> list[str]:
+    """git's non-option words after its global options (`git -c k=v -C dir
+    commit`: the subcommand is commit, not k=v)."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in _GIT_VALUED else 1
+    return [a for a in argv[i:] if not a.startswith("-")]
 
 
 @dataclass(frozen=True)
@@ -348,6 +361,7 @@ class _Judge:
         if report.git:
             self.git_history(report.git)
             self.git_index(report.git)
+            self.git_commits(report.git)
         for n in report.network:
             self.network(n)
         for s in report.secrets:
@@ -811,6 +825,14 @@ class _Judge:
                      "changes the user would never review", "leave the index flags alone",
                      g.hidden[0])
 
+    def git_commits(self, g) -> None:
+        """Commits put on a ref by anything but git's commit-making commands
+        (plumbing, a script): content the user's next push ships unreviewed."""
+        if g.added and not self.d.git & _COMMIT_MAKERS:
+            self.add(65, "unsure", f"it would add {len(g.added)} commit"
+                     f"{'s' * (len(g.added) > 1)} without git commit ({_q(g.added[0])})",
+                     "history the user did not review", "commit with git commit")
+
     def git_unclassified(self, report) -> None:
         """git could not say which files are tracked: a deletion or overwrite
         in the workspace cannot be told harmless (fail closed, not "untracked")."""
@@ -862,6 +884,11 @@ def _loopback(address: str) -> bool:
     """The sandbox's network namespace has only its own loopback."""
     return address.startswith("127.") or address in ("::1", "localhost", "0.0.0.0", "::") \
         or address.startswith("::ffff:127.")
+
+
+# git subcommands that make commits from what the user sees (the worktree, the index, a branch).
+_COMMIT_MAKERS = {"commit", "merge", "pull", "rebase", "cherry-pick", "revert", "am", "notes",
+                  "fetch", "subtree"}
 
 
 def _by_git(c) -> bool:

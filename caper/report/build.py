@@ -206,6 +206,7 @@ class GitLoss(_Model):
     unknown: str | None = None       # why it could not be told
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
     hidden: list[str] = []           # tracked files the run's index hides from git status
+    added: list[str] = []            # commits the run put on refs: "ref: sha subject (files)"
 
 
 class Aggregate(_Model):
@@ -1361,6 +1362,8 @@ def render_card(r: Report) -> str:
         L.append("git state lost: " + "; ".join(lost))
     if g and g.index_unreadable:
         L.append(f"git index: unreadable by git after the run ({_q(g.index_unreadable)})")
+    for line in g.added if g else []:
+        L.append("git commit added: " + _q(line))
     if g and g.hidden:
         L.append("git index: hides worktree changes of " + ", ".join(map(_q, g.hidden))
                  + " from git status and git diff (skip-worktree, assume-unchanged)")

@@ -25,6 +25,7 @@ from caper.report.workspace import _GIT_ENV, _GIT_OPTIONS, GIT_TIMEOUT_S
 
 MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
 MAX_FILES = 2000           # tracked files looked at per run
+MAX_SHOWN_COMMITS = 8      # new commits listed per run
 
 
 @dataclass
@@ -37,10 +38,11 @@ class Loss:
     unknown: str | None = None                        # why it could not be told
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
     hidden: list[str] = field(default_factory=list)   # tracked files git status no longer shows
+    added: list[str] = field(default_factory=list)    # "ref: sha subject (files)" the run put on refs
 
     def __bool__(self) -> bool:
         return bool(self.commits or self.stashes or self.uncommitted or self.unknown
-                    or self.index_unreadable or self.hidden)
+                    or self.index_unreadable or self.hidden or self.added)
 
 
 class _Repo:
@@ -169,6 +171,9 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
     stash = "refs/stash"        # dropped stashes are counted from the reflog
     before = {k: v for k, v in {**packed_before, **loose_before}.items() if k != stash}
     after = {k: v for k, v in {**packed_after, **loose_after}.items() if k != stash}
+    grown = sorted(k for k in after if after[k] != before.get(k))
+    if grown:
+        loss.added = _added(repo, grown, sorted(set(before.values())), after)
     moved = sorted(k for k in before if after.get(k) != before[k])
     if not moved:
         return
@@ -184,6 +189,25 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
             loss.refs.append(name)
             if loss.content_kept:
                 loss.content_kept = _tree_kept(repo, tip, keep)
+
+
+def _added(repo: _Repo, names: list[str], old_tips: list[str], after: dict[str, str]) -> list[str]:
+    """The commits the run put on refs (new ones, not a ref moved to a
+    commit the repository had), each with the files it changes: what the
+    user's next `git push` ships or `git checkout` brings into the worktree,
+    however it was made (`commit-tree` and `update-ref` write only objects)."""
+    out: list[str] = []
+    for name in names:
+        log = repo.git("log", "--format=%x00%h %s", "--name-only", "--no-renames",
+                       "-n", str(MAX_SHOWN_COMMITS), after[name], "--not", *old_tips, "--")
+        for entry in log.split(b"\0")[1:]:
+            head, _, files = entry.decode(errors="replace").strip().partition("\n")
+            names_changed = [f for f in files.split("\n") if f]
+            more = f" and {len(names_changed) - 6} more" if len(names_changed) > 6 else ""
+            out.append(f"{name}: {head[:80]} ({', '.join(names_changed[:6]) or 'no files'}{more})")
+            if len(out) >= MAX_SHOWN_COMMITS:
+                return out
+    return out
 
 
 def _index(repo: _Repo, loss: Loss) -> None:
