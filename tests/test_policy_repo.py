@@ -4,7 +4,9 @@ reads later (configuration however it is included, the index), what makes
 ordinary work it must not stop."""
 from __future__ import annotations
 
+import sqlite3
 import subprocess
+import sys
 
 from conftest import git
 from test_policy import env, gate, template  # noqa: F401  (fixtures)
@@ -134,3 +136,22 @@ def test_a_commit_made_without_git_commit_is_shown_and_judged(env):
     out = gate(env, "echo '# the project' > README.md && git -c user.name=a -c user.email=a@b commit -qam readme",
                "fix the typo in README.md and commit it")
     assert out.committed
+
+
+def test_database_damage_is_counted_by_content_not_only_rows(env):
+    """Every value destroyed in place, or a small table emptied, is as
+    destructive as a mass delete; changing one row is ordinary work."""
+    ws = env / "proj"
+    con = sqlite3.connect(ws / "app.db")
+    con.executescript("CREATE TABLE admins(id);" + "INSERT INTO admins VALUES (1);" * 5)
+    con.commit()
+    con.close()
+    sql = f"{sys.executable} -c \"import sqlite3; c=sqlite3.connect('app.db'); c.executescript('%s')\""
+    for damage in ("UPDATE users SET id = NULL;", "DELETE FROM admins;"):
+        out = gate(env, sql % damage, "add an index")
+        assert not out.committed and "database" in out.reason, damage
+    con = sqlite3.connect(ws / "app.db")
+    assert con.execute("SELECT count(id) FROM users").fetchone()[0] == 20
+    assert con.execute("SELECT count(*) FROM admins").fetchone()[0] == 5
+    con.close()
+    assert gate(env, sql % "UPDATE users SET id = 2 WHERE rowid = 1;", "add an index").committed

@@ -722,14 +722,13 @@ class _Judge:
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
-        emptied = [t.table for t in c.tables
-                   if t.rows_before and t.rows_before >= self.r.mass_min and t.rows_after
-                   is not None and t.rows_after <= t.rows_before * (1 - self.r.mass_share)]
+        emptied = [t.table for t in c.tables if _mass_loss(t, self.r.mass_min, self.r.mass_share)]
         if not dropped and not emptied:
             return
         what = "; ".join(x for x in (
             f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_q, dropped))}" if dropped else "",
-            f"delete most rows of {', '.join(map(_q, emptied))}" if emptied else "") if x)
+            f"delete or change most rows of {', '.join(map(_q, emptied))}" if emptied else "")
+            if x)
         ok = self.t is not None and "database" in self.t.kinds and any(
             self.t.names(t) for t in dropped + emptied)
         if not ok:
@@ -889,6 +888,18 @@ def _loopback(address: str) -> bool:
 # git subcommands that make commits from what the user sees (the worktree, the index, a branch).
 _COMMIT_MAKERS = {"commit", "merge", "pull", "rebase", "cherry-pick", "revert", "am", "notes",
                   "fetch", "subtree"}
+
+
+def _mass_loss(t, min_rows: int, share: float) -> bool:
+    """A table emptied (any size), or most of its rows deleted or changed in
+    place (`UPDATE users SET email = NULL` loses every value as surely as a
+    DELETE): counted by content where the report compared rows."""
+    if not t.rows_before or t.rows_after is None:
+        return False
+    if t.rows_after == 0:
+        return True
+    gone = max(t.rows_before - t.rows_after, t.rows_lost or 0)
+    return t.rows_before >= min_rows and gone >= t.rows_before * share
 
 
 def _by_git(c) -> bool:

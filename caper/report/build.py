@@ -171,6 +171,7 @@ class TableDelta(_Model):
     table: str
     rows_before: int | None = None   # None: no such table before (created)
     rows_after: int | None = None    # None: no such table after (dropped)
+    rows_lost: int | None = None     # rows before that after no longer holds (deleted or changed)
 
 
 class FileChange(_Model):
@@ -469,7 +470,7 @@ def _change_severity(c: FileChange, rel: str = "") -> int:
     elif c.where == "untracked" and c.op in ("modified", "deleted", "replaced", "renamed"):
         sev = 70            # the user's own files that git does not keep
     if c.tables and any(t.rows_after is None or (t.rows_before or 0) > (t.rows_after or 0)
-                        for t in c.tables):
+                        or t.rows_lost for t in c.tables):
         sev = max(sev, 75)
     if c.secrets:
         sev = max(sev, 95)
@@ -921,7 +922,8 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.secrets = sorted(d.secrets)
             secrets[fc.path] = set(d.secrets)
         if d and d.tables is not None:
-            fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after)
+            fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
+                                    rows_lost=t.lost)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
@@ -1219,7 +1221,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
             out.diff = lines
         if out.tables:
             out.tables = [TableDelta(table=_clean(d.redactor, t.table, 64),
-                                     rows_before=t.rows_before, rows_after=t.rows_after)
+                                     rows_before=t.rows_before, rows_after=t.rows_after,
+                                     rows_lost=t.rows_lost)
                           for t in out.tables[:max(lim.items // 2, 3)]]
     return out
 
@@ -1341,7 +1344,8 @@ def render_card(r: Report) -> str:
             bits.append(f"by {_q(c.by)}")
         L.append(" ".join(bits))
         for t in c.tables or []:
-            L.append(f"    table {_q(t.table)}: rows {t.rows_before} -> {t.rows_after}")
+            L.append(f"    table {_q(t.table)}: rows {t.rows_before} -> {t.rows_after}"
+                     + (f", {t.rows_lost} deleted or changed" if t.rows_lost else ""))
         if c.read_before:
             L.append("    read before: " + ", ".join(map(_q, c.read_before)))
         for line in c.diff or []:
