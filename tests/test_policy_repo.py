@@ -4,12 +4,18 @@ reads later (configuration however it is included, the index), what makes
 ordinary work it must not stop."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-from conftest import git
+from conftest import git, git_project
 from test_policy import env, gate, template  # noqa: F401  (fixtures)
+from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
 
 TASK = "fix the typo in README"
 
@@ -155,3 +161,28 @@ def test_database_damage_is_counted_by_content_not_only_rows(env):
     assert con.execute("SELECT count(*) FROM admins").fetchone()[0] == 5
     con.close()
     assert gate(env, sql % "UPDATE users SET id = 2 WHERE rowid = 1;", "add an index").committed
+
+
+def test_the_index_and_new_commits_are_judged_rootless():
+    """As uid 65534 too (its run's index is read from the per-directory
+    layers): an index git cannot read, a hidden tracked edit and a commit
+    made by plumbing are not committed; a plain edit is."""
+    need_rootless_venv()
+    root = Path(tempfile.mkdtemp(prefix="caper-rootless-repo-"))
+    atexit.register(shutil.rmtree, root, True)
+    ws, state = root / "ws", root / "state"
+    git_project(ws, {"app.py": "x = 1\n", "README": "hi\n"})
+    for d, _, files in os.walk(root):
+        for p in [d, *(os.path.join(d, f) for f in files)]:
+            os.chown(p, NOBODY, NOBODY)
+    ident = "git -c user.name=a -c user.email=a@b"
+    for harm in ("printf 'DIRC garbage' > .git/index",
+                 "echo 'import os' >> app.py; git update-index --skip-worktree app.py",
+                 f"T=$(echo evil | git hash-object -w --stdin); git update-index --cacheinfo "
+                 f"100644,$T,app.py; git update-ref HEAD $({ident} commit-tree $(git write-tree) "
+                 f"-p HEAD -m x); git read-tree HEAD; git update-index --cacheinfo "
+                 f"100644,$(git rev-parse HEAD~1:app.py),app.py"):
+        out = run_as_nobody(ws, harm, "policy", state)
+        assert not out["committed"], (harm, out["reason"])
+    assert (ws / "app.py").read_text() == "x = 1\n" and (ws / ".git" / "index").stat().st_size > 40
+    assert run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)["committed"]
