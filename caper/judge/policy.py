@@ -487,7 +487,9 @@ class _Judge:
         for prefix, subs in self.r.git_declares.items():
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
-        return any(fnmatch.fnmatchcase(key, g) for g in self.r.harmless_keys.get(fmt or "", ()))
+        # An entry with "=" is one harmless value of the key (core.bare=false).
+        return any(fnmatch.fnmatchcase(kv if "=" in g else key, g)
+                   for g in self.r.harmless_keys.get(fmt or "", ()))
 
     def outside(self, path: str, full: str, op: str, where: str) -> None:
         if self.r.matches(self.r.harmless_home if where == "home" else self.r.harmless, full):
