@@ -186,3 +186,14 @@ def test_the_index_and_new_commits_are_judged_rootless():
         assert not out["committed"], (harm, out["reason"])
     assert (ws / "app.py").read_text() == "x = 1\n" and (ws / ".git" / "index").stat().st_size > 40
     assert run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)["committed"]
+
+
+def test_a_sealed_card_withholds_the_commits_subjects():
+    """A commit subject is text the run chose: a run that read a credential
+    and was not committed gives none of it back."""
+    from test_policy import report
+    from caper.report.build import GitLoss
+    r = report(git=GitLoss(added=["refs/heads/main: 1a2b3c sk-secretish (app.py)"],
+                           index_unreadable="error: bad index sk-x"))
+    sealed = r.sealed().to_json()
+    assert "sk-secretish" not in sealed and "sk-x" not in sealed and "app.py" not in sealed

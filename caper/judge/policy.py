@@ -830,8 +830,8 @@ class _Judge:
         """Commits put on a ref by anything but git's commit-making commands
         (plumbing, a script): content the user's next push ships unreviewed."""
         if g.added and not self.d.git & _COMMIT_MAKERS:
-            self.add(65, "unsure", f"it would add {len(g.added)} commit"
-                     f"{'s' * (len(g.added) > 1)} without git commit ({_q(g.added[0])})",
+            self.add(65, "unsure", f"it would add commits without git commit ({_q(g.added[0])}"
+                     + (f" and {len(g.added) - 1} more shown)" if len(g.added) > 1 else ")"),
                      "history the user did not review", "commit with git commit")
 
     def git_unclassified(self, report) -> None:

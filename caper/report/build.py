@@ -366,6 +366,9 @@ class Report(_Model):
             if x.where not in ("stdout", "stderr", "argv"):
                 x.where = WITHHELD
         r.end.detail = r.end.detail and WITHHELD
+        if r.git:    # commit subjects and the files they name are the run's words
+            r.git.added = [WITHHELD] * len(r.git.added)
+            r.git.index_unreadable = r.git.index_unreadable and WITHHELD
         out = r.output
         r.output = OutputSummary(**{name: Stream(bytes=n, omitted_bytes=n) for name, n in (
             ("stdout", rounded(out.stdout.bytes)), ("stderr", rounded(out.stderr.bytes)))})
@@ -984,9 +987,13 @@ def _draft(facts: RunFacts) -> _Draft:
                   GitLoss(**vars(loss)) if loss else None, REPORT_LATE in uncertain)
 
 
-def _git_shown(g: GitLoss, path) -> GitLoss:
-    return g.model_copy(update={"uncommitted": [path(p) for p in g.uncommitted[:8]],
-                                "hidden": [path(p) for p in g.hidden[:8]]})
+def _git_shown(g: GitLoss, path, clean, commits: int) -> GitLoss:
+    """clean: report text from git's (commit subjects and errors are the run's words)."""
+    return g.model_copy(update={
+        "uncommitted": [path(p) for p in g.uncommitted[:8]],
+        "hidden": [path(p) for p in g.hidden[:8]],
+        "added": [clean(a) for a in g.added[:commits]],
+        "index_unreadable": clean(g.index_unreadable) if g.index_unreadable else None})
 
 
 def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
@@ -1120,7 +1127,8 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
         end=RunEnd(how=res.end.name.lower(), exit_code=res.exit_code, signal=res.signal,
                    detail=_clean(red, res.error, 200) if res.error else None),
         counts=counts, uncertain=uncertain, changes=changes, aggregates=aggregates,
-        git=_git_shown(d.git, path) if d.git else None,
+        git=_git_shown(d.git, path, lambda s: _clean(red, s, lim.path_chars),
+                       max(lim.items // 4, 2)) if d.git else None,
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
