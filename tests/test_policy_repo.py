@@ -13,8 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from caper.report.build import GitLoss
 from conftest import git, git_project
-from test_policy import env, gate, template  # noqa: F401  (fixtures)
+from test_policy import env, gate, report, template  # noqa: F401  (fixtures)
 from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
 
 TASK = "fix the typo in README"
@@ -191,8 +192,6 @@ def test_the_index_and_new_commits_are_judged_rootless():
 def test_a_sealed_card_withholds_the_commits_subjects():
     """A commit subject is text the run chose: a run that read a credential
     and was not committed gives none of it back."""
-    from test_policy import report
-    from caper.report.build import GitLoss
     r = report(git=GitLoss(added=["refs/heads/main: 1a2b3c sk-secretish (app.py)"],
                            index_unreadable="error: bad index sk-x"))
     sealed = r.sealed().to_json()
