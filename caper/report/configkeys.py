@@ -64,6 +64,8 @@ def git_included(git_dir: str | None, home: str | None) -> set[str]:
                 data = f.read(MAX_CONFIG_BYTES + 1)
         except OSError:
             continue
+        if b"include" not in data.lower():
+            continue        # most configs include nothing: no git process for them
         for key, value in _pairs("git", data) or ():
             if not value or not (key == "include.path" or
                                  key.startswith("includeif.") and key.endswith(".path")):
