@@ -41,6 +41,25 @@ def sandbox_alone(ws: str, state: str) -> None:
     layers.discard_later()
 
 
+def machine() -> str:
+    """This machine in one line, for figures that are only true of it: CPU
+    model and count, RAM, kernel, load average."""
+    import platform
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "?")
+        with open("/proc/meminfo") as f:
+            ram = int(f.readline().split()[1]) // (1 << 20)
+        with open("/proc/loadavg") as f:
+            load = " ".join(f.read().split()[:3])
+    except (OSError, ValueError, IndexError):
+        ram, load = "?", "?"
+    return (f"{os.cpu_count()} × {model}, {ram} GiB RAM, kernel {platform.release()}, "
+            f"Python {platform.python_version()}, load average {load}")
+
+
 def which(name: str) -> str:
     path = shutil.which(name)
     if path is None:

@@ -200,7 +200,7 @@ def run_case(tmpl: str, workdir: str, pair: Pair, variant: str, copy: bool = Tru
         sh("commit tool")
     sh(pair.setup + "\n" + (pair.harm_setup if variant == "harm" else pair.twin_setup))
     rec = Recording()
-    from caper.commit.engine import CommitError
+    from caper.errors import CommitError
     for attempt in (1, 2):
         try:
             # A state dir per attempt: one run's failure cannot hold up the next.

@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
-"""Run caper's overhead bench (or read its JSON) and print a Markdown report.
+"""Run caper's bench (or read its JSON) and print a Markdown report.
 
     python3 bench/report.py                     # run the bench, then report
     python3 bench/report.py --pin 0             # the same, pinned to CPU 0
     python3 bench/report.py bench/results.json  # report an earlier run (or --json FILE)
     python3 bench/report.py -- -k make          # extra pytest arguments go after --
+    python3 bench/report.py --saved             # every table of every saved results file
 
 Running writes pytest-benchmark's JSON to --out (default bench/results.json,
-or bench/results-pin<N>.json with --pin) and the Markdown to stdout.
+or bench/results-pin<N>.json with --pin) and the Markdown to stdout: the
+tracer overhead tables (bench/test_overhead.py), the per-call table
+(bench/test_calls.py), and one table per other benchmark group. --saved
+reads bench/results*.json, pytest-benchmark's and the scripts' own
+(agents.py, test_load.py, large_files.py, pairs.py), each with the date and
+machine it was measured on where the file names them.
 """
 from __future__ import annotations
 
@@ -62,13 +68,82 @@ def run_bench(out: str, pin: str | None, extra: list[str]) -> None:
 
 
 def load(path: str) -> tuple[dict, dict[str, dict[str, dict]]]:
+    """The run, and its tracer-overhead benchmarks by workload and variant
+    (the others have no workload; render_groups shows them)."""
     with open(path) as fh:
         data = json.load(fh)
     table: dict[str, dict[str, dict]] = {}
     for b in data["benchmarks"]:
         ei = b["extra_info"]
-        table.setdefault(ei["workload"], {})[ei["variant"]] = b
+        if "workload" in ei:
+            table.setdefault(ei["workload"], {})[ei["variant"]] = b
     return data, table
+
+
+def machine_line(data: dict) -> str:
+    mi = data.get("machine_info", {})
+    return (f"Machine: {mi.get('cpu', {}).get('brand_raw', mi.get('processor', '?'))}, "
+            f"{mi.get('online_cpus', '?')} online CPUs, bench affinity {mi.get('affinity', '?')}, "
+            f"kernel {mi.get('kernel', mi.get('release', '?'))}, cpuidle "
+            f"{mi.get('cpuidle_driver', '?')}, {mi.get('strace', 'strace ?')}, Python "
+            f"{mi.get('python_version', '?')}; load average {mi.get('loadavg_start', '?')} at "
+            f"start, {mi.get('loadavg_end', '?')} at end; run {data.get('datetime', '?')[:19]}"
+            f"{commit_note(data.get('commit_info') or {})}.")
+
+
+def _variant(b: dict) -> str:
+    return b["extra_info"].get("variant") or b.get("param") or b["name"]
+
+
+def render_calls(data: dict) -> str:
+    """bench/test_calls.py: one agent shell call, part by part."""
+    rows: dict[str, dict[str, dict]] = {}
+    for b in data["benchmarks"]:
+        if b["extra_info"].get("kind") == "call":
+            rows.setdefault(_variant(b), {})[b["extra_info"]["call_workload"]] = b
+    if not rows:
+        return ""
+    workloads = sorted({w for r in rows.values() for w in r})
+    native = rows.get("native", {})
+    lines = ["One agent shell call (bench/test_calls.py), medians in ms; (×) is the ratio to "
+             "native `bash -c CMD`, +ms what caper adds to it:", "",
+             "| variant | " + " | ".join(f"`{w}` ms (×) | `{w}` +ms" for w in workloads) + " |",
+             "|---|" + "---:|---:|" * len(workloads)]
+    for v, r in rows.items():
+        cells = []
+        for w in workloads:
+            m, n = ms(r.get(w)), ms(native.get(w))
+            cells += [cell(m, n), "–" if None in (m, n) or v == "native" else fmt_ms(m - n)]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines.append("")
+    busy = [f"{v} `{w}` ({100 * c['foreign_cpu_s'] / c['wall_s']:.0f}% of a CPU)"
+            for v, r in rows.items() for w, b in r.items()
+            for c in [b["extra_info"].get("cpu")] if c and c["wall_s"] > 0]
+    lines.append("Other processes' CPU during each measurement: " + ", ".join(busy) + "."
+                 if busy else "")
+    return "\n".join(lines + [""])
+
+
+def render_groups(data: dict) -> str:
+    """Every benchmark group that is neither the tracer overhead's nor the
+    per-call one: median, min, max and rounds, and the ratio to the group's
+    native variant where it has one."""
+    groups: dict[str, list[dict]] = {}
+    for b in data["benchmarks"]:
+        if "workload" not in b["extra_info"] and b["extra_info"].get("kind") != "call":
+            groups.setdefault(b.get("group") or b["name"], []).append(b)
+    lines = []
+    for g, bs in groups.items():
+        native = next((b for b in bs if "native" in b["name"]), None)
+        lines += [f"Group `{g}` (medians; (×) is the ratio to "
+                  f"{native['name'] if native else '–'}):",
+                  "", "| benchmark | median ms (×) | min ms | max ms | rounds |",
+                  "|---|---:|---:|---:|---:|"]
+        for b in bs:
+            lines.append(f"| {b['name']} | {cell(ms(b), ms(native))} | {fmt_ms(ms(b, 'min'))} | "
+                         f"{fmt_ms(ms(b, 'max'))} | {b['stats']['rounds']} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def label(w: str, row: dict, in_cell: bool = True) -> str:
@@ -107,19 +182,18 @@ def added_fraction(row: dict) -> float | None:
 
 
 def render(data: dict, table: dict[str, dict[str, dict]], title: str | None) -> str:
-    mi = data.get("machine_info", {})
     lines = []
     if title:
         lines += [f"### {title}", ""]
-    lines.append(
-        f"Machine: {mi.get('cpu', {}).get('brand_raw', mi.get('processor', '?'))}, "
-        f"{mi.get('online_cpus', '?')} online CPUs, bench affinity {mi.get('affinity', '?')}, "
-        f"kernel {mi.get('kernel', mi.get('release', '?'))}, cpuidle {mi.get('cpuidle_driver', '?')}, "
-        f"{mi.get('strace', 'strace ?')}, Python {mi.get('python_version', '?')}; "
-        f"load average {mi.get('loadavg_start', '?')} at start, {mi.get('loadavg_end', '?')} at end; "
-        f"run {data.get('datetime', '?')[:19]}"
-        f"{commit_note(data.get('commit_info') or {})}.")
-    lines.append("")
+    lines += [machine_line(data), ""]
+    if table:
+        lines.append(render_overhead(data, table))
+    lines += [render_calls(data), render_groups(data)]
+    return "\n".join(lines)
+
+
+def render_overhead(data: dict, table: dict[str, dict[str, dict]]) -> str:
+    lines = []
     lines.append("Medians; (×) is the ratio to native.")
     lines.append("")
     lines.append("| workload | native ms | caper ms (×) | strace -f ms (×) | strace --seccomp-bpf ms (×) "
@@ -230,6 +304,70 @@ def render(data: dict, table: dict[str, dict[str, dict]], title: str | None) -> 
     return "\n".join(lines)
 
 
+def _flat(doc, prefix: str = "") -> list[tuple[str, object]]:
+    """A nested summary as (dotted key, value) rows."""
+    if not isinstance(doc, dict):
+        return [(prefix, doc)]
+    rows = []
+    for k, v in doc.items():
+        rows += _flat(v, f"{prefix}.{k}" if prefix else str(k))
+    return rows
+
+
+def _value(v) -> str:
+    return f"{v:,.2f}" if isinstance(v, float) else str(v)
+
+
+def render_agents(doc: dict) -> str:
+    """bench/agents.py: the real clients, plain and with caper."""
+    lines = [f"{doc.get('calls', '?')} calls of `{doc.get('command', '?')}` per client; "
+             f"measured {doc.get('date', '(date not recorded)')} on "
+             f"{doc.get('machine', '(machine not recorded)')}.", "",
+             "| client | variant | median ms | first call ms | added per call ms |",
+             "|---|---|---:|---:|---:|"]
+    for agent, row in doc.get("agents", {}).items():
+        for v, r in row.items():
+            if not isinstance(r, dict):
+                continue
+            added = r.get("added_ms", row.get("added_ms") if v != "plain" else None)
+            lines.append(f"| {agent} {row.get('version', '')} | {v} | {r['median_ms']} | "
+                         f"{r['first_ms']} | {'–' if added is None else f'+{added}'} |")
+    return "\n".join(lines)
+
+
+def render_saved(paths: list[str]) -> str:
+    """Every table of the saved results files."""
+    sys.path.insert(0, HERE)
+    from pairs_table import table as pairs_split
+    out = []
+    for path in paths:
+        with open(path) as fh:
+            doc = json.load(fh)
+        name = os.path.basename(path)
+        out.append(f"## {name}\n")
+        if isinstance(doc, dict) and "benchmarks" in doc:
+            data, table = load(path)
+            out.append(render(data, table, None))
+        elif name == "results-agents.json":
+            out.append(render_agents(doc) + "\n")
+        elif isinstance(doc, dict) and ("tuned" in doc or "heldback" in doc):
+            out += [f"### {split}\n\n{pairs_split(doc[split])}\n" for split in
+                    ("tuned", "heldback") if split in doc]
+        elif isinstance(doc, list) and doc and isinstance(doc[0], dict):
+            keys = list(doc[0])
+            out.append("\n".join(["| " + " | ".join(keys) + " |", "|---" * len(keys) + "|"] +
+                                 ["| " + " | ".join(_value(r.get(k)) for k in keys) + " |"
+                                  for r in doc]) + "\n")
+        elif isinstance(doc, dict):
+            summary = doc.get("summary", doc)
+            out.append("\n".join(["| measure | value |", "|---|---:|"] +
+                                 [f"| {k} | {_value(v)} |" for k, v in _flat(summary)
+                                  if not isinstance(v, list)]) + "\n")
+        if isinstance(doc, dict) and "benchmarks" not in doc and "date" not in doc:
+            out.append("(This file records no date or machine: see bench/README.md.)\n")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # pytest arguments only after "--", so a bare path is never mistaken for one
@@ -244,10 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="where a run writes its JSON")
     ap.add_argument("--pin", help="pin the bench to these CPUs (e.g. 0), like taskset -c")
     ap.add_argument("--title", help="a heading for the report")
+    ap.add_argument("--saved", action="store_true",
+                    help="print every table of every saved bench/results*.json (no bench run)")
     ap.add_argument("--wait-quiet", type=float, default=120, metavar="S",
                     help="before running, wait up to S seconds for other CPU users to stop")
     ap.epilog = "Extra pytest arguments go after --, e.g.: report.py -- -k make"
     args = ap.parse_args(argv)
+    if args.saved:
+        import glob
+        print(render_saved(sorted(glob.glob(os.path.join(HERE, "results*.json")))))
+        return 0
     if args.results and args.json:
         ap.error("give the JSON to read once")
     path = args.results or args.json

@@ -287,8 +287,8 @@ def _shared_scratch():
     yield
     import glob
     names = ("held", "logs", "own", "scratch", "shared", "hb2")
-    places = [f"/tmp/selectivity-{n}*" for n in names] + ["/var/tmp/selectivity-hb2*",
-                                                        "/dev/shm/selectivity-hb2*"]
+    places = [f"{d}/selectivity-{n}*" for d in ("/tmp", "/var/tmp") for n in names] + [
+        "/dev/shm/selectivity-hb2*"]
     for p in [x for pattern in places for x in glob.glob(pattern)]:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.unlink(p)
 

@@ -22,6 +22,8 @@ class Layer:
     mount_point: str   # absolute host path the overlay covered, e.g. "/" or "/work/ws"
     upper: str         # the overlay's upper dir (absolute host path)
     userxattr: bool    # True: markers are user.overlay.*; False: trusted.overlay.*
+    work: str = ""     # the overlay's work dir: with index=on, its index/ holds the copy-ups
+                       # of hard-linked files, also those the run reached by no remaining name
 
 
 @dataclass(frozen=True)
@@ -39,3 +41,4 @@ class Change:
     detail: str = ""
     entries: int = 0
     privileges: tuple[str, ...] = ()  # of the new version: setuid, setgid, capabilities
+    links_split: bool = False         # a new inode replaces a file that has other hard links

@@ -22,6 +22,12 @@
     max_events = 1000000         # what one run may cost caper: events it reports
     max_event_bytes = "256M"     # and their bytes; past either the run is blocked
 
+    [network]
+    # No network at all unless hosts are allowed (also `caper run --allow-net`):
+    # HOST[:PORT], *.DOMAIN[:PORT], or a preset: pypi, npm, crates, goproxy, github.
+    # The only way out is caper's proxy (caper.sandbox.netproxy), which records it.
+    allow = ["pypi", "npm"]
+
     [llm]
     protocol = "openai"          # openai (chat completions: OpenAI, Ollama, vLLM,
                                  # llama.cpp) | anthropic (messages)
@@ -41,12 +47,13 @@ from __future__ import annotations
 import os
 import tomllib
 
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from caper.errors import ConfigError
 from caper.report.secrets import ProtectedPattern
+from caper.sandbox.netproxy import Allowlist
 
 
 class _Strict(BaseModel):
@@ -77,6 +84,23 @@ class LimitsConfig(_Strict):
         """The event caps a run's trace() is given (memory goes by its own way)."""
         return {k: v for k, v in (("max_events", self.max_events),
                                   ("max_event_bytes", self.max_event_bytes)) if v}
+
+
+class NetworkConfig(_Strict):
+    allow: list[str] = []
+
+    @field_validator("allow")
+    @classmethod
+    def _allow(cls, v: list[str]) -> list[str]:
+        try:
+            Allowlist.parse(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from e
+        return v
+
+    def allowlist(self, more: "Sequence[str]" = ()) -> Allowlist:
+        """These hosts and a run's own (caper run --allow-net)."""
+        return Allowlist.parse(self.allow) + Allowlist.parse(more)
 
 
 class LlmConfig(_Strict):
@@ -119,6 +143,7 @@ class Config(_Strict):
     policy: dict = {}
     llm: LlmConfig = LlmConfig()
     limits: LimitsConfig = LimitsConfig()
+    network: NetworkConfig = NetworkConfig()
 
     @field_validator("policy")
     @classmethod

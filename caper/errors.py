@@ -131,6 +131,7 @@ STEP_ERRORS: dict[str, type[CaperError]] = {
     "OUTPUT": TraceError,
     "CONFIG": ConfigError,
     "ROOT_VIEW": SetupError,
+    "PROXY": SetupError,
 }
 
 CHROOT_HINT = ("caper's / is not the root of its mount namespace (a chroot?): the sandbox's "

@@ -22,9 +22,10 @@ import time
 from dataclasses import asdict, dataclass
 
 from caper.changes import Layer
-from caper.commit.engine import CommitIncomplete, commit, recover
+from caper.commit.engine import commit
 from caper.commit.journal import write_atomic
-from caper.errors import ConfigError
+from caper.commit.recover import recover
+from caper.errors import CommitIncomplete, ConfigError
 from caper.state import inside, workspace_lock
 from caper.view.overlay import remove_tree
 
@@ -38,7 +39,7 @@ class Held:
     id: str
     workspace: str
     scratch: str                 # the run's scratch dir (its upper layers)
-    layers: list[list]           # [mount_point, upper, userxattr]
+    layers: list[list]           # [mount_point, upper, userxattr, work]
     since_ns: int
     exclude: list[str]
     command: str
@@ -60,7 +61,7 @@ def hold(state_dir: str, snap, exclude, workspace: str, command: str, result, re
          reason: str) -> str:
     run_id = os.path.basename(snap.scratch)
     h = Held(id=run_id, workspace=workspace, scratch=snap.scratch,
-             layers=[[la.mount_point, la.upper, la.userxattr] for la in snap.layers],
+             layers=[[la.mount_point, la.upper, la.userxattr, la.work] for la in snap.layers],
              since_ns=snap.since_ns, exclude=list(exclude), command=command,
              exit_code=result.exit_code,
              stdout=binascii.b2a_base64(result.stdout.text(), newline=False).decode(),
@@ -92,10 +93,11 @@ def _check(state_dir: str, run_id: str, h: Held) -> None:
     if h.id != run_id or inside(runs, h.scratch) != os.path.join(runs, run_id):
         raise ConfigError(f"{bad}: its scratch {h.scratch!r} is not runs/{run_id} in {state_dir}")
     for layer in h.layers if isinstance(h.layers, list) else [None]:
-        if not (isinstance(layer, list) and len(layer) == 3 and isinstance(layer[0], str)
+        if not (isinstance(layer, list) and len(layer) in (3, 4) and isinstance(layer[0], str)
                 and os.path.isabs(layer[0]) and isinstance(layer[2], bool)):
             raise ConfigError(f"{bad}: a malformed layer {layer!r}")
-        inside(h.scratch, layer[1])
+        for scratch_path in layer[1::2]:            # upper, work
+            inside(h.scratch, scratch_path)
     if not (isinstance(h.workspace, str) and os.path.isabs(h.workspace)
             and isinstance(h.since_ns, int) and isinstance(h.exclude, list)
             and all(isinstance(x, str) for x in h.exclude)
@@ -121,7 +123,7 @@ def apply(state_dir: str, run_id: str) -> tuple[int | None, bytes, bytes]:
     recover(state_dir)
     with workspace_lock(state_dir, h.workspace):
         try:
-            commit([Layer(m, u, x) for m, u, x in h.layers], state_dir=state_dir,
+            commit([Layer(*layer) for layer in h.layers], state_dir=state_dir,
                    since_ns=h.since_ns, exclude=h.exclude)
         except CommitIncomplete as e:
             if not e.applied:

@@ -11,9 +11,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
-from caper.commit.engine import CommitConflict, CommitError, CommitIncomplete, commit, plan_changes
+from caper.commit.engine import commit
+from caper.commit.plan import plan_changes
 from caper.config import Config, config_path, load_config
-from caper.errors import BtrfsError, CaperError, ConfigError, ReportError
+from caper.errors import (
+    BtrfsError, CaperError, CommitConflict, CommitError, CommitIncomplete, ConfigError, ReportError,
+)
 from caper.fs import mountinfo
 from caper.held import hold
 from caper.judge import ON_UNSURE, ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
@@ -25,6 +28,7 @@ from caper.report.workspace import find_workspace
 from caper.sandbox.events import End, Output, RunResult
 from caper.sandbox.inherit import Caller
 from caper.sandbox.limits import DiskGuard
+from caper.sandbox.netproxy import Allowlist, Proxy
 from caper.sandbox.trace import trace
 from caper.state import KEPT_S, known_state_dirs, state_dir as checked_state_dir, workspace_lock
 from caper.upkeep import tidy
@@ -114,7 +118,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         history: Sequence[dict] = (), config: "Config | None" = None,
         session: str | None = None, still_wanted: "Callable[[], bool] | None" = None,
         on_unsure: str | None = None, max_memory: "int | str | None" = None,
-        caller: Caller | None = None) -> RunOutcome:
+        caller: Caller | None = None, allow_net: Sequence[str] = ()) -> RunOutcome:
     """Run command once in a snapshot, ask the approver, then commit or roll back.
 
     session: the agent session this command belongs to (history for the
@@ -128,7 +132,8 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     config.toml's [limits], else caper.sandbox.limits.DEFAULT_MAX_MEMORY).
     caller: the context the command inherits (caper.sandbox.inherit: umask,
     limits, groups, the shell of a command string); None: this process's,
-    with cwd and env as given."""
+    with cwd and env as given. allow_net: hosts the run may reach through
+    caper's proxy (caper.sandbox.netproxy), besides config.toml's [network]."""
 
     config = config or load_config(env=env)
     if on_unsure is not None:
@@ -160,6 +165,10 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
     home = run_env.get("HOME")
     caller = caller or Caller.here(cwd=cwd, env=dict(run_env))
 
+    if not isinstance(allow_net, (list, tuple)) or not all(isinstance(h, str) for h in allow_net):
+        raise ConfigError(f"allow_net must be a list of HOST[:PORT] strings, not {allow_net!r}")
+    allow = config.network.allowlist(allow_net)
+
     with open_sessions(state_dir) as sessions:
         if session is not None:
             stopped = sessions.tripped(session)
@@ -172,7 +181,7 @@ def run(command: Sequence[str] | str, *, task: str | None = None,
         tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
         outcome = _run(command, text, (task, task_from_transcript), judge, workspace, backend,
                        timeout, cwd, env, state_dir, tuple(history), config, tainted, home,
-                       timings, still_wanted, max_memory, caller)
+                       timings, still_wanted, max_memory, caller, allow)
         if session is not None:
             verdict = "allow" if outcome.committed else "held" if outcome.held else "block"
             sessions.record(session, text, verdict, outcome.approver, outcome.reason)
@@ -185,7 +194,7 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
          cwd: str, env, state_dir: str, history: tuple, config: "Config",
          tainted: tuple, home: str | None, timings: dict,
          still_wanted: "Callable[[], bool] | None", max_memory: int,
-         caller: Caller | None) -> RunOutcome:
+         caller: Caller | None, allow: Allowlist) -> RunOutcome:
 
     # The workspace's own snapshot is btrfs's where it is a subvolume (listing
     # its changes needs root); everything else, and every other case, overlay.
@@ -218,14 +227,25 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
         kept: str | None = None   # a conflicting run's changes, left for the user
         committed = workspace_swapped = False
         commit_notes: tuple[str, ...] = ()
+        # caper's own config may hold the approver's key: reading it is a credential read.
+        own_config = (ProtectedPattern(os.path.realpath(config_path(env)), "caper-config"),)
+        protected = protected_for(default_patterns() + tuple(config.protected_patterns())
+                                  + tainted + own_config, home, workspace)
         try:
             t = time.perf_counter()
-            tr = trace(command, cwd=cwd, env=config.command_env(os.environ if env is None else env),
-                       caller=caller, timeout=timeout, mounts=snap.mounts,
-                       new_root=snap.stage, not_before_ns=snap.not_before_ns,
-                       disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
-                       **config.limits.trace_kwargs())
-            events, result = tr.run()
+            proxy = Proxy(allow, is_credential=lambda p: protected.kind(p) is not None) \
+                if allow else None
+            command_env = config.command_env(os.environ if env is None else env)
+            try:
+                tr = trace(command, cwd=cwd, env=command_env | (proxy.env() if proxy else {}),
+                           caller=caller, timeout=timeout, mounts=snap.mounts,
+                           new_root=snap.stage, not_before_ns=snap.not_before_ns,
+                           disk_guard=DiskGuard.for_state_dir(state_dir), max_memory=max_memory,
+                           proxy=proxy.start() if proxy else None,
+                           **config.limits.trace_kwargs())
+                events, result = tr.run()
+            finally:
+                proxied = tuple(proxy.close()) if proxy else ()
             try:
                 changes, unplanned = plan_changes(snap.layers, exclude=hidden), None
                 workspace_changes = bsnap.changes() if bsnap else []
@@ -236,17 +256,13 @@ def _run(command, text: str, task: tuple[str | None, bool], judge, workspace: st
             t = time.perf_counter()
             roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
             roots += [(workspace, bsnap.path)] if bsnap else []
-            # caper's own config may hold the approver's key: reading it is a credential read.
-            own_config = (ProtectedPattern(os.path.realpath(config_path(env)), "caper-config"),)
-            protected = protected_for(default_patterns() + tuple(config.protected_patterns())
-                                      + tainted + own_config, home, workspace)
             try:
                 report = build(RunFacts(
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
                     tree=RunTree.of(roots), home=home, protected=protected,
                     backend="btrfs" if bsnap else "overlay", held=tuple(snap.held),
-                    aliases=tuple(snap.aliases)))
+                    aliases=tuple(snap.aliases), proxied=proxied))
             except CaperError:
                 raise
             except Exception as e:   # a bug here must block, not commit unjudged

@@ -3,7 +3,7 @@ work on a state directory (a run, `caper recover`) calls tidy() first, so
 they cannot disagree about what is finished, undone or expired."""
 from __future__ import annotations
 
-from caper.commit.engine import recover
+from caper.commit.recover import recover
 from caper.held import expire
 from caper.state import KEPT_S
 from caper.view.btrfs import recover_btrfs

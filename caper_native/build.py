@@ -6,6 +6,8 @@ include is the one Python sees, so the boundary cannot drift.
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -44,5 +46,31 @@ ffi.set_source(
     libraries=["pthread"],
 )
 
+CLIENT = ROOT / "caper_native" / "caper-client"
+
+
+def build_client() -> None:
+    """csrc/client.c -> caper_native/caper-client, the exec-cheap `caper hook`
+    and `caper run` (caper.front.hooks.caper_command), with this Python baked
+    in for what it hands to the Python CLI; caper-client.python names that
+    Python, so that only a caper running under it uses this client."""
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    tmp = CLIENT.with_name(f"caper-client.{os.getpid()}.tmp")
+    cmd = [*cc, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
+           f"-DCAPER_PYTHON={json_c_string(sys.executable)}", "-o", str(tmp),
+           str(CSRC / "client.c")]
+    print(" ".join(shlex.quote(c) for c in cmd))
+    subprocess.run(cmd, check=True)
+    os.replace(tmp, CLIENT)
+    CLIENT.with_name("caper-client.python").write_text(sys.executable + "\n")
+
+
+def json_c_string(s: str) -> str:
+    """s as a C string literal (a JSON string is one, for a path)."""
+    import json
+    return json.dumps(s)
+
+
 if __name__ == "__main__":
     ffi.compile(verbose=True)
+    build_client()

@@ -30,7 +30,8 @@ enum caper_event_kind {
     CAPER_EV_MKDIR      = 13, /* path, mode */
     CAPER_EV_MKNOD      = 14, /* path, mode, arg0 = dev */
     CAPER_EV_CONNECT    = 15, /* address: family, path = address text, arg0 = port,
-                                 mode = socket type | protocol << 8 (0: unknown) */
+                                 mode = socket type | protocol << 8 (0: unknown); inet:
+                                 arg1 = the socket's inode (who a proxy's peer is) */
     CAPER_EV_SENDTO     = 16, /* same as connect; sendto and sendmsg with a destination */
     CAPER_EV_BIND       = 17, /* same as connect */
     CAPER_EV_SIGNAL     = 18, /* arg0 = target pid as the sandbox names it, arg1 = signal */
@@ -102,7 +103,8 @@ enum caper_step {
     CAPER_STEP_MOUNT_ROOT    = 21,
     CAPER_STEP_PIVOT_ROOT    = 22,
     CAPER_STEP_ROOT_VIEW     = 23, /* caper's / is not its mount namespace's root (a chroot) */
-    CAPER_STEP_CALLER        = 24  /* giving the command its caller's context (caper_caller) */
+    CAPER_STEP_CALLER        = 24, /* giving the command its caller's context (caper_caller) */
+    CAPER_STEP_PROXY         = 25  /* the proxy's listening socket in the sandbox's network */
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
@@ -209,6 +211,10 @@ struct caper_config {
                                     (CAPER_END_EVENT_LIMIT); 0: no limit */
     uint64_t max_event_bytes;    /* the same for the bytes of their records */
     const struct caper_caller *caller; /* NULL: the command inherits this process's */
+    int proxy_fd;                /* -1: no proxy. Else a unix socket: init sends on it, under
+                                    SCM_RIGHTS, a TCP socket listening on 127.0.0.1:proxy_port
+                                    in the sandbox's network and its /proc/net/tcp */
+    uint32_t proxy_port;
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes
@@ -242,6 +248,9 @@ struct caper_result {
                               0: already reaped */
     uint64_t shm_used;     /* bytes left in the sandbox's /dev/shm when the command ended:
                               memory, discarded with the sandbox, never committed */
+    uint64_t emitted_seq;  /* while the run goes: the seq of the last event emitted (stored
+                              atomically by the tracer). Every traced call a process
+                              finished before this was read has its event at or below it */
 };
 
 /* One record on the event pipe. Strings follow the header inside the record

@@ -93,6 +93,8 @@ uint64_t emit(struct emitter *e, struct ev *ev)
     e->len += len;
     e->events++;
     e->bytes += len;
+    if (e->published)
+        __atomic_store_n(e->published, h->seq, __ATOMIC_RELEASE);
     return h->seq;
 }
 

@@ -94,6 +94,7 @@ struct emitter {
     uint64_t events;
     uint64_t bytes;    /* of the records sent */
     int failed_errno;  /* write to the pipe failed: the reader is gone */
+    uint64_t *published; /* where each new seq is stored for other threads, or NULL */
 };
 
 /* An event under construction: the fixed header plus up to three strings. */

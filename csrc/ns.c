@@ -18,6 +18,7 @@
 #include <grp.h>
 #include <linux/capability.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,6 +133,46 @@ static int loopback_up(struct caper_failure *f)
         return -1;
     }
     close(s);
+    return 0;
+}
+
+/* The way out, when there is one: caper's proxy listens on the sandbox's own
+ * loopback, so it works without privileges. The listening socket (and the
+ * netns's /proc/net/tcp, which names the inode behind a peer's port) is made
+ * here, in the sandbox's network, and handed to caper, which serves it from
+ * the host side; init keeps no copy, so the command cannot accept on it. */
+static int proxy_listen(const struct caper_config *c, struct caper_failure *f)
+{
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)c->proxy_port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 128) < 0) {
+        fail_set(f, CAPER_STEP_PROXY, errno, "bind(127.0.0.1:%u, listen)", c->proxy_port);
+        return -1;
+    }
+    int tcp = open("/proc/self/net/tcp", O_RDONLY | O_CLOEXEC);
+    if (tcp < 0) {
+        fail_set(f, CAPER_STEP_PROXY, errno, "open(/proc/self/net/tcp)");
+        return -1;
+    }
+    int fds[2] = { s, tcp };
+    char byte = 'L', control[CMSG_SPACE(sizeof fds)];
+    struct iovec iov = { &byte, 1 };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                        .msg_controllen = sizeof control };
+    memset(control, 0, sizeof control);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    if (sendmsg(c->proxy_fd, &m, MSG_NOSIGNAL) != 1) {
+        fail_set(f, CAPER_STEP_PROXY, errno, "sendmsg(proxy socket to caper)");
+        return -1;
+    }
+    close(s);
+    close(tcp);
+    close(c->proxy_fd);
     return 0;
 }
 
@@ -261,7 +303,7 @@ static _Noreturn void run_init(const struct caper_config *c, int sync_fd, int st
      * holds every descriptor the caller had open at the clone, other runs'
      * workspace and scratch flocks among them, and would keep those
      * workspaces locked for as long as this sandbox lives. */
-    const int keep[] = { sync_fd, status_fd, out_fd, err_fd, c->stdin_fd };
+    const int keep[] = { sync_fd, status_fd, out_fd, err_fd, c->stdin_fd, c->proxy_fd };
     if (close_all_but(keep, sizeof keep / sizeof keep[0]) < 0) {
         fail_set(&f, CAPER_STEP_CLONE, errno, "close_range(inherited fds)");
         die_inside(status_fd, &f, 126);
@@ -277,6 +319,8 @@ static _Noreturn void run_init(const struct caper_config *c, int sync_fd, int st
     const char *host = c->hostname ? c->hostname : "caper";
     if (sethostname(host, strlen(host)) < 0) { /* cosmetic */ }
     if (loopback_up(&f) < 0)
+        die_inside(status_fd, &f, 126);
+    if (c->proxy_fd >= 0 && proxy_listen(c, &f) < 0)
         die_inside(status_fd, &f, 126);
     /* The snapshot's conflict threshold: a host change stamped below it must
      * have happened before the command could look. Waiting here overlaps the

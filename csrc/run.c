@@ -78,6 +78,7 @@ int caper_run(const struct caper_config *c, struct caper_result *r)
         r->end = CAPER_END_SETUP_FAILED;
         return -1;
     }
+    e.published = &r->emitted_seq;
     /* Measured on a 2-CPU VM: each ptrace stop that crosses CPUs costs ~3x
      * more than one that stays (wake-up IPIs). The sandbox inherits the mask. */
     cpu_set_t saved_cpus;

@@ -62,8 +62,9 @@ struct pending {
     struct sock_dest dest;
     uint8_t dest_bad, quiet;
     uint8_t noise;   /* an open judged noise at its stop: confirmed at its exit, or reported */
-    /* link/rename: the source object the check saw (src_known 0: none). */
-    uint8_t src_known;
+    /* link/rename: the source object the check saw (src_known 0: none);
+     * exec: the program checked (src_script: it starts with "#!"). */
+    uint8_t src_known, src_script;
     dev_t src_dev;
     ino_t src_ino;
 };
@@ -234,6 +235,30 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
         if (fd >= 0)
             close(fd);
     }
+}
+
+/* The program an exec names, as checked: its identity, and whether it is a
+ * script (the kernel then runs its interpreter). */
+static void take_program(struct proc *p, struct pending *pd)
+{
+    int refused, fd = tracee_open(p->tid, pd->dirfd[0], pd->raw[0], 1, &refused);
+    struct stat st;
+    char head[2];
+    if (fd >= 0 && fstat(fd, &st) == 0) {
+        pd->src_known = 1;
+        pd->src_dev = st.st_dev;
+        pd->src_ino = st.st_ino;
+        char at[64];
+        snprintf(at, sizeof at, "/proc/self/fd/%d", fd);
+        /* Reopens the O_PATH descriptor itself; a regular file only (a FIFO's
+         * open would wait), and never waiting. */
+        int rd = S_ISREG(st.st_mode) ? open(at, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY) : -1;
+        pd->src_script = rd >= 0 && pread(rd, head, 2, 0) == 2 && head[0] == '#' && head[1] == '!';
+        if (rd >= 0)
+            close(rd);
+    }
+    if (fd >= 0)
+        close(fd);
 }
 
 static void take_fd_path(struct proc *p, struct pending *pd, int i, int fd)
@@ -539,6 +564,16 @@ static int tracer_acts(const struct proc *p, const struct pending *pd, const str
            pd->sock_type != SOCK_SEQPACKET;
 }
 
+/* The inode of the pinned socket: caper's proxy learns from it which process
+ * a connection it accepted came from (the peer's port names the inode in the
+ * sandbox's /proc/net/tcp). 0 when unknown, and the proxy then refuses. */
+static int64_t socket_inode(const struct pending *pd)
+{
+    struct stat st;
+    return pd->sock >= 0 && fstat(pd->sock, &st) == 0 && S_ISSOCK(st.st_mode)
+        ? (int64_t)st.st_ino : 0;
+}
+
 /* sendmmsg: decode the messages' destinations into pd. Returns 2 when one
  * names a unix path (the call is refused, see on_seccomp; pd reports a host
  * socket if one is named, else the first path), else 1 when one names any
@@ -736,6 +771,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     }
     case DEC_EXEC:
         take_path(p, pd, 0, s->dirfd >= 0 ? (int)a[s->dirfd] : AT_FDCWD, a[s->path]);
+        take_program(p, pd);
         take_argv(t, p, pd, a[s->a0]);
         h->arg0 = 0;
         break;
@@ -749,6 +785,8 @@ static void on_seccomp(struct tracer *t, struct proc *p)
             take_sockaddr(p, pd, a[4], a[5]);
         else
             take_sockaddr(p, pd, a[1], a[2]);
+        if (s->nr == SYS_connect && (pd->sock_domain == AF_INET || pd->sock_domain == AF_INET6))
+            h->arg1 = socket_inode(pd);
         break;
     case DEC_MSGHDR: {
         struct msghdr m;
@@ -1059,7 +1097,10 @@ static int argv_changed(const char *k, size_t kn, const char *c, size_t cn)
  * (which comes after the program's path is resolved, and a slow path widens
  * that window to milliseconds). The event carries the kernel's argv, and a
  * difference no interpreter explains is marked. */
-static void take_executed_argv(struct tracer *t, struct proc *p, struct pending *pd)
+/* The argv the kernel did execute, into slot 1. Returns 1 when it is an
+ * interpreter's (a script or binfmt_misc program: more strings than the
+ * checked argv, which ends it), else 0. */
+static int take_executed_argv(struct tracer *t, struct proc *p, struct pending *pd)
 {
     char path[64], more;
     size_t cap = t->c->argv_max ? t->c->argv_max : 1024;
@@ -1073,8 +1114,9 @@ static void take_executed_argv(struct tracer *t, struct proc *p, struct pending 
         close(fd);
     if (n < 0) {
         pd->ev.h.info |= CAPER_INFO_UNREADABLE;
-        return;
+        return 0;
     }
+    int interpreted = (size_t)n > pd->ev.n[1] && memcmp(pd->s[2], pd->s[1], (size_t)n) != 0;
     if (!longer && !(pd->ev.h.info & CAPER_INFO_TRUNCATED) &&
         argv_changed(pd->s[2], (size_t)n, pd->s[1], pd->ev.n[1]))
         pd->ev.h.info |= CAPER_INFO_ARGV_CHANGED;
@@ -1082,6 +1124,29 @@ static void take_executed_argv(struct tracer *t, struct proc *p, struct pending 
     pd->ev.n[1] = (size_t)n;
     pd->ev.h.info = (pd->ev.h.info & ~(uint32_t)CAPER_INFO_TRUNCATED) |
                     (longer ? CAPER_INFO_TRUNCATED : 0);
+    return interpreted;
+}
+
+/* The program the kernel did execute, against the one checked (the kernel
+ * read the name again after the check): for a program the new image itself
+ * (/proc/<pid>/exe), for a script the interpreter of one (the checked file
+ * was a script, and the kernel ran an interpreter). Otherwise the event names
+ * the new image and says the program changed. */
+static void take_executed_program(struct proc *p, struct pending *pd, int interpreted)
+{
+    char at[64];
+    struct stat st;
+    snprintf(at, sizeof at, "/proc/%d/exe", (int)p->tid);
+    int same = pd->src_known && stat(at, &st) == 0 && st.st_dev == pd->src_dev &&
+               st.st_ino == pd->src_ino;
+    if (same || (pd->src_script && interpreted))
+        return;
+    pd->ev.h.info |= CAPER_INFO_ARGV_CHANGED;
+    ssize_t n = proc_link(p->tid, "exe", pd->s[0], CAPER_PATH_MAX);
+    if (n > 0) {
+        pd->ev.n[0] = (size_t)n;
+        pd->ev.s[0] = pd->s[0];
+    }
 }
 
 static void on_exec(struct tracer *t, struct proc *leader)
@@ -1103,8 +1168,10 @@ static void on_exec(struct tracer *t, struct proc *leader)
         leader->noise += thread->noise;
         destroy(t, thread);
     }
-    if (leader->in_call && leader->pend->ev.h.kind == CAPER_EV_EXEC)
-        take_executed_argv(t, leader, leader->pend);
+    if (leader->in_call && leader->pend->ev.h.kind == CAPER_EV_EXEC) {
+        int interpreted = take_executed_argv(t, leader, leader->pend);
+        take_executed_program(leader, leader->pend, interpreted);
+    }
 }
 
 static void on_death(struct tracer *t, struct proc *p, int status)

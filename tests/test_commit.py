@@ -8,7 +8,7 @@ symlink targets, xattrs and mtimes.  No mocks; the crash tests kill the
 committing process for real (SIGKILL) at every filesystem step.
 
 Each test names the cases it covers as `# CASE(<changed>, <host>)`, matching the
-labels in caper/commit/engine.py; scripts/check_commit_cases.py checks the match.
+labels in caper/commit/; scripts/check_commit_cases.py checks the match.
 """
 from __future__ import annotations
 
@@ -30,13 +30,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from caper.commit import engine as C
 from caper.commit import ctimes
+from caper.commit import fsops
 from caper.commit import journal
 from caper.fs import mountinfo
 from caper.changes import Change, Layer
-from caper.commit.engine import CommitConflict, CommitError, commit, plan_changes, recover
-from caper.errors import CaperError
+from caper.commit.engine import commit
+from caper.commit.plan import plan_changes
+from caper.commit.recover import TRASH_DIR, recover
+from caper.commit.stage import STAGE_PREFIX, journal_at
+from caper.errors import CaperError, CommitConflict, CommitError, CommitIncomplete
 from crash import kill_sweep, killed_at
 from test_ctimes import wait_for
 
@@ -94,11 +97,16 @@ def in_mount_ns(fn, *args):
     return val
 
 
-def overlay(lower, upper, work, merged, action, userxattr=False):
+# What caper mounts as root (caper.view.overlay): directory renames and hard links native.
+NATIVE = "redirect_dir=on,index=on,metacopy=off"
+
+
+def overlay(lower, upper, work, merged, action, userxattr=False, options=""):
     """Mount a real overlay over `lower`, run `action` (sh script or callable) in it,
     and return the snapshot of the merged view."""
     def inner():
         opts = f"lowerdir={lower},upperdir={upper},workdir={work}" + (",userxattr" if userxattr else "")
+        opts += "," + options if options else ""
         mount("overlay", str(merged), "overlay", 0, opts)
         try:
             if isinstance(action, str):
@@ -190,7 +198,7 @@ def overlay_xattrs_in(root) -> list[str]:
 
 def leftovers(root) -> list[str]:
     return [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in dirs + files
-            if n.startswith(C.STAGE_PREFIX)]
+            if n.startswith(STAGE_PREFIX)]
 
 
 def diff(a: dict, b: dict) -> str:
@@ -220,13 +228,13 @@ class Env:
         make_tree(self.host, spec)
         return self
 
-    def run(self, action, userxattr=False) -> dict:
+    def run(self, action, userxattr=False, options="") -> dict:
         self.since = time.time_ns()      # fine clock: every ctime of the build is below it
-        self.seen = overlay(self.host, self.upper, self.work, self.merged, action, userxattr)
+        self.seen = overlay(self.host, self.upper, self.work, self.merged, action, userxattr, options)
         return self.seen
 
     def layer(self, userxattr=False) -> Layer:
-        return Layer(str(self.host), str(self.upper), userxattr)
+        return Layer(str(self.host), str(self.upper), userxattr, str(self.work))
 
     def commit(self, userxattr=False, **kw):
         return commit([self.layer(userxattr)], state_dir=str(self.state), since_ns=self.since, **kw)
@@ -320,8 +328,8 @@ def test_old_versions_go_to_the_trash_beside_the_upper_not_deleted_in_the_tree(e
     env.run("rm -rf d; echo new > r")
     env.commit()
     env.check_committed()
-    assert not [n for n in os.listdir(env.host) if n.startswith(C.STAGE_PREFIX)]
-    trash = env.base / C.TRASH_DIR
+    assert not [n for n in os.listdir(env.host) if n.startswith(STAGE_PREFIX)]
+    trash = env.base / TRASH_DIR
     olds = {(trash / n).read_text() if (trash / n).is_file() else
             tuple(sorted(str(p.relative_to(trash / n)) for p in (trash / n).rglob("*")))
             for n in os.listdir(trash)}
@@ -339,7 +347,7 @@ def test_an_old_version_linked_elsewhere_is_deleted_in_place(env):
     env.commit()
     assert (env.host / "b").read_text() == "1" and os.stat(env.host / "b").st_nlink == 1
     assert os.stat(env.host / "y").st_nlink == 1
-    assert os.listdir(env.base / C.TRASH_DIR) == []
+    assert os.listdir(env.base / TRASH_DIR) == []
 
 
 def test_opaque_dir_over_dir(env):
@@ -627,19 +635,120 @@ def test_user_markers_are_not_markers_in_a_trusted_layer(env):
     assert overlay_xattrs_in(env.host) == []
 
 
-def test_redirect_and_devices_are_refused(env):
-    # CASE(redirect, *)  CASE(device, *)
+def test_metacopy_a_redirect_the_view_contradicts_and_devices_are_refused(env):
+    # CASE(metacopy, *)  CASE(device, *)
     env.build({"d/a": "1"})
     (env.upper / "e").mkdir()
+    # a redirect to d with no whiteout at d: the run saw d as well, so no rename
     os.setxattr(env.upper / "e", "trusted.overlay.redirect", b"/d")
     env.since = time.time_ns()
-    with pytest.raises(CommitError, match="redirect"):
+    with pytest.raises(CommitError, match="redirect to .* still saw"):
         env.commit()
     os.rmdir(env.upper / "e")
+    (env.upper / "d").mkdir()
+    (env.upper / "d" / "a").write_text("")
+    os.setxattr(env.upper / "d" / "a", "trusted.overlay.metacopy", b"")
+    with pytest.raises(CommitError, match="metacopy"):
+        env.commit()
+    shutil.rmtree(env.upper / "d")
     os.mknod(env.upper / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     with pytest.raises(CommitError, match="chardev"):
         env.commit()
     assert sorted(os.listdir(env.host)) == ["d"]
+
+
+def _inodes(root, *paths) -> tuple:
+    return tuple(os.lstat(Path(root) / p).st_ino for p in paths)
+
+
+def test_directories_the_run_renamed_are_renamed_on_the_host(env):
+    # CASE(dir-with-moved, none): and into a directory the run made
+    env.build({"d/a": "a", "d/sub/b": "b", "e/x": "x", "f/y": "y", "keep": "k"})
+    before = _inodes(env.host, "d", "d/sub", "e", "d/sub/b", "f")
+    env.run("mv d d2; mv d2/sub d2/sub2; echo z > d2/a; mkdir -p n/m; mv e n/m/e; echo y > n/y; "
+            "mkdir d; mkdir g; mv f g/f2", options=NATIVE)
+    r = env.commit()
+    env.check_committed()
+    assert _inodes(env.host, "d2", "d2/sub2", "n/m/e", "d2/sub2/b", "g/f2") == before
+    assert sorted(c.path.removeprefix(str(env.host) + "/") for c in r.changes if "renamed" in c.detail) \
+        == ["d", "d/sub", "d2", "d2/sub2", "e", "f", "g/f2", "n/m/e"]
+
+
+def test_a_rename_onto_an_empty_directory_replaces_it(env):
+    env.build({"d/a": "a", "empty": DIR})
+    ino = _inodes(env.host, "d")
+    env.run("python3 -c 'import os; os.rename(\"d\", \"empty\")'", options=NATIVE)
+    env.commit()
+    env.check_committed()
+    assert _inodes(env.host, "empty") == ino and leftovers(env.host) == []
+
+
+def test_a_renamed_directory_that_changed_on_the_host_or_carries_a_mount_or_excluded_path_is_refused(env):
+    # CASE(moved-dir, changed-on-host)  CASE(moved-dir, excluded)  CASE(moved-dir, mount)
+    env.build({"d/a": "a", "d/m/x": "x"})
+    env.run("mv d d2", options=NATIVE)
+    with pytest.raises(CommitError, match="keeps out of commits"):
+        env.commit(exclude=[str(env.host / "d" / "m")])
+
+    def inner():
+        mount("tmpfs", str(env.host / "d" / "m"), "tmpfs")
+        try:
+            env.commit()
+        except CommitError as e:
+            return str(e)
+        finally:
+            umount(env.host / "d" / "m")
+        return "committed"
+    assert "mount point" in in_mount_ns(inner)
+    os.chmod(env.host / "d", 0o700)           # the host changed it during the run
+    with pytest.raises(CommitConflict):
+        env.commit()
+    assert sorted(os.listdir(env.host)) == ["d"] and sorted(os.listdir(env.host / "d")) == ["a", "m"]
+
+
+def test_a_file_with_hard_links_written_renamed_or_chmodded_through_one_name_keeps_them(env):
+    # CASE(linked-file, *)
+    env.build({"a": "old\n", "c": "c\n", "s": "s\n"})
+    for src, dst in (("a", "hl"), ("c", "c2"), ("s", "s2")):
+        os.link(env.host / src, env.host / dst)
+    a, c, s = _inodes(env.host, "a", "c", "s")
+    env.run("echo more >> a; chmod 600 hl; mv c c3; echo new >> c3; mv s2 s3", options=NATIVE)
+    r = env.commit()
+    env.check_committed()
+    assert _inodes(env.host, "a", "hl", "c3", "c2", "s", "s3") == (a, a, c, c, s, s)
+    assert (env.host / "hl").read_text() == "old\nmore\n" and (env.host / "c2").read_text() == "c\nnew\n"
+    assert stat.S_IMODE(os.stat(env.host / "a").st_mode) == 0o600
+    assert not [c for c in r.changes if c.links_split]
+
+
+def test_data_written_through_a_name_the_run_then_removed_reaches_the_other_links(env):
+    # CASE(linked-index, *): the new data is only in the overlay's index
+    env.build({"a": "old\n", "b": "b\n"})
+    os.link(env.host / "a", env.host / "hl")
+    os.link(env.host / "b", env.host / "bl")
+    a, b = _inodes(env.host, "a", "b")
+    env.run("echo new > hl; rm hl; echo more >> b; mv -f a b", options=NATIVE)
+    r = env.commit()
+    env.check_committed()
+    assert _inodes(env.host, "b", "bl") == (a, b) and (env.host / "bl").read_text() == "b\nmore\n"
+    assert (env.host / "b").read_text() == "new\n"
+    assert any("run then removed" in c.detail for c in r.changes)
+
+
+def test_a_file_handle_that_names_a_file_of_another_tree_is_not_trusted(tmp_path):
+    # CASE(linked-file, *): an upper copied from another tree's run names that tree's inodes
+    first = Env(tmp_path / "first").build({"a": "a\n"})
+    os.link(first.host / "a", first.host / "hl")
+    first.run("mv hl hl2", options=NATIVE)
+    second = Env(tmp_path / "second")
+    for src, dst in ((first.host, second.host), (first.upper, second.upper)):
+        shutil.rmtree(dst)
+        subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    second.since, second.seen = time.time_ns(), first.seen
+    second.commit()
+    second.check_committed()
+    assert os.lstat(second.host / "hl2").st_ino != os.lstat(first.host / "a").st_ino
+    assert os.lstat(first.host / "a").st_nlink == 2                # nothing linked to the first tree
 
 
 def test_mount_point_on_host_is_refused(env):
@@ -773,7 +882,7 @@ class _Scenario:
             shutil.rmtree(dst, ignore_errors=True)
             subprocess.run(["cp", "-a", str(src), str(dst)], check=True)   # mtimes too
         shutil.rmtree(work.state, ignore_errors=True)
-        shutil.rmtree(work.base / C.TRASH_DIR, ignore_errors=True)    # caper's scratch would go
+        shutil.rmtree(work.base / TRASH_DIR, ignore_errors=True)    # caper's scratch would go
         work.state.mkdir()
         return snapshot(work.host)
 
@@ -838,6 +947,72 @@ def test_kill_at_every_step_exdev(tmp_path):
     assert stats["steps"] > 60 and stats["pre"] > 10 and stats["post"] > 5
 
 
+def _link_groups(root) -> set[tuple[str, ...]]:
+    by_ino: dict[int, list[str]] = {}
+    for d, dirs, files in os.walk(root):
+        for n in files:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            if st.st_nlink > 1:
+                by_ino.setdefault(st.st_ino, []).append(os.path.relpath(p, root))
+    return {tuple(sorted(v)) for v in by_ino.values()}
+
+
+MOVES_SPEC = {"d/a": "a", "d/s/b": "b", "e/x": "x", "f/y": "y", "empty": DIR, "h": "h", "k": "k"}
+MOVES_SCRIPT = ("mv d d2; mv d2/s d2/s2; echo z >> d2/a; mkdir n; mv e n/e; echo more >> h; chmod 600 h; "
+                "mv k k2; mv -T f empty")
+
+
+class _MovesScenario(_Scenario):
+    """MOVES_SCRIPT (directory renames, hard-linked files) with the overlay
+    caper mounts as root: rebuilt and run again before every attempt (an
+    upper copied elsewhere would name the first tree's inodes)."""
+
+    def __init__(self, base: Path):
+        self.work = Env(base / "work")
+        self.pre = self.reset()
+        self.post = {k: v[:6] + (None,) for k, v in self.seen.items()}
+
+    def reset(self) -> dict:
+        work = self.work
+        for p in (work.host, work.upper, work.work, work.state, work.base / TRASH_DIR):
+            shutil.rmtree(p, ignore_errors=True)
+        for p in (work.host, work.upper, work.work, work.state):
+            p.mkdir()
+        work.build(MOVES_SPEC)
+        os.link(work.host / "h", work.host / "hl")
+        os.link(work.host / "k", work.host / "k3")
+        pre = snapshot(work.host, times=False)
+        self.seen = work.run(MOVES_SCRIPT, options=NATIVE)
+        return pre
+
+    def commit(self) -> None:
+        commit([self.work.layer()], state_dir=str(self.work.state), since_ns=self.work.since)
+
+    def check(self, label: str) -> str:
+        work = self.work
+        assert leftovers(work.host) == [], label
+        assert os.listdir(work.state / "journal") == [], label
+        assert overlay_xattrs_in(work.host) == [], label
+        now, links = snapshot(work.host, times=False), _link_groups(work.host)
+        if now == self.pre and links == {("h", "hl"), ("k", "k3")}:
+            return "pre"
+        if now == self.post and links == {("h", "hl"), ("k2", "k3")}:
+            return "post"
+        raise AssertionError(f"{label}: neither pre- nor post-state {links}\n"
+                             f"vs pre:\n{diff(now, self.pre)}\nvs post:\n{diff(now, self.post)}")
+
+
+def test_kill_at_every_step_of_directory_renames_and_linked_rewrites(tmp_path):
+    sc = _MovesScenario(tmp_path)
+    outcomes, nested = kill_sweep(sc.commit, sc.recover, lambda: sc.reset(), sc.check,
+                                  lambda o: [o.index("post") - 1])
+    first_post = outcomes.index("post")
+    print(f"\nkill test (renames, linked rewrites): {len(outcomes)} steps, {nested} nested")
+    assert all(o == "pre" for o in outcomes[:first_post]) and all(o == "post" for o in outcomes[first_post:])
+    assert first_post > 10 and nested > 3
+
+
 class _FillAt:
     """A fault hook that fills the filesystem under `where` for real at the
     commit's N-th step: every free byte, then every free inode."""
@@ -890,7 +1065,7 @@ def test_a_full_disk_at_every_step_of_the_commit_leaves_pre_or_post(tmp_path):
             try:
                 sc.commit()
                 how = "finished"
-            except C.CommitIncomplete:
+            except CommitIncomplete:
                 how = "left for recover"
             except CommitError:
                 how = "undone"
@@ -928,7 +1103,7 @@ def test_commit_refuses_until_an_interrupted_commit_is_recovered(env):
 def test_recover_leaves_a_running_commit_alone(env):
     env.build({"a": "1"})
     env.run("echo 2 > a")
-    j = C._journal(str(env.state), "deadbeef0000")
+    j = journal_at(str(env.state), "deadbeef0000")
     os.makedirs(j.dir, exist_ok=True)
     r, w = os.pipe()
     pid = os.fork()
@@ -971,8 +1146,8 @@ def _counted_commit(monkeypatch, env: Env) -> tuple[float, int]:
             calls[0] += 1
             return real(*a, **kw)
         return wrapper
-    monkeypatch.setattr(C, "_lstat", counting(os.lstat))
-    monkeypatch.setattr(C, "_scandir", counting(os.scandir))
+    monkeypatch.setattr(fsops, "_lstat", counting(os.lstat))
+    monkeypatch.setattr(fsops, "_scandir", counting(os.scandir))
     t0 = time.perf_counter()
     env.commit()
     dt = time.perf_counter() - t0

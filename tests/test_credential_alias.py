@@ -44,11 +44,12 @@ ROUTES = {
                                        "~/.ssh/id_ed25519"),
     # a directory holding a link to it, renamed
     "renamed-directory": ("mkdir t && ln .env t/e && mv t t2", "t2/e", ".env"),
-    # a directory of the host's cannot be renamed in the overlay, so mv
-    # copies it: the copy holds the secret, and reading it back reads it
-    "copied-ssh-directory": ("mv ~/.ssh ~/s", "{home}/s/id_ed25519", "~/s/id_ed25519"),
-    "copied-ssh-directory-elsewhere": ("mv ~/.ssh /tmp/s", "/tmp/s/id_ed25519",
-                                       "/tmp/s/id_ed25519"),
+    # a directory of the host's renamed (as root the overlay has redirect_dir)
+    "renamed-ssh-directory": ("mv ~/.ssh ~/s", "{home}/s/id_ed25519", "~/.ssh/id_ed25519"),
+    "renamed-ssh-directory-elsewhere": ("mv ~/.ssh /tmp/s", "/tmp/s/id_ed25519",
+                                        "~/.ssh/id_ed25519"),
+    # a copy holds the secret, and reading it back reads it
+    "copied-ssh-directory": ("cp -r ~/.ssh ~/s", "{home}/s/id_ed25519", "~/s/id_ed25519"),
     "copied-file": ("cp .env /tmp/c", "/tmp/c", "/tmp/c"),
     # the tracer drops opens of the loader's libraries unstopped, as noise:
     # a credential planted under such a name, or reached by '..' through a

@@ -48,10 +48,27 @@ def _request(ws: Path, target: Path, env: dict, **extra) -> dict:
             "caller": Caller.here(cwd=str(ws), env=env).to_json(), "build": gate.build_id(), **extra}
 
 
+def _argv_request(ws: Path, target: Path, env: dict, **extra) -> dict:
+    """The native client's form of the same run (csrc/client.c)."""
+    import base64
+    from caper.sandbox.inherit import Caller
+    b64 = lambda s: base64.b64encode(s.encode()).decode()
+    caller = Caller.here(cwd=str(ws), env=env).to_json()
+    caller.update(cwd_b64=b64(caller.pop("cwd")),
+                  env_b64=[b64(f"{k}={v}") for k, v in caller.pop("env").items()])
+    return {"kind": "argv", "argv_b64": [b64(a) for a in ("run", "--approver", "allow", "-c",
+                                                          f"touch {target}")],
+            "stdin_b64": "", "caller": caller, "build": gate.build_id(), **extra}
+
+
+REQUESTS = {"run": _request, "argv": _argv_request}
+
+
+@pytest.mark.parametrize("kind", list(REQUESTS))
 @pytest.mark.parametrize("token", [None, "", "0" * 64])
-def test_a_client_of_the_same_uid_without_the_token_is_refused(env, tmp_path, token):
+def test_a_client_of_the_same_uid_without_the_token_is_refused(env, tmp_path, token, kind):
     state, ws = _gate_up(env, tmp_path)
-    doc = _request(ws, tmp_path / "pwned", env)
+    doc = REQUESTS[kind](ws, tmp_path / "pwned", env)
     if token is not None:
         doc["token"] = token
     answer = _ask(state, doc)
@@ -59,11 +76,12 @@ def test_a_client_of_the_same_uid_without_the_token_is_refused(env, tmp_path, to
     assert not (tmp_path / "pwned").exists()
 
 
-def test_a_peer_in_other_namespaces_is_declined_even_with_the_token(env, tmp_path):
+@pytest.mark.parametrize("kind", list(REQUESTS))
+def test_a_peer_in_other_namespaces_is_declined_even_with_the_token(env, tmp_path, kind):
     if os.geteuid() != 0:
         pytest.skip("unshare of pid and mount namespaces needs root")
     state, ws = _gate_up(env, tmp_path)
-    doc = _request(ws, tmp_path / "pwned", env, token=(state / gate.TOKEN).read_text())
+    doc = REQUESTS[kind](ws, tmp_path / "pwned", env, token=(state / gate.TOKEN).read_text())
     answer = _ask(state, doc, ("unshare", "--pid", "--fork", "--mount"))
     # Declined, not run: its command would see the gate's files, not its own
     # (a caper sandbox is such a peer); its client runs it itself.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from caper import held as pending
-from caper.commit.engine import CommitConflict
+from caper.errors import CommitConflict
 from caper.config import Config
 from caper.errors import ConfigError
+from caper.front import hooks
 from caper.transaction import run
 from test_hooks import hook_input, run_command, run_hook, transcript
 from conftest import git_project
@@ -96,7 +98,8 @@ def test_claude_code_asks_the_human_with_the_card(project, tmp_path):
     assert spec["permissionDecision"] == "ask" and 'deleted dir "src" [tracked]' in \
         spec["permissionDecisionReason"]
     # ... for caper's own commit, whatever caper the model named; the user is told too.
-    assert spec["updatedInput"]["command"] == commit and run_id in ask["systemMessage"]
+    assert spec["updatedInput"]["command"] == shlex.join(hooks.caper_command() + ["commit", run_id])
+    assert run_id in ask["systemMessage"]
     # The human says yes: Claude Code runs the rewritten command.
     p = run_command(spec["updatedInput"]["command"], project, tmp_path)
     assert p.returncode == 0 and p.stdout == "gone\n" and not (project / "src").exists()

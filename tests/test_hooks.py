@@ -285,7 +285,7 @@ def test_cli_install_writes_a_command_that_works(agent, tmp_path, project):
     a = hooks.AGENTS[agent]
     doc = json.loads(Path(hooks.settings_path(a, a.default_scope, str(project))).read_text())
     command = doc["hooks"][a.event][0]["hooks"][0]["command"]
-    assert command.startswith(str(BIN / "python") + " -E -P ")
+    assert command.startswith(hooks.caper_command()[0])   # the native client, when built
     rc, out = run_hook(agent, json.dumps(hook_input(agent, "true", project,
                                                     tmp_path / "none")).encode(),
                        project, tmp_path, command=command)
@@ -312,6 +312,7 @@ def test_the_hook_never_imports_a_caper_the_workspace_holds(tmp_path, project):
 
 def test_a_hook_that_cannot_start_blocks(tmp_path):
     """`|| exit 2`: caper missing entirely still blocks the call."""
-    command = hooks.hook_command(hooks.AGENTS["codex"]).replace(str(BIN), str(tmp_path / "gone"))
+    command = hooks.hook_command(hooks.AGENTS["codex"]).replace(hooks.caper_command()[0],
+                                                                str(tmp_path / "gone"))
     p = subprocess.run(["bash", "-c", command], input=b"{}", capture_output=True)
     assert p.returncode == 2

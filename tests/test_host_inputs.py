@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from caper import launch
 from caper.front import gate
 from caper import held as pending
 from caper.errors import ConfigError
@@ -62,9 +64,11 @@ PLANTED = "import pathlib, sys\npathlib.Path({marker!r}).write_text('imported')\
 
 
 def test_a_caper_package_in_the_workspace_is_not_imported(tmp_path):
-    """The hook's fallback form and the wrapped command run `python -P -m
-    caper` in the workspace: a caper/ shipped there is never imported (without
-    -P, the same command imports it: the planted hook answers {})."""
+    """The installed hook and the wrapped command (caper-client where built,
+    whose Python fallback is `python -P -c` with caper's root first; else
+    `python -P -m caper`) and the Python form itself run in the workspace: a
+    caper/ shipped there is never imported (without -P, the Python form
+    imports it: the planted hook answers {})."""
     ws = git_project(tmp_path / "ws", {"README": "hi\n"})
     marker = tmp_path / "imported"
     (ws / "caper").mkdir()
@@ -73,16 +77,16 @@ def test_a_caper_package_in_the_workspace_is_not_imported(tmp_path):
     env = base_env(tmp_path)
     doc = {"session_id": "s1", "transcript_path": "", "cwd": str(ws),
            "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls"}}
-    command = hooks.hook_command(hooks.AGENTS["claude-code"])
-    assert " -P -m caper hook" in command
-    p = subprocess.run(["bash", "-c", command], input=json.dumps(doc), cwd=ws, env=env,
-                       capture_output=True, text=True, timeout=60)
-    wrapped = json.loads(p.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
-    assert not marker.exists() and "--call" in wrapped
-    r = subprocess.run(["bash", "-c", wrapped], cwd=ws, env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and "README" in r.stdout and not marker.exists(), r.stderr
-    bare = subprocess.run(["bash", "-c", command.replace(" -P ", " ")], input=json.dumps(doc),
+    python_form = shlex.join([sys.executable, "-P", "-m", "caper", "hook", "claude-code"])
+    for command in (hooks.hook_command(hooks.AGENTS["claude-code"]), python_form):
+        p = subprocess.run(["bash", "-c", command], input=json.dumps(doc), cwd=ws, env=env,
+                           capture_output=True, text=True, timeout=60)
+        wrapped = json.loads(p.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
+        assert not marker.exists() and "--call" in wrapped
+        r = subprocess.run(["bash", "-c", wrapped], cwd=ws, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0 and "README" in r.stdout and not marker.exists(), r.stderr
+    bare = subprocess.run(["bash", "-c", python_form.replace(" -P ", " ")], input=json.dumps(doc),
                           cwd=ws, env=env, capture_output=True, text=True, timeout=60)
     assert bare.stdout.strip() == "{}" and marker.exists()    # the attack, without -P
 
@@ -187,21 +191,33 @@ except socket.timeout:
 
 
 @needs_root
-def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared):
+@pytest.mark.parametrize("client", ["python", "native"])
+def test_the_client_sends_nothing_to_a_gate_of_another_user(tmp_path, shared, client):
     """A fake gate of another uid listening where the client looks: the
     client reads the server's credentials (SO_PEERCRED) before sending, so
-    the caller's environment (an API key) never reaches it."""
+    the caller's environment (an API key) never reaches it. The native
+    client (csrc/client.c) hands the call to the Python CLI, which refuses
+    this state directory."""
+    from caper.front import hooks
+    if client == "native" and hooks.caper_command() != [launch.CLIENT]:
+        pytest.skip("caper-client is not built for this Python")
     sock, got = shared / "gate.sock", shared / "got"
     server = as_other("/usr/bin/python3", "-c", FAKE_GATE, str(sock), str(got))
     try:
         deadline = time.monotonic() + 20
         while not got.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        with pytest.raises(gate.ForeignGate, match=f"served by uid {OTHER}"):
-            gate.request(str(shared), {"command": "true", "env": {"API_KEY": "sk-secret"}},
-                         start=False)
+        if client == "python":
+            with pytest.raises(gate.ForeignGate, match=f"served by uid {OTHER}"):
+                gate.request(str(shared), {"command": "true", "env": {"API_KEY": "sk-secret"}},
+                             start=False)
+        else:
+            env = base_env(tmp_path, CAPER_STATE_DIR=str(shared), API_KEY="sk-secret")
+            env.pop("CAPER_NO_GATE")
+            p = subprocess.run([launch.CLIENT, "run", "--approver", "allow", "-c", "true"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            assert p.returncode == 125 and "blocked" in p.stderr
         server.wait(timeout=30)
-        assert b"sk-secret" not in got.read_bytes()
         assert got.read_bytes() == b"(connected, nothing sent)"
     finally:
         server.kill()

@@ -109,13 +109,13 @@ def test_an_overlay_the_kernel_refuses_becomes_a_read_only_bind(tmp_path):
     """The native core's fallback (struct caper_mount.or_else): the layer's
     overlay fails, its read-only bind stands in, the run goes on; and a path
     gone since the plan (a busy /tmp) leaves its empty stand-in, read-only."""
-    from caper.view.overlay import Mount, _Planner
+    from caper.view.overlay import Mount, _MountPlanner
     from caper.sandbox.trace import trace
     src, target, gone = tmp_path / "src", tmp_path / "target", tmp_path / "gone-target"
     for d in (src, target, gone, tmp_path / "u", tmp_path / "w"):
         d.mkdir()
     (src / "f").write_text("from the host\n")
-    plan = _Planner(str(tmp_path), "", False, set())
+    plan = _MountPlanner(str(tmp_path), "", False, set())
     fallback = plan._read_only_bind(str(src), str(target))
     refused = f"lowerdir={tmp_path}/missing,upperdir={tmp_path}/u,workdir={tmp_path}/w"
     mounts = [Mount("overlay", str(target), "overlay", refused, 0, len(fallback)), *fallback,

@@ -31,9 +31,10 @@ def venv(tmp_path_factory) -> Path:
     """A virtualenv holding only the wheel and its dependencies."""
     base = tmp_path_factory.mktemp("install")
     src = base / "src"
+    # Not the agents' npm tree (.cache, ~0.8 GB) nor anything built here.
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", "*.so", "*.o", "_caper.c",
-        ".hypothesis", ".benchmarks", ".pytest_cache"))
+        ".git", ".venv", ".cache", "build", "*.egg-info", "__pycache__", "*.so", "*.o",
+        "_caper.c", "caper-client*", ".hypothesis", ".benchmarks", ".pytest_cache"))
     _pip("wheel", "--no-deps", "-q", "-w", str(base / "dist"), str(src), cwd=base)
     [wheel] = (base / "dist").glob("caper-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base / "venv")],

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from caper.sandbox.events import End, Event, Family, Kind, Refusal
+from caper.sandbox.events import End, Event, Family, Info, Kind, Refusal
 from caper.sandbox.trace import trace
 from hostprocs import pids_with_cmdline
 
@@ -1298,3 +1298,18 @@ def test_an_overlong_unix_address_does_not_overrun_the_tracer(tmp_path, cfixture
     events, result = sandbox([cfixture("sockaddr_overlong"), "50"], tmp_path)
     assert result.exit_code == 0, (stdout(result), stderr(result))
     assert of_kind(events, Kind.CONNECT)
+
+
+def test_the_program_an_exec_ran_is_the_one_the_report_names(tmp_path, cfixture):
+    """execve(name) where a second thread rewrites name from /usr/bin/true to
+    another program the moment the tracer's read faults its page in: the
+    report names what the kernel ran (the new image), and says the exec
+    changed after the check. Before, the file the other program wrote was
+    "by /usr/bin/true"."""
+    race, real = cfixture("race_exec_path", "-pthread"), cfixture("write_evidence")
+    events, result = sandbox([race, "/usr/bin/true", real, "./evil-was-here", "300"], tmp_path)
+    assert (tmp_path / "evil-was-here").exists(), "the race was not won: nothing to check"
+    execs = [e for e in of_kind(events, Kind.EXEC) if e.ok]
+    assert not any(e.path == "/usr/bin/true" and e.info & Info.ARGV_CHANGED for e in execs)
+    changed = [e for e in execs if e.info & Info.ARGV_CHANGED]
+    assert changed and all(e.path == real for e in changed), [(e.path, e.info) for e in execs]

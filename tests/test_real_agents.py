@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from caper.front import hooks
 from conftest import git_project
 
 sys.path.insert(0, str(Path(__file__).parent / "agents"))
@@ -282,7 +283,7 @@ def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed
     denials = json.loads(run.stdout)["permission_denials"]
     assert [d["tool_input"]["command"].split()[-2:] for d in denials] == \
         [["commit", model.asked[1].split()[-1]]] * 3
-    assert all(d["tool_input"]["command"].startswith(sys.executable) for d in denials)
+    assert all(d["tool_input"]["command"].startswith(hooks.caper_command()[0]) for d in denials)
     assert (project / "src" / "main.c").exists()
 
 

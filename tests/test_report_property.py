@@ -13,7 +13,7 @@ import tempfile
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from caper.commit.engine import Change
+from caper.changes import Change
 from caper.report.content import RunTree
 from caper.sandbox.events import End, Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.report.build import CAP_BYTES, Report, RunFacts, build

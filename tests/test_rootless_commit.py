@@ -182,7 +182,9 @@ KILLED = r"""
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
 from caper.commit import journal
-from caper.commit.engine import Layer, commit, recover
+from caper.changes import Layer
+from caper.commit.engine import commit
+from caper.commit.recover import recover
 base = sys.argv[2]
 host, upper, state = (os.path.join(base, n) for n in ("host", "upper", "state"))
 os.makedirs(os.path.join(host, "ro"))

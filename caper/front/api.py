@@ -33,13 +33,14 @@ class Gate:
                  session: str | None = None, backend: str = "auto",
                  timeout: float = DEFAULT_TIMEOUT_S, config=None,
                  env: Mapping[str, str] | None = None, state_dir: str | None = None,
-                 max_memory: int | None = None):
+                 max_memory: int | None = None, allow_net: Sequence[str] = ()):
         self.workspace = os.path.realpath(workspace) if workspace else None
         self.approver = approver
         self.session = session or f"api-{uuid.uuid4().hex[:12]}"
         self.backend, self.timeout = backend, timeout
         self.config, self.env, self.state_dir = config, env, state_dir
         self.max_memory = max_memory   # None: config.toml's, else caper's default
+        self.allow_net = tuple(allow_net)  # hosts caper's proxy lets runs reach
 
     def run(self, command: str | Sequence[str], *, task: str | None = None,
             cwd: str | None = None, timeout: float | None = None,
@@ -50,7 +51,8 @@ class Gate:
                    workspace=workspace or self.workspace,
                    backend=self.backend, timeout=timeout or self.timeout,
                    cwd=cwd or self.workspace, env=self.env, state_dir=self.state_dir,
-                   config=self.config, session=self.session, max_memory=self.max_memory)
+                   config=self.config, session=self.session, max_memory=self.max_memory,
+                   allow_net=self.allow_net)
 
     async def arun(self, command: str | Sequence[str], **kw) -> RunOutcome:
         return await asyncio.to_thread(self.run, command, **kw)

@@ -130,8 +130,9 @@ class Launch:
 
     @classmethod
     def of_ancestor(cls, pid: int | None = None) -> "Launch | None":
-        """The nearest ancestor of pid (default: this process) that is Claude
-        Code, None when there is none (the hook was not started by Claude Code).
+        """The nearest of pid and its ancestors (default: this process's
+        ancestors) that is Claude Code, None when there is none (the hook was
+        not started by Claude Code).
         Its command line or a --settings file that cannot be read raises
         ValueError: its rules are then unknown."""
         pid = os.getppid() if pid is None else pid

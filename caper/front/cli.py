@@ -30,6 +30,7 @@ itself failed, 124 on timeout, 137 when the sandbox was killed for a limit.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -127,7 +128,36 @@ def _call_task(args, parser, command, state: str) -> tuple[str | None, bool]:
     return take_call(state, args.call, args.session, command)
 
 
+class Said:
+    """What a command prints, held until it is done: the CLI writes it to
+    its own stdout and stderr, the gate sends it to a native client."""
+
+    def __init__(self) -> None:
+        self.out, self.err = bytearray(), bytearray()
+
+    def say(self, text: str, stdout: bool = False) -> None:
+        (self.out if stdout else self.err).extend(text.encode("utf-8", "backslashreplace"))
+
+    def emit(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, data in ((1, self.out), (2, self.err)):
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(fd, view):]
+                except BrokenPipeError:
+                    break          # the reader went away: nothing to tell it
+
+
 def cmd_run(args, parser) -> int:
+    said = Said()
+    status = _run(args, parser, said)
+    said.emit()
+    return status
+
+
+def _run(args, parser, said: Said) -> int:
     from caper.errors import ConfigError
     from caper.front.tasks import TaskRecordError
     from caper.sandbox.inherit import Caller
@@ -138,9 +168,9 @@ def cmd_run(args, parser) -> int:
         task, from_transcript = (_call_task(args, parser, command, state) if args.call
                                  else (args.task, False))
     except ConfigError as e:
-        return _failed(args, str(e))
+        return _failed(args, str(e), said)
     except TaskRecordError as e:
-        return _failed(args, f"{e}; not run")
+        return _failed(args, f"{e}; not run", said)
     caller = Caller.here(shell=args.shell, stdin=args.stdin)   # what the command inherits
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
@@ -149,21 +179,22 @@ def cmd_run(args, parser) -> int:
                    "backend": args.backend, "timeout": args.timeout,
                    "workspace": args.workspace and os.path.abspath(args.workspace),
                    "session": args.session, "on_unsure": args.on_unsure,
-                   "max_memory": args.max_memory, "caller": caller.to_json()}
+                   "max_memory": args.max_memory, "caller": caller.to_json(),
+                   **({"allow_net": args.allow_net} if args.allow_net else {})}
         try:
             answer = gate.request(state, payload)
         except gate.GateUnavailable as e:
             print(f"caper: running in this process ({e})", file=sys.stderr)
         else:
             if "error" in answer:
-                return _failed(args, answer["error"])
-            out, err = gate.decode_output(answer)
-            status = _finish(args, {**answer["outcome"], "gate": answer["gate_pid"]},
-                             answer["card"], out, err)
+                status = _failed(args, answer["error"], said)
+            else:
+                out, err = gate.decode_output(answer)
+                status = _finish(args, {**answer["outcome"], "gate": answer["gate_pid"]},
+                                 answer["card"], out, err, said)
             # The answer is out and this process holds nothing else: skip the
             # interpreter's teardown, ~4 ms of every hook's `caper run`.
-            sys.stdout.flush()
-            sys.stderr.flush()
+            said.emit()
             os._exit(status)
     from caper.errors import CaperError
     from caper.transaction import run
@@ -172,12 +203,83 @@ def cmd_run(args, parser) -> int:
                       approver=args.approver, backend=args.backend,
                       timeout=args.timeout, workspace=args.workspace, session=args.session,
                       on_unsure=args.on_unsure, max_memory=args.max_memory, state_dir=state,
-                      caller=caller)
+                      caller=caller, allow_net=args.allow_net or ())
     except CaperError as e:
-        return _failed(args, f"caper failed: {e}")
-    return _finish(args, outcome.to_json(),
-                   outcome.card(),
-                   outcome.stdout.text(), outcome.stderr.text())
+        return _failed(args, f"caper failed: {e}", said)
+    return _finish(args, outcome.to_json(), outcome.card(),
+                   outcome.stdout.text(), outcome.stderr.text(), said)
+
+
+def gate_argv(argv: list[str], caller_doc: dict, stdin: bytes, state: str,
+              still_wanted, client: int | None = None) -> tuple[int, Said] | str:
+    """`caper run ...` or `caper hook ...` made in the gate for the native
+    client (csrc/client.c, process client), which sent its argv, its context
+    (caller_doc, as Caller.to_json) and, for a hook, its stdin: the exit
+    status and what to print. A str: why the gate does not take it (no record
+    was used and nothing ran; the client hands it to the Python CLI)."""
+    from caper.front.tasks import TaskRecordError
+    from caper.sandbox.inherit import DEFAULT_SHELL, Caller
+    said = Said()
+    if argv[:1] == ["hook"]:
+        from caper.front.hooks import AGENTS, hook_text, tell_terminal
+        if len(argv) < 2 or argv[1] not in AGENTS:
+            return "not an agent caper knows"
+        text = hook_text(AGENTS[argv[1]], stdin, env=caller_doc["env"], state=state,
+                         client=client)
+        if text and argv[1] == "claude-code":
+            tell_terminal(text, client)
+        said.say(text + "\n" if text else "", stdout=True)
+        return 0, said
+    if argv[:1] != ["run"]:
+        return "only run and hook are made in the gate"
+    parser = _run_parser()
+    try:   # argparse's errors and --help exit: the CLI prints them
+        args = parser.parse_args(argv)
+        command = _command(args, parser)
+        if args.stdin or args.no_gate:
+            return "the caller's stdin (or --no-gate) keeps the run in the caller's process"
+        try:
+            caller = Caller.from_json({**caller_doc, "shell": args.shell or DEFAULT_SHELL})
+        except (KeyError, TypeError, ValueError) as e:
+            return f"the client's context is malformed ({e})"
+        why = caller.not_reproducible()
+        if why:
+            return f"{why}: run it in the caller's process"
+        if args.call:
+            task, from_transcript = _call_task(args, parser, command, state)
+        else:
+            task, from_transcript = args.task, False
+    except SystemExit:
+        return "the arguments need the CLI's own messages"
+    except TaskRecordError as e:
+        return EXIT_CAPER_FAILED, _failed_said(args, f"{e}; not run")
+    from caper.errors import CaperError
+    from caper.transaction import run
+    workspace = args.workspace and os.path.join(caller.cwd, args.workspace)
+    try:
+        out = run(command, task=task, task_from_transcript=from_transcript,
+                  approver=args.approver, backend=args.backend, timeout=args.timeout,
+                  workspace=workspace, session=args.session, on_unsure=args.on_unsure,
+                  max_memory=args.max_memory, state_dir=state, cwd=caller.cwd, env=caller.env,
+                  caller=caller, still_wanted=still_wanted)
+    except CaperError as e:
+        return EXIT_CAPER_FAILED, _failed_said(args, f"caper failed: {e}")
+    status = _finish(args, {**out.to_json(), "gate": os.getpid()}, out.card(),
+                     out.stdout.text(), out.stderr.text(), said)
+    return status, said
+
+
+@functools.cache
+def _run_parser() -> argparse.ArgumentParser:
+    """The gate's parser for `run`, built once: building it costs more than
+    the client's whole exec (parse_args keeps no state in the parser)."""
+    return build_parser(only="run")
+
+
+def _failed_said(args, reason: str) -> Said:
+    said = Said()
+    _failed(args, reason, said)
+    return said
 
 
 # Codex CLI marks the commands it runs in its own sandbox (workspace-write,
@@ -185,7 +287,7 @@ def cmd_run(args, parser) -> int:
 CODEX_SANDBOXED = "CODEX_SANDBOX_NETWORK_DISABLED"
 
 
-def _failed(args, reason: str) -> int:
+def _failed(args, reason: str, said: Said) -> int:
     from caper.display import escape
     if os.environ.get(CODEX_SANDBOXED) == "1":
         reason += (" (caper is running inside Codex's own sandbox, where it cannot snapshot "
@@ -193,34 +295,35 @@ def _failed(args, reason: str) -> int:
                    "= \"danger-full-access\" in $CODEX_HOME/config.toml; caper is then the "
                    "sandbox)")
     if args.json:
-        print(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
-                          "committed": False}))
+        said.say(json.dumps({"decision": "block", "reason": reason, "exit_code": None,
+                             "committed": False}) + "\n", stdout=True)
     else:
-        print(f"caper: blocked: {escape(reason)}", file=sys.stderr)
+        said.say(f"caper: blocked: {escape(reason)}\n")
     return EXIT_CAPER_FAILED
 
 
-def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes) -> int:
-    """Print a run's outcome; the exit status: the command's if committed, else 125."""
+def _finish(args, doc: dict, card: str | None, stdout: bytes, stderr: bytes, said: Said) -> int:
+    """Tell a run's outcome (to said); the exit status: the command's if
+    committed, else 125."""
     status = doc["exit_code"] if doc["committed"] and doc["exit_code"] is not None \
         else EXIT_CAPER_FAILED
     if args.json:
-        print(json.dumps(doc, ensure_ascii=True))
+        said.say(json.dumps(doc, ensure_ascii=True) + "\n", stdout=True)
         return status
     from caper.display import escape
     if doc["committed"]:         # the command's own output, as it wrote it
-        os.write(1, stdout)
-        os.write(2, stderr)
+        said.out += stdout
+        said.err += stderr
     # What caper says, run-derived strings in it included, reaches the
     # terminal escaped: a file name cannot clear the screen or fake a line.
     if not args.quiet and card and not (args.brief and doc["committed"]):
-        sys.stderr.write(escape(card, keep_lines=True))
+        said.say(escape(card, keep_lines=True))
     for note in doc.get("notes", ()):
-        print(f"caper: note: {escape(note)}", file=sys.stderr)
+        said.say(f"caper: note: {escape(note)}\n")
     if doc.get("held"):
-        print(f"caper: {escape(doc['reason'])}", file=sys.stderr)
+        said.say(f"caper: {escape(doc['reason'])}\n")
     elif not doc["committed"]:
-        print(f"caper: blocked: {escape(doc['reason'])}", file=sys.stderr)
+        said.say(f"caper: blocked: {escape(doc['reason'])}\n")
     return status
 
 
@@ -397,6 +500,11 @@ def _args_run(r: argparse.ArgumentParser) -> None:
                         "[limits] max_memory, else half of RAM, at most 8 GiB)")
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
+    r.add_argument("--allow-net", action="append", metavar="HOST[:PORT]",
+                   help="let the command reach this host through caper's recording proxy "
+                        "(repeatable; *.DOMAIN for subdomains; presets: pypi, npm, crates, "
+                        "goproxy, github); besides config.toml's [network] allow. Default: "
+                        "no network")
     r.add_argument("--json", action="store_true",
                    help="one JSON object on stdout (with the effect report)")
     r.add_argument("-q", "--quiet", action="store_true",

@@ -8,7 +8,10 @@ than the whole command).
 
 The client is this module's top half and imports only the standard library,
 and of sockets only `_socket`: `socket` brings selectors and enum along, ~3 ms
-of every hook's `caper run`.
+of every hook's `caper run`. The native client (csrc/client.c, what the
+hooks install where it is built) sends an "argv" request instead: its argv,
+context and stdin; the gate makes that `caper run` or `caper hook` itself
+(caper.front.cli.gate_argv) and answers with what to print.
 `caper run` asks the gate first and starts it when it is not there; if the
 gate cannot be reached or started it runs the command in its own process,
 with the same result. The gate
@@ -113,8 +116,8 @@ def _start(state_dir: str) -> None:
         log = os.open(os.path.join(state_dir, "gate.log"),
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            from caper.launch import caper_command  # the gate's code is this caper's
-            subprocess.Popen(caper_command() + ["serve", "--state-dir", state_dir],
+            from caper.launch import python_command  # the gate is this caper, in Python
+            subprocess.Popen(python_command() + ["serve", "--state-dir", state_dir],
                              stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                              start_new_session=True, close_fds=True)
         finally:
@@ -283,6 +286,22 @@ def _elsewhere(conn, pid: int) -> str | None:
     return None
 
 
+def _still_wanted(conn) -> bool:
+    """Whether the caller still waits for the answer: a socket readable with
+    nothing to read is one whose caller closed its end."""
+    import socket
+    try:
+        conn.setblocking(False)
+        try:
+            return conn.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            return True
+        finally:
+            conn.setblocking(True)
+    except OSError:
+        return False
+
+
 def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
     import hmac
     import socket
@@ -327,6 +346,9 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                     self._answer({"stale": True})
                     self.server.stale = True
                     return
+                if req.get("kind") == "argv":
+                    self._argv(req, conn, pid)
+                    return
                 self._answer(self._run(req, conn))
             except (ValueError, KeyError, TypeError) as e:
                 self._answer({"error": f"bad request: {e}"})
@@ -335,18 +357,34 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                     state["active"] -= 1
                     state["last"] = time.monotonic()
 
+        def _argv(self, req: dict, conn: socket.socket, client: int) -> None:
+            """The native client's request (csrc/client.c): its argv, context and
+            stdin, base64; the answer is {"exit": N, "out": A, "err": B} and the
+            A + B bytes it prints, or a decline (nothing ran: the client hands
+            it to the Python CLI)."""
+            from caper.front.cli import gate_argv
+            b64 = binascii.a2b_base64
+            argv = [os.fsdecode(b64(a)) for a in req["argv_b64"]]
+            doc = dict(req["caller"])
+            env = {}
+            for entry in doc.pop("env_b64"):
+                key, eq, value = os.fsdecode(b64(entry)).partition("=")
+                if eq:
+                    env.setdefault(key, value)    # getenv(3) takes the first
+            doc.update(env=env, cwd=os.fsdecode(b64(doc.pop("cwd_b64"))))
+            done = gate_argv(argv, doc, b64(req.get("stdin_b64", "")), state_dir,
+                             lambda: _still_wanted(conn), client)
+            if isinstance(done, str):
+                self._answer({"decline": done})
+                return
+            status, said = done
+            try:
+                self.wfile.write(f'{{"exit": {status}, "out": {len(said.out)}, '
+                                 f'"err": {len(said.err)}}}\n'.encode() + said.out + said.err)
+            except OSError:
+                pass   # the caller went away
+
         def _run(self, req: dict, conn: socket.socket) -> dict:
-            def still_wanted() -> bool:
-                try:   # readable with nothing to read: the caller closed its end
-                    conn.setblocking(False)
-                    try:
-                        return conn.recv(1, socket.MSG_PEEK) != b""
-                    except BlockingIOError:
-                        return True
-                    finally:
-                        conn.setblocking(True)
-                except OSError:
-                    return False
             caller = Caller.from_json(req["caller"])
             why = caller.not_reproducible()
             if why:
@@ -358,8 +396,9 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                           workspace=req.get("workspace"), backend=req.get("backend", "auto"),
                           timeout=float(req.get("timeout", 600)), cwd=caller.cwd,
                           env=caller.env, state_dir=state_dir, session=req.get("session"),
-                          still_wanted=still_wanted, on_unsure=req.get("on_unsure"),
-                          caller=caller, max_memory=req.get("max_memory"))
+                          still_wanted=lambda: _still_wanted(conn), on_unsure=req.get("on_unsure"),
+                          caller=caller, max_memory=req.get("max_memory"),
+                          allow_net=req.get("allow_net") or ())
             except CaperError as e:
                 return {"error": f"caper failed: {e}"}
             return {"outcome": out.to_json(),

@@ -237,10 +237,10 @@ def claude_timeouts(tool_input: dict, env=None) -> tuple[float, int]:
     return command_ms / 1000, min(largest, command_ms + CAPER_AFTER_MS)
 
 
-def project_dir(hook: dict) -> str:
+def project_dir(hook: dict, env=None) -> str:
     """Claude Code's project: where it was started (CLAUDE_PROJECT_DIR, set
     for hooks), else the call's cwd."""
-    d = os.environ.get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
+    d = (os.environ if env is None else env).get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
     if not isinstance(d, str) or not os.path.isabs(d):
         raise ValueError("no absolute project directory (CLAUDE_PROJECT_DIR or cwd)")
     return d
@@ -258,12 +258,16 @@ def can_ask(agent: Agent, hook: dict) -> bool:
                               hook.get("permission_mode") in ASKING_MODES)
 
 
-def answer(agent: Agent, hook) -> str:
-    """The hook's answer (JSON text, or "" to let the call through) for one input."""
+def answer(agent: Agent, hook, env=None, state: str | None = None,
+           client: int | None = None) -> str:
+    """The hook's answer (JSON text, or "" to let the call through) for one
+    input. env: the hook process's environment (default: this one's); state:
+    the state directory (default: the one env names); client: the hook
+    process, whose ancestor is the agent (default: this one)."""
     if not isinstance(hook, dict):
         raise ValueError("the hook input is not a JSON object")
     if hook.get("hook_event_name") == agent.prompt_event:
-        return prompt_answer(agent, hook)
+        return prompt_answer(agent, hook, state)
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -278,17 +282,17 @@ def answer(agent: Agent, hook) -> str:
         raise ValueError("session_id is missing or malformed")
     from caper.state import state_dir
     from caper.front.tasks import new_call
-    state = state_dir()
+    state = state or state_dir()
     inner = is_wrapped(command, session, state, agent.shell)
-    if inner is not None and mode(agent) == "resubmit":
+    if inner is not None and mode(agent, env) == "resubmit":
         return ""        # the wrapped command the hook asked for: it runs once, there
     held = held_commit(command)
     if held is not None:
         return ask_human(agent, held, state, can_ask(agent, hook))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
-    rule = claude_rules.verdict(inner or command, project_dir(hook),
-                                launch=claude_rules.Launch.of_ancestor()) \
+    rule = claude_rules.verdict(inner or command, project_dir(hook, env), env,
+                                claude_rules.Launch.of_ancestor(client)) \
         if agent.name == "claude-code" else None
     if rule is not None and (rule[0] == "deny" or not can_ask(agent, hook)):
         return _out(agent, "deny", f"caper: not run: {rule[1]} ({rule[0]}"
@@ -303,19 +307,19 @@ def answer(agent: Agent, hook) -> str:
     task, source = call_task(hook, session, state)
     call = new_call(state, session, command, task, source)
     if agent.name == "claude-code":
-        caper_s, tool_ms = claude_timeouts(tool_input)
+        caper_s, tool_ms = claude_timeouts(tool_input, env)
         wrapped = wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
                        shell=agent.shell)
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
     wrapped = wrap(command, session, call, ask=can_ask(agent, hook), shell=agent.shell)
-    if mode(agent) == "resubmit":
+    if mode(agent, env) == "resubmit":
         return _out(agent, "deny", "caper gates shell commands: run exactly this instead (it runs "
                                    "the command once in a sandbox and keeps its effects only if "
                                    f"they are approved):\n{wrapped}")
     return _out(agent, decision, why, wrapped, tool_input)
 
 
-def prompt_answer(agent: Agent, hook: dict) -> str:
+def prompt_answer(agent: Agent, hook: dict, state: str | None = None) -> str:
     """The agent's prompt event: record what the human typed (a sub-agent's
     prompt is the agent's words, not the user's) and let it through."""
     from caper.state import state_dir
@@ -324,7 +328,7 @@ def prompt_answer(agent: Agent, hook: dict) -> str:
     if isinstance(session, str) and session and len(session) <= 200 and \
             isinstance(prompt, str) and not hook.get("agent_id"):
         try:
-            record_prompt(state_dir(), session, prompt)
+            record_prompt(state or state_dir(), session, prompt)
         except Exception:   # never block the user's prompt: the calls fall back to the
             pass            # transcript, and to the strictest case without one
     return ""
@@ -377,6 +381,20 @@ def ask_human(agent: Agent, run_id: str, state: str, asks: bool) -> str:
                 {"description": f"apply caper's held run {run_id}"}, tell_user=yours)
 
 
+def hook_text(agent: Agent, raw: bytes, env=None, state: str | None = None,
+              client: int | None = None) -> str:
+    """The hook's answer to its raw input, a deny for any failure (env,
+    state, client: as answer's; the gate passes its native client's)."""
+    try:
+        if len(raw) > MAX_INPUT:
+            raise ValueError(f"the hook input is over {MAX_INPUT} bytes")
+        return answer(agent, json.loads(raw), env, state, client)
+    except Exception as e:   # fail closed: deny, never crash (a crash runs it ungated)
+        from caper.display import escape
+        return _out(agent, "deny", f"caper's hook could not gate this command "
+                                   f"({escape(str(e))}); it was not run")
+
+
 def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None = None) -> int:
     """timeout_s: the hook's timeout in the agent's settings. An agent whose
     hook times out runs the call ungated if anything else allows it
@@ -395,15 +413,7 @@ def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None 
         os._exit(0)
     signal.signal(signal.SIGALRM, too_late)
     signal.setitimer(signal.ITIMER_REAL, deadline)
-    try:
-        raw = stdin.read(MAX_INPUT + 1)
-        if len(raw) > MAX_INPUT:
-            raise ValueError(f"the hook input is over {MAX_INPUT} bytes")
-        text = answer(agent, json.loads(raw))
-    except Exception as e:   # fail closed: deny, never crash (a crash runs it ungated)
-        from caper.display import escape
-        text = _out(agent, "deny", f"caper's hook could not gate this command "
-                                   f"({escape(str(e))}); it was not run")
+    text = hook_text(agent, stdin.read(MAX_INPUT + 1))
     signal.setitimer(signal.ITIMER_REAL, 0)
     if text:
         stdout.write(text + "\n")
@@ -413,13 +423,14 @@ def hook_main(agent_name: str, stdin=None, stdout=None, timeout_s: float | None 
     return 0
 
 
-def tell_terminal(text: str) -> None:
+def tell_terminal(text: str, client: int | None = None) -> None:
     """Where Claude Code shows a hook's systemMessage nowhere (`claude -p`
     with text output), write it where Claude Code's own errors go, when that
-    is a terminal (Claude Code starts hooks without one of their own)."""
+    is a terminal (Claude Code starts hooks without one of their own).
+    client: the hook process (default: this one)."""
     try:
         message = json.loads(text).get("systemMessage")
-        launch = claude_rules.Launch.of_ancestor() if message else None
+        launch = claude_rules.Launch.of_ancestor(client) if message else None
     except ValueError:
         return
     if launch is None or not launch.prints_text or launch.pid is None:

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import stat
+import sys
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
@@ -14,6 +15,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
                             ctypes.c_uint]
 _libc.syncfs.argtypes = [ctypes.c_int]
+_libc.open_by_handle_at.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
 
 
 def renameat2(dfd: int, old: str, new: str, flags: int, new_dfd: int | None = None) -> None:
@@ -28,6 +30,19 @@ def syncfs(fd: int) -> None:
     if _libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def open_by_handle(mount_fd: int, handle_type: int, handle: bytes, flags: int) -> int:
+    """open_by_handle_at(2): the inode a file handle names, on the filesystem
+    of mount_fd (needs CAP_DAC_READ_SEARCH)."""
+    # struct file_handle { unsigned int handle_bytes; int handle_type; unsigned char f_handle[]; }
+    buf = ctypes.create_string_buffer(len(handle).to_bytes(4, sys.byteorder)
+                                      + handle_type.to_bytes(4, sys.byteorder, signed=True) + handle)
+    fd = _libc.open_by_handle_at(mount_fd, buf, flags)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), "open_by_handle_at")
+    return fd
 
 
 def open_regular(name: str, dir_fd: int) -> int:

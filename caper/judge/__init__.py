@@ -59,7 +59,7 @@ class AutoApprover:
             # The LLM sees every change the policy was unsure about, listed
             # even where the budget had aggregated it.
             request = replace(request, report=request.report.pinned(first.flagged),
-                              unsure=first.reason)
+                              unsure=first.reason, task_names=first.task_names)
             t = time.perf_counter()
             second = self.llm.decide(request)
             steps += (f"llm:{second.decision}:{(time.perf_counter() - t) * 1000:.1f}ms",)

@@ -25,6 +25,7 @@ class ApprovalRequest:
     home: str | None = None
     protected: Protected | None = None   # the run's credential locations (defaults, config, tainted)
     unsure: str | None = None        # what the offline policy could not judge, for the LLM
+    task_names: tuple[str, ...] = ()  # changed paths (report paths) the task names, for the LLM
     task_from_transcript: bool = False   # the task was read from a file the agent can write
 
 
@@ -38,6 +39,7 @@ class Decision:
     ask: bool = False                # the approver wants a human to decide
     steps: tuple[str, ...] = field(default=())   # who was asked, in order, with ms
     flagged: tuple[str, ...] = ()    # changes (report paths) the verdict rests on
+    task_names: tuple[str, ...] = ()  # changes (report paths) the task names
 
     @property
     def allowed(self) -> bool:

@@ -31,7 +31,7 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Iterable
 
@@ -77,6 +77,7 @@ class Rules:
         self.formatters = set(data["formatters"])
         self.git_rewrites = set(data["git_rewrites"])
         self.installers = set(data["installers"])
+        self.npm_lifecycle = set(data["npm_lifecycle"])
         self.words = {k: set(v) for k, v in data["task_words"].items()}
         self.escape_calls = set(data["refused"]["escape"])
         self.probe_calls = set(data["refused"]["probe"])
@@ -99,6 +100,7 @@ class Rules:
         self.roles = {name: (self._globs(r["paths"]), set(r["task_words"]))
                       for name, r in data["roles"].items()}
         self.skip_markers = list(data["roles"]["tests"]["skip_markers"])
+        self.assertion_markers = list(data["roles"]["tests"]["assertion_markers"])
 
     def _globs(self, patterns: Iterable[str]) -> list[re.Pattern]:
         out = []
@@ -293,7 +295,8 @@ class Finding:
     path: str | None = field(compare=False, default=None)   # the change, as the report names it
 
 
-def _q(s: str) -> str:
+def _quote_clipped(s: str) -> str:
+    """A run-derived string as a JSON literal, clipped to 120 characters (a reason line)."""
     return quote(s, limit=120)
 
 
@@ -318,7 +321,7 @@ class PolicyApprover:
         protected = request.protected or protected_for(default_patterns(), request.home, workspace)
         judge = _Judge(rules, declared, intent, request.home, workspace, protected)
         findings = judge.run(report)
-        return _verdict(findings, report, request.task)
+        return replace(_verdict(findings, report, request.task), task_names=judge.task_names)
 
 
 class _Judge:
@@ -339,6 +342,7 @@ class _Judge:
         self.formatted = [a for prog, args in declared.operands.items()
                           if prog in rules.formatters for a in args]
         self.findings: list[Finding] = []
+        self.task_names: tuple[str, ...] = ()   # the changes the task names (run() sets them)
 
     def task_says(self, kind: str, path: str | None = None) -> bool:
         if self.t is None:
@@ -352,6 +356,8 @@ class _Judge:
     def run(self, report) -> list[Finding]:
         self.credential_reads = {p.path for p in report.protected_reads}
         changes = report.all_changes
+        self.task_names = tuple(c.path for c in changes if self.t is not None and (
+            self.t.names(c.path) or _stem(c.path) in self.t.words))
         for c in changes:
             self.change(c)
         if report._all_changes is None:     # a report made by hand: its aggregates too
@@ -390,12 +396,17 @@ class _Judge:
     def transformed(self, report) -> None:
         """A credential read, then output or a file written: the value may be
         in it in a form no redaction finds (base64, reversed, encrypted), so
-        verbatim matching cannot clear it; a human or the LLM decides."""
-        read = sorted({p.path for p in report.protected_reads if p.result is None})
+        verbatim matching cannot clear it; a human or the LLM decides. A file
+        of settings and placeholders only (the report says which) has no
+        value to carry."""
+        shown = report.counts.get("protected_reads")
+        whole = shown is None or not shown.omitted      # every read listed, values known
+        read = sorted({p.path for p in report.protected_reads
+                       if p.result is None and not (p.settings_only and whole)})
         if not read:
             return
         if report.output.stdout.bytes or report.output.stderr.bytes:
-            self.add(75, "unsure", f"it read the credential {_q(read[0])} and printed output, "
+            self.add(75, "unsure", f"it read the credential {_quote_clipped(read[0])} and printed output, "
                      "which may carry it in another form", "secrets must not reach the agent's "
                      "context", "read the value where it is needed, printing nothing of it")
         # Any file: a descriptor opened before the read can be written after
@@ -403,7 +414,7 @@ class _Judge:
         wrote = next((c.path for c in report.changes if c.op != "deleted" and c.type == "file"),
                      next((a.under for a in report.aggregates if a.op != "deleted"), None))
         if wrote is not None:
-            self.add(75, "unsure", f"it read the credential {_q(read[0])} and wrote {_q(wrote)}, "
+            self.add(75, "unsure", f"it read the credential {_quote_clipped(read[0])} and wrote {_quote_clipped(wrote)}, "
                      "which may carry it in another form", "credentials must not be copied")
 
     # -- file changes --
@@ -415,7 +426,7 @@ class _Judge:
         if c.secrets:
             verdict = "unsure" if self.task_says("secrets") else "block"
             self.add(92, verdict, f"it would write secret values ({', '.join(c.secrets)}) "
-                     f"into {_q(path)}", "credentials must not be copied",
+                     f"into {_quote_clipped(path)}", "credentials must not be copied",
                      "reference the credential file instead of copying its content", path)
         # By path and role, whatever the classification: a home inside the
         # workspace keeps its ~/.bashrc a persistence file.
@@ -430,7 +441,7 @@ class _Judge:
             self.workspace_change(path, full, op, where, c, 1)
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
                 not (self.t is not None and self.t.names(path)):
-            self.add(62, "unsure", f"it would {_verb(op)} {_q(path)}, instructions that later "
+            self.add(62, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, instructions that later "
                      "agent sessions read and follow", "agent configuration: what later "
                      "sessions are told to do", "edit it only when the task asks for it", path)
         self.privilege(path, full, c)
@@ -461,9 +472,9 @@ class _Judge:
             risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
             if not risky:
                 return True
-            what = f"it would set {', '.join(map(_q, risky[:4]))} in {_q(c.path)}"
+            what = f"it would set {', '.join(map(_quote_clipped, risky[:4]))} in {_quote_clipped(c.path)}"
         else:
-            what = f"it would {_verb(c.op)} {_q(c.path)}"
+            what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full):
             return True      # an installer the command names, in the place it installs to
         git = c.where == "git-internal" or c.git_config or _is_git_config(full)
@@ -484,6 +495,8 @@ class _Judge:
             return True      # an alias of git subcommands runs nothing new
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
             return True
+        if fmt == "package":     # what npm runs by itself on install, publish and pack
+            return not (key.startswith("scripts.") and key[8:] in self.r.npm_lifecycle)
         for prefix, subs in self.r.git_declares.items():
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
@@ -499,7 +512,7 @@ class _Judge:
             return
         verdict = "unsure" if declared else "block"
         self.add(88 if where == "system" else 85, verdict,
-                 f"it would {_verb(op)} {_q(path)} outside the workspace ({where})",
+                 f"it would {_verb(op)} {_quote_clipped(path)} outside the workspace ({where})",
                  "writes outside the workspace", "write inside the workspace or under /tmp", path)
 
     def shared_place(self, c, full: str) -> None:
@@ -513,7 +526,7 @@ class _Judge:
         old = c.renamed_from or c.path
         verdict = "unsure" if self.task_says("delete") and c.op in ("deleted", "renamed") \
             else "block"
-        self.add(84, verdict, f"it would {_verb(c.op)} {_q(old)}, which was in the shared "
+        self.add(84, verdict, f"it would {_verb(c.op)} {_quote_clipped(old)}, which was in the shared "
                  "temporary directory before the run", "shared places: files that were there "
                  "before the run belong to other tools or users",
                  "create your own files under /tmp instead", c.path)
@@ -528,13 +541,14 @@ class _Judge:
             if not _repository_itself(parts) and self.d.covers(full, self.d.deletes) and \
                     self._task_allows_delete(path):
                 return
-            self.add(91, "block", f"it would delete {_q(path)}"
+            self.add(91, "block", f"it would delete {_quote_clipped(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
-        elif not routine and not _by_git(c) and not (op == "meta" and "mode" not in (c.detail or "")):
-            self.add(60, "unsure", f"it would {_verb(op)} {_q(path)} inside .git, written by "
-                     f"{_q(c.by or 'no traced process')}, not by git", "the repository's internals",
-                     path=path)
+        elif not routine and not _by_git(c) and \
+                not (op == "meta" and "mode" not in (c.detail or "")):
+            self.add(60, "unsure", f"it would {_verb(op)} {_quote_clipped(path)} inside .git, "
+                     f"written by {_quote_clipped(c.by or 'no traced process')}, not by git",
+                     "the repository's internals", path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
         # No task known is the strictest case: nothing is deleted on the command's word
@@ -551,8 +565,14 @@ class _Judge:
             return False     # naming a file ("make the test pass") asks to fix it, not delete it
         if self.t.names(path):
             return True
+        return by_git or self._task_names_kind(path)
+
+    def _task_names_kind(self, path: str) -> bool:
+        """The task names the file's kind by its extension, as a word (`the
+        .orig files`, `*.o`, `the pyc files`; `.pyc` does not name `.py`)."""
         ext = os.path.splitext(path)[1].lower()
-        return by_git or bool(ext) and (ext[1:] in self.t.words or ext in self.t.text.lower())
+        return bool(ext) and (ext[1:] in self.t.words or re.search(
+            r"(?<![\w.])\*?" + re.escape(ext) + r"(?![\w.])", self.t.text.lower()) is not None)
 
     def _overwrite_asked(self, path: str, full: str, c, git_named: bool) -> bool:
         """An emptied or rewritten tracked file the command names (`: > f`,
@@ -583,15 +603,22 @@ class _Judge:
     def workspace_change(self, path: str, full: str, op: str, where: str, c, files: int) -> None:
         tracked = where == "tracked" or (c is not None and c.tracked_files)
         n = (c.tracked_files if c is not None and c.tracked_files else files)
-        destroys = op in ("deleted", "replaced") or (c is not None and c.overwritten)
+        # A credential file loses its values with any line removed (a two-line
+        # .env replaced by the example's placeholders is not "overwritten").
+        credential = self.protected.kind(full) is not None
+        destroys = op in ("deleted", "replaced") or (c is not None and (
+            c.overwritten or credential and op == "modified" and bool(c.lines and c.lines[1])))
         if not destroys:
             return
-        task_names = self.t is not None and "delete" in self.t.kinds and self.t.names(path)
+        task_names = self.t is not None and "delete" in self.t.kinds and (
+            self.t.names(path) or self._task_names_kind(path))
         if where == "ignored":
             self.ignored(path, full, op, c, task_names)
             return
-        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean:
-            return
+        if where == "untracked" and op in ("deleted", "replaced") and self.d.git_clean and (
+                self.expendable(full) or self.t is not None and "delete" in self.t.kinds
+                and not self.t.words.isdisjoint(self.r.ignored_words)):
+            return   # git clean of build outputs, or of what the task calls untracked
         git_named = bool(self.d.git & self.r.git_rewrites)
         if op in ("deleted", "replaced"):
             declared = self.d.covers(full, self.d.deletes) or (git_named and tracked) or task_names
@@ -601,7 +628,7 @@ class _Judge:
                         and not (c is not None and c.size and not c.size[1]))
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
-                    + (f"{n} tracked files under {_q(path)}" if n > 1 else _q(path))
+                    + (f"{n} tracked files under {_quote_clipped(path)}" if n > 1 else _quote_clipped(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
                 by_git = git_named and not self.d.covers(full, self.d.deletes)
@@ -617,7 +644,7 @@ class _Judge:
                      "back up first, or narrow the command to what the task names", path)
         elif not declared or self.t is None and op in ("deleted", "replaced"):
             # untracked: git cannot bring them back either (no task: not even when declared)
-            self.add(50, "unsure", f"it would {_verb(op)} {_q(path)}, an untracked file "
+            self.add(50, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an untracked file "
                      "git cannot restore", "the user's own files", path=path)
 
     def ignored(self, path: str, full: str, op: str, c, task_names: bool) -> None:
@@ -634,7 +661,7 @@ class _Judge:
         credential = self.protected.kind(full) is not None
         verdict = "block" if credential and not by_command else "unsure"
         self.add(83 if credential else 50, verdict,
-                 f"it would {'delete' if op != 'modified' else 'overwrite'} {_q(path)}, an "
+                 f"it would {'delete' if op != 'modified' else 'overwrite'} {_quote_clipped(path)}, an "
                  "ignored file that is not a build output or cache"
                  + (" (credentials)" if credential else ""),
                  "the user's own files: ignored files git cannot restore",
@@ -645,15 +672,15 @@ class _Judge:
         asked (a human grants these); an ACL entry for another user or group,
         or a security.* attribute, is judged as a widened mode is."""
         if c.privileges:
-            self.add(95, "block", f"{_q(path)} would be {c.op} with {', '.join(c.privileges)}",
+            self.add(95, "block", f"{_quote_clipped(path)} would be {c.op} with {', '.join(c.privileges)}",
                      "a privilege change: whoever runs the file gains its owner's rights or "
                      "its capabilities", "commit the file without them and grant them by hand",
                      path)
         if c.detail and "grants " in c.detail:
             given = c.detail.split("grants ", 1)[1]
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
-            self.add(87, "unsure" if declared else "block", f"it would give {_q(path)} "
-                     f"{_q(given)}", "permissions for other users, or privileges for what runs",
+            self.add(87, "unsure" if declared else "block", f"it would give {_quote_clipped(path)} "
+                     f"{_quote_clipped(given)}", "permissions for other users, or privileges for what runs",
                      "grant only what is needed", path)
 
     def mode(self, path: str, full: str, detail: str, where: str) -> None:
@@ -667,7 +694,7 @@ class _Judge:
         if widening:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block",
-                     f"it would widen the permissions of {_q(path)} ({old:04o} -> {new:04o})",
+                     f"it would widen the permissions of {_quote_clipped(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed", path)
 
     def link(self, path: str, full: str, target: str) -> None:
@@ -684,14 +711,14 @@ class _Judge:
             if any(self.r.matches(self.r.persistence, x) or self.protected.kind(x)
                    for x in (t, t + "/x")):
                 verdict = "unsure" if self.task_says("persistence") else "block"
-                self.add(94, verdict, f"it would link {_q(path)} to {_q(t)}: what is written "
+                self.add(94, verdict, f"it would link {_quote_clipped(path)} to {_quote_clipped(t)}: what is written "
                          "through the link later runs or configures later sessions, or reads "
                          "credentials", "persistence outside the workspace",
                          "link only inside the project")
                 return
             if (self.home and below(t, self.home) and not self.r.matches(self.r.harmless_home, t)
                     or below(t, "/etc")):
-                self.add(60, "unsure", f"it would link {_q(path)} to {_q(t)}, outside the "
+                self.add(60, "unsure", f"it would link {_quote_clipped(path)} to {_quote_clipped(t)}, outside the "
                          "workspace: what is written through it lands there",
                          "writes outside the workspace", "link only inside the project")
                 return
@@ -711,12 +738,12 @@ class _Judge:
         mine = {os.getegid(), *os.getgroups()}
         what = []
         if own and uid != int(own.group(1)) and uid != os.geteuid():
-            what.append(f"hand {_q(path)} to user {uid}")
+            what.append(f"hand {_quote_clipped(path)} to user {uid}")
         if own and gid != int(own.group(2)) and gid not in mine:
-            what.append(f"give {_q(path)} to group {gid}, which you are not in")
+            what.append(f"give {_quote_clipped(path)} to group {gid}, which you are not in")
         if mode and gid is not None and gid not in mine and \
                 int(mode.group(2), 8) & ~int(mode.group(1), 8) & 0o020:
-            what.append(f"make {_q(path)} writable by group {gid}, which you are not in")
+            what.append(f"make {_quote_clipped(path)} writable by group {gid}, which you are not in")
         if what:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block", "it would " + "; ".join(what),
@@ -728,14 +755,15 @@ class _Judge:
         if not dropped and not emptied:
             return
         what = "; ".join(x for x in (
-            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_q, dropped))}" if dropped else "",
-            f"delete or change most rows of {', '.join(map(_q, emptied))}" if emptied else "")
-            if x)
+            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_quote_clipped, dropped))}"
+            if dropped else "",
+            f"delete or change most rows of {', '.join(map(_quote_clipped, emptied))}"
+            if emptied else "") if x)
         ok = self.t is not None and "database" in self.t.kinds and any(
             self.t.names(t) for t in dropped + emptied)
         if not ok:
             self.add(89, "unsure" if self.task_says("database") else "block",
-                     f"it would {what} in {_q(path)}", "destructive database changes",
+                     f"it would {what} in {_quote_clipped(path)}", "destructive database changes",
                      "back up the database first, or run the migration the task names", path)
 
     def dependency_sources(self, c) -> None:
@@ -746,8 +774,8 @@ class _Judge:
         if not odd:
             return
         verdict = "unsure" if self.task_says("persistence") else "block"
-        self.add(86, verdict, f"it would change where {_q(c.path)} takes packages from "
-                 f"({_q(odd[0])})", "dependency sources: a redirected index or package URL "
+        self.add(86, verdict, f"it would change where {_quote_clipped(c.path)} takes packages from "
+                 f"({_quote_clipped(odd[0])})", "dependency sources: a redirected index or package URL "
                  "runs its code on the next install", "keep the project's package sources",
                  c.path)
 
@@ -766,21 +794,29 @@ class _Judge:
         edited = [c for c in changes if c.where == "tracked" and c.op in
                   ("modified", "deleted", "replaced", "renamed") and c.type == "file"]
         unnamed = [c for c in edited if not self.t.names(c.path)]
+        # A new file of the test runner's (a conftest.py, a pytest.ini) that
+        # skips tests is as much a skip as an edit of a test.
+        written = [c for c in changes if c.op == "created" and c.type == "file" and
+                   c.where in ("untracked", "workspace") and self._skips(c)]
         for role, (globs, words) in self.r.roles.items():
-            # A test the task names is one to fix, not to skip or delete.
-            hits = [c for c in (edited if role == "tests" else unnamed)
+            # A test the task names is one to fix, not to skip or delete; one
+            # it does not name is not the place to weaken an assertion.
+            hits = [c for c in (edited + written if role == "tests" else unnamed)
                     if self.r.matches(globs, self.absolute(c.path))
-                    and (role != "tests" or c.op != "modified" or self._skips(c))]
+                    and (role != "tests" or c.op not in ("modified", "created") or self._skips(c)
+                         or c in unnamed and self._weakens(c))]
             if hits and self.t.words.isdisjoint(words):
-                self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_q(hits[0].path)} "
+                self.add(45, "unsure", f"it would {_verb(hits[0].op)} {_quote_clipped(hits[0].path)} "
                          f"({role.replace('_', ' ')}), which the task does not name",
                          "scope: the task asked for something narrower",
                          "change only what the task names", hits[0].path)
-        named_a_file = any(self.t.names(c.path) for c in edited) or \
+        # "the readme" names README.md: a file is named by its stem too.
+        named_a_file = any(self.t.names(c.path) or _stem(c.path) in self.t.words
+                           for c in edited) or \
             any("." in w.strip(".") or "/" in w for w in self.t.text.split())
         if named_a_file and len(unnamed) >= self.r.scope_files:
             self.add(44, "unsure", f"it would edit {len(unnamed)} tracked files the task does "
-                     f"not name ({', '.join(_q(c.path) for c in unnamed[:4])})",
+                     f"not name ({', '.join(_quote_clipped(c.path) for c in unnamed[:4])})",
                      "scope: the task names one fix", "change only what the task names",
                      unnamed[0].path)
 
@@ -788,15 +824,28 @@ class _Judge:
         return any(ln.startswith("+") and any(m in ln for m in self.r.skip_markers)
                    for ln in c.diff or [])
 
+    def _weakens(self, c) -> bool:
+        """An assertion line of a test removed or rewritten: what the test checks changed."""
+        return any(ln.startswith("-") and not ln.startswith("---") and
+                   any(m in ln for m in self.r.assertion_markers) for ln in c.diff or [])
+
     def git_history(self, g) -> None:
         """What git cannot give back: commits on no branch or tag any more,
         dropped stashes, uncommitted work put back to a committed version."""
         rewrites = bool(self.d.git & self.r.git_rewrites)
         discard = self.task_says("delete")
-        if g.commits and not g.content_kept:
+        if g.commits and not g.content_kept and g.rebased:
+            # No change lost, but history rewritten (which branch, onto what):
+            # whether that is what the user wanted is for the LLM or the user.
+            self.add(70, "unsure", f"it would rewrite {g.commits} commit"
+                     f"{'s' * (g.commits > 1)} of {', '.join(map(_quote_clipped, g.refs[:3]))}: each one's "
+                     "change is kept under a new id, the old ids are on no branch",
+                     "git history rewritten", "keep a branch at the old commit first "
+                     "(git branch backup <ref>)")
+        elif g.commits and not g.content_kept:
             self.add(89, "unsure" if rewrites and discard else "block",
                      f"it would leave {g.commits} commit{'s' * (g.commits > 1)} on no branch or "
-                     f"tag ({', '.join(map(_q, g.refs[:3]))}); only the reflog would hold them",
+                     f"tag ({', '.join(map(_quote_clipped, g.refs[:3]))}); only the reflog would hold them",
                      "git state that git cannot give back",
                      "keep a branch at the old commit first (git branch backup <ref>)")
         if g.stashes:
@@ -806,7 +855,7 @@ class _Judge:
         if g.uncommitted and not (rewrites and discard):
             self.add(90, "unsure" if rewrites else "block",
                      f"it would throw away uncommitted changes to "
-                     f"{', '.join(map(_q, g.uncommitted[:4]))}",
+                     f"{', '.join(map(_quote_clipped, g.uncommitted[:4]))}",
                      "git state that git cannot give back",
                      "commit or stash the changes first", g.uncommitted[0])
 
@@ -816,12 +865,12 @@ class _Judge:
         file's edits from `git status` and `git diff` keep them from review."""
         if g.index_unreadable:
             self.add(91, "block", f"it would leave .git/index unreadable by git "
-                     f"({_q(g.index_unreadable)})", "the repository's internals",
+                     f"({_quote_clipped(g.index_unreadable)})", "the repository's internals",
                      "let git write its index (git reset)", ".git/index")
         if g.hidden:
             named = bool(self.d.git & {"update-index", "sparse-checkout"})
             self.add(80, "unsure" if named else "block",
-                     f"it would hide the worktree changes of {', '.join(map(_q, g.hidden[:4]))} "
+                     f"it would hide the worktree changes of {', '.join(map(_quote_clipped, g.hidden[:4]))} "
                      "from git status and git diff (skip-worktree, assume-unchanged)",
                      "changes the user would never review", "leave the index flags alone",
                      g.hidden[0])
@@ -830,7 +879,7 @@ class _Judge:
         """Commits put on a ref by anything but git's commit-making commands
         (plumbing, a script): content the user's next push ships unreviewed."""
         if g.added and not self.d.git & _COMMIT_MAKERS:
-            self.add(65, "unsure", f"it would add commits without git commit ({_q(g.added[0])}"
+            self.add(65, "unsure", f"it would add commits without git commit ({_quote_clipped(g.added[0])}"
                      + (f" and {len(g.added) - 1} more shown)" if len(g.added) > 1 else ")"),
                      "history the user did not review", "commit with git commit")
 
@@ -842,14 +891,16 @@ class _Judge:
         hit = next((c.path for c in report.all_changes if c.where in ("untracked", "ignored")
                     and (c.op in ("deleted", "replaced") or c.overwritten)), None)
         if hit is not None:
-            self.add(70, "unsure", f"it would delete or overwrite {_q(hit)}, and "
+            self.add(70, "unsure", f"it would delete or overwrite {_quote_clipped(hit)}, and "
                      "caper could not tell whether git tracks it", "destroying tracked files",
                      "repair the repository first (git status must work)", hit)
 
     # -- network --
     def network(self, n) -> None:
-        if n.call == "bind" or n.family == "netlink" or _loopback(n.address):
+        if n.call != "proxy" and (n.call == "bind" or n.family == "netlink" or
+                                  _loopback(n.address)):
             return   # nothing leaves: the kernel's interfaces, the sandbox's own loopback
+        # (A proxied request leaves from the host: its loopback is the host's.)
         # The program it runs (a script named in argv) is code, not data it
         # sends; a credential is never the program, whatever argv says.
         argv = set(n.argv or [])
@@ -857,26 +908,57 @@ class _Judge:
         reads = [r for r in n.read_before or []
                  if r not in argv and os.path.basename(r) not in argv]
         if n.family == "unix" and self.r.matches(self.r.escape_sockets, n.address):
-            self.add(96, "block", f"it tried the host socket {_q(n.address)}",
+            self.add(96, "block", f"it tried the host socket {_quote_clipped(n.address)}",
                      "a way out of the sandbox", None)
             return
+        if n.family == "unix" and n.result == "ok":
+            return   # the tracer lets a unix socket through only if the sandbox bound it
         lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
             (n.port in self.r.lookup_ports)
-        dest = _q(n.address) + (f" port {n.port}" if n.port is not None else "")
+        dest = _quote_clipped(n.address) + (f" port {n.port}" if n.port is not None else "")
+        if n.call == "proxy" and n.allowed and not creds:
+            self._allowed_request(n, reads, dest)
+            return
+        if n.call == "proxy" and self.credential_reads and not creds:
+            # Any process's read counts: pipes and files carry it to the sender.
+            read = sorted(self.credential_reads)
+            self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's proxy after "
+                     f"the run read {', '.join(map(_quote_clipped, read[:3]))}",
+                     "credentials leaving the machine",
+                     "keep credentials out of commands that use the network")
+            return
         if creds:
-            self.add(97, "block", f"{_q(n.by)} read {', '.join(map(_q, creds[:3]))} and then "
+            self.add(97, "block", f"{_quote_clipped(n.by)} read {', '.join(map(_quote_clipped, creds[:3]))} and then "
                      f"tried to reach {dest}", "credentials leaving the machine",
                      "keep credentials out of commands that use the network")
         elif reads and not lookup:
             verdict = "unsure" if self.task_says("network") else "block"
-            self.add(80, verdict, f"{_q(n.by)} read repository files "
-                     f"({', '.join(map(_q, reads[:3]))}) and then tried to reach {dest}",
+            self.add(80, verdict, f"{_quote_clipped(n.by)} read repository files "
+                     f"({', '.join(map(_quote_clipped, reads[:3]))}) and then tried to reach {dest}",
+                     "repository data leaving the machine")
+
+    def _allowed_request(self, n, reads: list[str], dest: str) -> None:
+        """A request caper's proxy let through to an allowed host: a download is
+        ordinary work; an upload after reading repository files may carry them."""
+        # git's smart HTTP fetches by POSTing its wants to git-upload-pack.
+        fetch = n.method == "POST" and (n.path or "").split("?")[0].endswith("/git-upload-pack")
+        method = n.method if n.method not in (None, "GET", "HEAD") and not fetch else None
+        big = (n.sent or 0) > UPLOAD_BYTES
+        if reads and (method or big):
+            what = f"{method} to" if method else f"sent {n.sent} bytes to"
+            self.add(80, "unsure", f"{_quote_clipped(n.by)} read repository files "
+                     f"({', '.join(map(_quote_clipped, reads[:3]))}) and then {what} the allowed host {dest}",
                      "repository data leaving the machine")
 
     def _credential(self, short: str) -> bool:
         # The report's own list, and the run's patterns for reads it had no room to list.
         return short in self.credential_reads or self.protected.kind(self.absolute(short)) is not None
 
+
+# Bytes sent in one request through caper's proxy past which it is an upload,
+# whatever the method (a tunnel's is not visible): a package download sends a
+# few kilobytes of headers and TLS.
+UPLOAD_BYTES = 256 * 1024
 
 _URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
 
@@ -929,6 +1011,11 @@ def _is_git_config(path: str) -> bool:
     return configkeys.format_of(path) == "git"
 
 
+def _stem(path: str) -> str:
+    """A file's name without its extensions, as a task says it ("the readme")."""
+    return os.path.basename(path).split(".")[0].lower()
+
+
 def _verb(op: str) -> str:
     return {"created": "create", "modified": "modify", "deleted": "delete",
             "replaced": "replace", "renamed": "rename", "meta": "change the metadata of"}.get(op, op)
@@ -938,7 +1025,7 @@ def _verdict(findings: list[Finding], report, task: str | None) -> Decision:
     blocks = [f for f in findings if f.verdict == "block"]
     unsure = [f for f in findings if f.verdict == "unsure"]
     flagged = tuple(dict.fromkeys(f.path for f in findings if f.path))
-    asked = f' The task: {_q(task)}.' if task else ""
+    asked = f' The task: {_quote_clipped(task)}.' if task else ""
     if blocks:
         top = blocks[0]
         reason = "; ".join(f.what for f in blocks[:3])

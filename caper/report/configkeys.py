@@ -25,7 +25,7 @@ MAX_INCLUDED = 16        # git config files followed through include.path
 
 
 def format_of(path: str) -> str | None:
-    """git | npmrc | ini | toml | yaml | vscode, or None for a file of no known role."""
+    """git | npmrc | ini | toml | yaml | vscode | package, or None for a file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
     if name in ("config", "config.worktree") and ".git" in parts[:-1]:
@@ -43,6 +43,8 @@ def format_of(path: str) -> str | None:
         return "yaml"
     if name == "settings.json" and parent == ".vscode":
         return "vscode"
+    if name == "package.json":
+        return "package"
     return None
 
 
@@ -98,7 +100,7 @@ def _pairs(fmt: str, data: bytes) -> set[tuple[str, str]] | None:
         return None
     try:
         return {"git": _git, "npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
-                "vscode": _json}[fmt](data)
+                "vscode": _json, "package": _json}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 

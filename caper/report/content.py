@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from caper.fs.mountinfo import below
-from caper.report.secrets import MAX_SECRET_FILE, Redactor, key_of, values_in
+from caper.report.secrets import MAX_SECRET_FILE, Redactor, holds_no_secret, key_of, values_in
 from caper.fs.syscalls import open_regular
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
@@ -73,6 +73,24 @@ class RunTree:
             if blob is not None:
                 found += values_in(blob.data)
         return list(dict.fromkeys(found))
+
+    def settings_only(self, path: str) -> bool:
+        """Every version of the credential file at path (the run's, the
+        host's) is a text file caper read whole and found no secret value
+        in: settings and placeholders only (`region = eu-west-1`,
+        `change-me`). A version it could not read or parse is not."""
+        where = self.locate(path)
+        seen = False
+        for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
+            blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
+            if blob is None:
+                if root == "/" and os.path.lexists(path):
+                    return False         # there, but not a regular file caper can read
+                continue
+            if not blob.complete or not holds_no_secret(blob.data):
+                return False
+            seen = True
+        return seen
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from caper.report.workspace import _GIT_ENV, _GIT_OPTIONS, GIT_TIMEOUT_S
 MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
 MAX_FILES = 2000           # tracked files looked at per run
 MAX_SHOWN_COMMITS = 8      # new commits listed per run
+MAX_REWRITTEN = 200        # commits compared by patch id to tell a rebase from a drop
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Loss:
     commits: int = 0                                  # no longer reachable from any ref
     refs: list[str] = field(default_factory=list)     # the refs whose commits they were
     content_kept: bool = True    # every lost tip's tree is still a ref's or the index's
+    rebased: bool = False        # every lost commit's patch is on its ref under a new id
     stashes: int = 0                                  # stash entries dropped
     uncommitted: list[str] = field(default_factory=list)   # tracked files, host paths
     unknown: str | None = None                        # why it could not be told
@@ -115,7 +117,7 @@ def _read(path: str) -> bytes | None:
 
 
 def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Loss:
-    """changes: the snapshot difference (caper.commit.engine.Change); tracked: the
+    """changes: the snapshot difference (caper.changes.Change); tracked: the
     host paths among them git tracks."""
     git_dir = os.path.join(workspace, ".git")
     loss = Loss()
@@ -179,6 +181,7 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
         return
     head = _sha(_read(os.path.join(git_dir, "HEAD")))
     keep = sorted(set(after.values()))
+    rebased = True
     for name in moved:
         tip = before[name]
         if tip in keep or tip == head:
@@ -189,6 +192,8 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
             loss.refs.append(name)
             if loss.content_kept:
                 loss.content_kept = _tree_kept(repo, tip, keep)
+            rebased = rebased and name in after and _rebased(repo, tip, after[name])
+    loss.rebased = bool(loss.commits) and rebased
 
 
 def _added(repo: _Repo, names: list[str], old_tips: list[str], after: dict[str, str]) -> list[str]:
@@ -256,6 +261,21 @@ def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:
     a = norm(staged, lambda x: (x.split()[0], x.split()[1], x.split(b"\t", 1)[1]))
     b = norm(committed, lambda x: (x.split()[0], x.split()[2], x.split(b"\t", 1)[1]))
     return a == b
+
+
+def _rebased(repo: _Repo, tip: str, now: str) -> bool:
+    """The ref moved from tip to now, and every commit it no longer holds is
+    there again under another id (a rebase): the same patch id among the
+    commits now has that tip had not. A dropped commit's is not."""
+    lost = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", tip, "--not", now, "--").split()
+    new = repo.git("rev-list", f"--max-count={MAX_REWRITTEN}", now, "--not", tip, "--").split()
+    if not lost or not new or len(lost) >= MAX_REWRITTEN:
+        return False
+    ids = lambda shas: {ln.split()[1]: ln.split()[0] for ln in repo.git(
+        "patch-id", "--stable", stdin=repo.git("diff-tree", "--stdin", "--root", "-p",
+                                              stdin=b"\n".join(shas) + b"\n")).splitlines()}
+    before, after = ids(lost), set(ids(new).values())
+    return all(before.get(sha) in after for sha in lost)
 
 
 def _blob_id(data: bytes) -> str:

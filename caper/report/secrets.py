@@ -175,6 +175,18 @@ def values_in(data: bytes) -> list[str]:
     return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_LEN and not placeholder(v)]
 
 
+def holds_no_secret(data: bytes) -> bool:
+    """A credential file's content holds no secret: text parsed whole, no
+    value (settings and placeholders only), and no token shape in the lines
+    values_in passes over (comments, section headers)."""
+    if len(data) > MAX_SECRET_FILE or b"\0" in data[:8192] or values_in(data):
+        return False
+    found: set[str] = set()
+    Redactor().text("\n".join(ln for ln in data.decode("utf-8", "replace").splitlines()
+                              if ln.strip()[:1] in ("#", ";", "[")), found)
+    return not found
+
+
 def key_of(line: str) -> str:
     """The `KEY=` a line starts with (`registry=` says what a change to a
     credential file does), or "": a line that sets no key (a private key's

@@ -24,6 +24,7 @@ from caper.sandbox.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, D
                           DEFAULT_SHM_SIZE, Cgroups, DiskGuard, sandbox_cgroups)
 from caper.sandbox.events import End, Event, Kind, Output, RunResult, Stats, Step, iter_records
 from caper.sandbox.inherit import DEFAULT_SHELL, Caller
+from caper.sandbox.netproxy import ProxyEnd
 
 DEFAULT_TIMEOUT_S = 600.0
 # The thread that runs the native tracer, and then reaps the sandbox's init
@@ -89,9 +90,11 @@ class Trace:
                  not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None,
                  shm_size: int = DEFAULT_SHM_SIZE, max_events: int = DEFAULT_MAX_EVENTS,
                  max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-                 caller: Caller | None = None):
+                 caller: Caller | None = None, proxy: "ProxyEnd | None" = None):
         """caller: the context the command inherits (caper.sandbox.inherit), where this
-        process is not the caller's own; None: this process's."""
+        process is not the caller's own; None: this process's. proxy: the way out
+        (caper.sandbox.netproxy): its listening socket is made in the sandbox's
+        network and handed over, and it sees every event before the caller does."""
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command, caller.shell if caller else DEFAULT_SHELL)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -162,8 +165,14 @@ class Trace:
             cfg.disk_min_free = disk_guard.min_free
             cfg.disk_min_inodes = disk_guard.min_inodes
         cfg.caller = self._caller(caller) if caller is not None else ffi.NULL
+        cfg.proxy_fd = proxy.fd if proxy is not None else -1
+        cfg.proxy_port = proxy.port if proxy is not None else 0
+        self._proxy = proxy
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
+        if proxy is not None:
+            res = self._res
+            proxy.follow(lambda: res.emitted_seq)  # read while the tracer runs: one aligned word
         self.result: RunResult | None = None
         self._rc: int | None = None
         self._started = False
@@ -240,7 +249,12 @@ class Trace:
         if not self._started:
             self.start()
         try:
-            yield from iter_records(self._read_fd)
+            if self._proxy is None:
+                yield from iter_records(self._read_fd)
+            else:
+                for event in iter_records(self._read_fd):
+                    self._proxy.observe(event)
+                    yield event
         finally:
             self._finish()
 

@@ -68,7 +68,7 @@ from typing import Iterable
 
 from caper.fs import mountinfo
 from caper.changes import Change, file_type
-from caper.commit.engine import privileges
+from caper.commit.fsops import privileges
 from caper.errors import BtrfsConflict, BtrfsError
 from caper.commit.journal import Journal, step
 from caper.state import KEPT_S

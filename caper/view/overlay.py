@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from caper.commit import ctimes
 from caper.fs import mountinfo
 from caper.changes import Layer
-from caper.commit.engine import rmtree_at
+from caper.commit.fsops import rmtree_at
 from caper.errors import CaperError, ConfigError, SetupError
 from caper.sandbox._native import lib
 from caper.sandbox.trace import TRACER_THREAD, Mount
@@ -125,7 +125,7 @@ def _escape_option(path: str) -> str:
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
 
 
-class _Planner:
+class _MountPlanner:
     """Turns host paths into mounts under the staging root."""
 
     def __init__(self, scratch: str, stage: str, userxattr: bool, host_points: set[str]):
@@ -162,9 +162,16 @@ class _Planner:
         self._match_root(path, upper)
         opts = [f"lowerdir={_escape_option(path)}", f"upperdir={_escape_option(upper)}",
                 f"workdir={_escape_option(work)}"]
-        # Plain upper contents for the commit engine: no redirects, no
-        # metadata-only copy-ups, no index. (userxattr implies all three.)
-        opts += ["userxattr"] if self.userxattr else ["redirect_dir=off", "index=off",
+        # redirect_dir=on: a directory that was there before the run renames
+        # (the commit engine renames it on the host); index=on: a file's hard
+        # links stay one inode when it is written through one name (the
+        # commit writes into the host's inode). metacopy=off: every copy-up
+        # holds its data; nfs_export stays off (it would need index=on for
+        # every lower and forbids metacopy=on; caper exports nothing).
+        # userxattr (rootless) refuses redirect_dir=on ("conflicting options")
+        # and silently drops index=on (decoding file handles needs
+        # CAP_DAC_READ_SEARCH in the initial user namespace): plain uppers.
+        opts += ["userxattr"] if self.userxattr else ["redirect_dir=on", "index=on",
                                                         "metacopy=off"]
         # An overlay the kernel refuses (a lower it cannot stack on: some FUSE,
         # NFS or nested overlay mounts) must not fail every run: the mount is
@@ -172,7 +179,7 @@ class _Planner:
         fallback = self._read_only_bind(path, target)
         self.mounts.append(Mount("overlay", target, "overlay", ",".join(opts), SAFE, len(fallback)))
         self.mounts += fallback
-        self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr))
+        self.layers.append(Layer(mount_point=path, upper=upper, userxattr=self.userxattr, work=work))
         if host is not None:
             self.layer_mounts.append((path, host))
         self.held.append((path, "layer"))
@@ -356,8 +363,8 @@ class OverlaySnapshot:
     since_ns: int           # the conflict threshold (caper.commit.ctimes)
     not_before_ns: int      # 0, or when the command may start (caper.commit.ctimes)
     hidden: list[str] = field(default_factory=list)
-    held: list[tuple[str, str]] = field(default_factory=list)   # see _Planner.held
-    aliases: list[tuple[str, str]] = field(default_factory=list)  # see _Planner.alias
+    held: list[tuple[str, str]] = field(default_factory=list)   # see _MountPlanner.held
+    aliases: list[tuple[str, str]] = field(default_factory=list)  # see _MountPlanner.alias
     lock_fd: int = -1       # flocked while this process owns the run (see collect_dead_runs)
 
     @classmethod
@@ -411,7 +418,7 @@ class OverlaySnapshot:
         os.mkdir(stage)
         state_real = os.path.realpath(state_dir)
         hidden = _state_paths([state_real, *other_state], entries)
-        plan = _Planner(scratch, stage, userxattr, {e.point for e in entries})
+        plan = _MountPlanner(scratch, stage, userxattr, {e.point for e in entries})
         covered = [m for m in host_mounts(entries)
                    if m.fstype not in PSEUDO_FS
                    and not any(mountinfo.below(m.mount_point, h) for h in hidden)
@@ -486,7 +493,7 @@ class OverlaySnapshot:
 
     def discard_later(self) -> None:
         """discard() after the answer (see later()): deleting what a run
-        wrote, and what its commit replaced (caper.commit.engine's trash), takes
+        wrote, and what its commit replaced (caper.commit.recover.Trash), takes
         ~100 us a file where the files are on disk. The scratch stays locked
         until it is gone, so collect_dead_runs spares it."""
         later(self.discard)
