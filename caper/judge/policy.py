@@ -284,13 +284,26 @@ def _simple(d: Declared, argv: list[str], absolute) -> None:
         names = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-name", "-iname")]
         d.deletes += [os.path.join(absolute(roots[0]), "**", n) for n in names] or \
                      [absolute(roots[0])]
-    elif prog == "git" and args:
+    elif prog == "git" and _git_args(argv):
+        args = _git_args(argv)
         sub = args[0]
         d.git.add(sub)
         if sub in ("rm", "mv"):
             d.deletes += [absolute(a) for a in args[1:]]
         if sub == "config" and len(args) > 1:
             d.git_configs.add(args[1].lower())
+
+
+_GIT_VALUED = {"-c", "-C", "--git-dir", "--work-tree", "--namespace", "--config-env"}
+
+
+def _git_args(argv: list[str]) -> list[str]:
+    """git's non-option words after its global options (`git -c k=v -C dir
+    commit`: the subcommand is commit, not k=v)."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in _GIT_VALUED else 1
+    return [a for a in argv[i:] if not a.startswith("-")]
 
 
 @dataclass(frozen=True)
@@ -414,6 +427,8 @@ class _Judge:
         self.scope(changes)
         if report.git:
             self.git_history(report.git)
+            self.git_index(report.git)
+            self.git_commits(report.git)
         for n in report.network:
             self.network(n)
         for s in report.secrets:
@@ -433,6 +448,7 @@ class _Judge:
         if hidden and report._all_changes is None:
             self.add(30, "unsure", f"the report had no room for some changes ({hidden[0]})",
                      "effects the policy could not see")
+        self.git_unclassified(report)
         if "git-history-unknown" in report.uncertain:
             self.add(45, "unsure", "caper could not tell which commits or uncommitted changes "
                      "the run would lose", "git state that git cannot give back")
@@ -513,10 +529,13 @@ class _Judge:
             not self.r.matches(self.r.cache_data, full)
         if not listed and (not cached or c.op in ("created", "deleted")):
             return False     # an installer's new entries; a removed one is fetched again
+        if not cached and not c.git_config and (not self.r.matches(self.r.persistence, full) or
+                                                self.r.matches(self.r.persistence_except, full)):
+            return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         if c.keys is not None:
-            fmt = configkeys.format_of(full)
+            fmt = "git" if c.git_config else configkeys.format_of(full)
             risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
             if not risky:
                 return True
@@ -526,7 +545,7 @@ class _Judge:
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full) \
                 and below(full, self.ws):
             return True      # an installer the command names, in the project it installs into
-        git = c.where == "git-internal" or _is_git_config(full)
+        git = c.where == "git-internal" or c.git_config or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
                  what + (", code a cache keeps that later builds and hooks run unchecked"
@@ -551,7 +570,9 @@ class _Judge:
         for prefix, subs in self.r.git_declares.items():
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
-        return any(fnmatch.fnmatchcase(key, g) for g in self.r.harmless_keys.get(fmt or "", ()))
+        # An entry with "=" is one harmless value of the key (core.bare=false).
+        return any(fnmatch.fnmatchcase(kv if "=" in g else key, g)
+                   for g in self.r.harmless_keys.get(fmt or "", ()))
 
     def _git_runs(self, key: str, value: str) -> bool:
         """A git key whose value is a program git runs (core.pager,
@@ -599,7 +620,8 @@ class _Judge:
             return                   # hooks and config: persistence() judged them
         routine = len(parts) > 1 and parts[1] in GIT_ROUTINE
         if op == "deleted" and (len(parts) <= 2 or not routine):
-            if self.d.covers(full, self.d.deletes) and self._task_allows_delete(path):
+            if not _repository_itself(parts) and self.d.covers(full, self.d.deletes) and \
+                    self._task_allows_delete(path):
                 return
             self.add(91, "block", f"it would delete {_quote_clipped(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
@@ -615,22 +637,20 @@ class _Judge:
                      "running git", "the repository's internals", path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
-        # No task known is the strictest case: nothing is deleted on the command's word alone.
-        return self.t is not None and (self.t.names(path) or "delete" in self.t.kinds and
-                                       not self.t.words.isdisjoint({p.lower()
-                                                                    for p in path.split("/")}))
+        # No task known is the strictest case: nothing is deleted on the command's word
+        # alone; a task that only names the path ("fix the lock file") asks for no deletion.
+        return self.t is not None and "delete" in self.t.kinds and (
+            self.t.names(path) or not self.t.words.isdisjoint({p.lower() for p in path.split("/")}))
 
     def _task_deletes(self, path: str, by_git: bool) -> bool:
         """The task (the user's words, not the agent's command) asks for this
         tracked deletion: it names the file or its kind (`the .o files`), or it
         asks to delete and a git command the command names does it (git keeps
         the content). No task known: never."""
-        if self.t is None:
-            return False
+        if self.t is None or "delete" not in self.t.kinds:
+            return False     # naming a file ("make the test pass") asks to fix it, not delete it
         if self.t.names(path):
             return True
-        if "delete" not in self.t.kinds:
-            return False
         return by_git or self._task_names_kind(path)
 
     def _task_names_kind(self, path: str) -> bool:
@@ -653,6 +673,13 @@ class _Judge:
         return all(os.path.isabs(x) and not below(x, self.ws) and x not in self.changed
                    and not any(below(x, t) for t in _SCRATCH)
                    for x in dict.fromkeys([exe, os.path.realpath(exe)]))
+
+    def _overwrite_asked(self, path: str, full: str, c, git_named: bool) -> bool:
+        """An emptied or rewritten tracked file the command names (`: > f`,
+        `truncate -s 0 f`, `echo x > f`) is asked for only by the task naming
+        it: the command text is the agent's. A formatter given it, or a git
+        command (its content is git's), rewrites it as asked."""
+        return git_named or self._formatted(full, c) or self.t is not None and self.t.names(path)
 
     def _formatted(self, full: str, c) -> bool:
         """A formatter the command names rewrote this file: one of the paths
@@ -707,7 +734,9 @@ class _Judge:
                     + (f"{n} tracked files under {_quote_clipped(path)}" if n > 1 else _quote_clipped(path))
                     + (" (no version control keeps them)" if where == "workspace" else ""))
             if declared:
-                if op in ("deleted", "replaced") and not self._task_deletes(path, by_git):
+                if op in ("deleted", "replaced") and not self._task_deletes(path, by_git) or \
+                        op not in ("deleted", "replaced") and \
+                        not self._overwrite_asked(path, full, c, by_git):
                     self.add(55, "unsure", what + ", named by the command but not by the task"
                              + (" (no task is known)" if self.t is None else ""),
                              "tracked files the task did not mention", path=path)
@@ -837,14 +866,14 @@ class _Judge:
 
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
-        emptied = [t.table for t in c.tables
-                   if t.rows_before and t.rows_before >= self.r.mass_min and t.rows_after
-                   is not None and t.rows_after <= t.rows_before * (1 - self.r.mass_share)]
+        emptied = [t.table for t in c.tables if _mass_loss(t, self.r.mass_min, self.r.mass_share)]
         if not dropped and not emptied:
             return
         what = "; ".join(x for x in (
-            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_quote_clipped, dropped))}" if dropped else "",
-            f"delete most rows of {', '.join(map(_quote_clipped, emptied))}" if emptied else "") if x)
+            f"drop table{'s' * (len(dropped) > 1)} {', '.join(map(_quote_clipped, dropped))}"
+            if dropped else "",
+            f"delete or change most rows of {', '.join(map(_quote_clipped, emptied))}"
+            if emptied else "") if x)
         ok = self.t is not None and "database" in self.t.kinds and any(
             self.t.names(t) for t in dropped + emptied)
         if not ok:
@@ -960,6 +989,42 @@ class _Judge:
                      "git state that git cannot give back",
                      "commit or stash the changes first", g.uncommitted[0])
 
+    def git_index(self, g) -> None:
+        """The index git reads next: one git cannot read breaks the user's git
+        (and caper's own view of what is tracked); flags that hide a tracked
+        file's edits from `git status` and `git diff` keep them from review."""
+        if g.index_unreadable:
+            self.add(91, "block", f"it would leave .git/index unreadable by git "
+                     f"({_quote_clipped(g.index_unreadable)})", "the repository's internals",
+                     "let git write its index (git reset)", ".git/index")
+        if g.hidden:
+            named = bool(self.d.git & {"update-index", "sparse-checkout"})
+            self.add(80, "unsure" if named else "block",
+                     f"it would hide the worktree changes of {', '.join(map(_quote_clipped, g.hidden[:4]))} "
+                     "from git status and git diff (skip-worktree, assume-unchanged)",
+                     "changes the user would never review", "leave the index flags alone",
+                     g.hidden[0])
+
+    def git_commits(self, g) -> None:
+        """Commits put on a ref by anything but git's commit-making commands
+        (plumbing, a script): content the user's next push ships unreviewed."""
+        if g.added and not self.d.git & _COMMIT_MAKERS:
+            self.add(65, "unsure", f"it would add commits without git commit ({_quote_clipped(g.added[0])}"
+                     + (f" and {len(g.added) - 1} more shown)" if len(g.added) > 1 else ")"),
+                     "history the user did not review", "commit with git commit")
+
+    def git_unclassified(self, report) -> None:
+        """git could not say which files are tracked: a deletion or overwrite
+        in the workspace cannot be told harmless (fail closed, not "untracked")."""
+        if "git-status-unknown" not in report.uncertain:
+            return
+        hit = next((c.path for c in report.all_changes if c.where in ("untracked", "ignored")
+                    and (c.op in ("deleted", "replaced") or c.overwritten)), None)
+        if hit is not None:
+            self.add(70, "unsure", f"it would delete or overwrite {_quote_clipped(hit)}, and "
+                     "caper could not tell whether git tracks it", "destroying tracked files",
+                     "repair the repository first (git status must work)", hit)
+
     # -- network --
     def network(self, n) -> None:
         if n.call != "proxy" and (n.call == "bind" or n.family == "netlink" or
@@ -1040,6 +1105,44 @@ def _loopback(address: str) -> bool:
     """The sandbox's network namespace has only its own loopback."""
     return address.startswith("127.") or address in ("::1", "localhost", "0.0.0.0", "::") \
         or address.startswith("::ffff:127.")
+
+
+# git subcommands that make commits from what the user sees (the worktree, the index, a branch).
+_COMMIT_MAKERS = {"commit", "merge", "pull", "rebase", "cherry-pick", "revert", "am", "notes",
+                  "fetch", "subtree"}
+
+
+def _mass_loss(t, min_rows: int, share: float) -> bool:
+    """A table emptied (any size), or most of its rows deleted or changed in
+    place (`UPDATE users SET email = NULL` loses every value as surely as a
+    DELETE): counted by content where the report compared rows."""
+    if not t.rows_before or t.rows_after is None:
+        return False
+    if t.rows_after == 0:
+        return True
+    gone = max(t.rows_before - t.rows_after, t.rows_lost or 0)
+    return t.rows_before >= min_rows and gone >= t.rows_before * share
+
+
+def _by_git(c) -> bool:
+    """git's own process wrote the change (a git subcommand named in the text
+    shows nothing: `git status; echo x >> .git/info/exclude`)."""
+    exe = (c.by or "").rsplit("[", 1)[0]
+    prog = os.path.basename(exe)
+    # An installed git: the report names the workspace's files relatively,
+    # and a copy under /tmp is the run's own.
+    return (prog == "git" or prog.startswith("git-")) and exe.startswith("/") and \
+        place(exe, None) not in ("tmp",)
+
+
+# What makes .git a repository: deleting it (or .git itself) loses history git
+# cannot give back, whatever the task says; git's own commands remove what is stale.
+_REPOSITORY_PARTS = ("objects", "refs", "HEAD", "config", "packed-refs", "index")
+
+
+def _repository_itself(parts: list[str]) -> bool:
+    """parts: a .git path's components, ".git" first."""
+    return len(parts) == 1 or len(parts) == 2 and parts[1] in _REPOSITORY_PARTS
 
 
 def _is_git_config(path: str) -> bool:

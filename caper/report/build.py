@@ -176,6 +176,7 @@ class TableDelta(_Model):
     table: str
     rows_before: int | None = None   # None: no such table before (created)
     rows_after: int | None = None    # None: no such table after (dropped)
+    rows_lost: int | None = None     # rows before that after no longer holds (deleted or changed)
 
 
 class FileChange(_Model):
@@ -196,6 +197,7 @@ class FileChange(_Model):
     tables: list[TableDelta] | None = None
     secrets: list[str] | None = None # kinds of secrets in the new content
     keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
+    git_config: bool = False         # git's configuration includes it (include.path)
     by: str | None = None
     read_before: list[str] | None = None
     links: list[str] | None = None   # a new file's other names: one inode (a hard link)
@@ -210,6 +212,9 @@ class GitLoss(_Model):
     stashes: int = 0                 # stash entries dropped
     uncommitted: list[str] = []      # tracked files put back to a committed version
     unknown: str | None = None       # why it could not be told
+    index_unreadable: str | None = None   # why git cannot read the run's .git/index
+    hidden: list[str] = []           # tracked files the run's index hides from git status
+    added: list[str] = []            # commits the run put on refs: "ref: sha subject (files)"
 
 
 class Aggregate(_Model):
@@ -393,6 +398,10 @@ class Report(_Model):
             seen.setdefault(x.where if x.where in ("stdout", "stderr", "argv") else WITHHELD,
                             set()).update(x.kinds)
         r.secrets = [SecretSeen(where=w, kinds=sorted(k)) for w, k in seen.items()]
+        r.end.detail = r.end.detail and WITHHELD
+        if r.git:    # commit subjects and the files they name are the run's words
+            r.git.added = [WITHHELD] * len(r.git.added)
+            r.git.index_unreadable = r.git.index_unreadable and WITHHELD
         out = r.output
         r.output = OutputSummary(**{name: Stream(bytes=n, omitted_bytes=n) for name, n in (
             ("stdout", rounded(out.stdout.bytes)), ("stderr", rounded(out.stderr.bytes)))})
@@ -498,7 +507,7 @@ def _change_severity(c: FileChange, rel: str = "") -> int:
     elif c.where == "untracked" and c.op in ("modified", "deleted", "replaced", "renamed"):
         sev = 70            # the user's own files that git does not keep
     if c.tables and any(t.rows_after is None or (t.rows_before or 0) > (t.rows_after or 0)
-                        for t in c.tables):
+                        or t.rows_lost for t in c.tables):
         sev = max(sev, 75)
     if c.secrets:
         sev = max(sev, 95)
@@ -871,6 +880,8 @@ def _draft(facts: RunFacts) -> _Draft:
                 redactor.add_values(loc.credential_values(p), cred[1])
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
+    included = configkeys.git_included(
+        os.path.join(facts.workspace, ".git") if view.is_git else None, facts.home)
     uncertain: dict[str, int] = dict(an.uncertain)
     if facts.result.stats.shm_bytes:
         uncertain[SHM_DISCARDED] = facts.result.stats.shm_bytes
@@ -910,6 +921,7 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.privileges = list(c.privileges)
         if c.kind in ("created", "replaced") and c.ftype == "file":
             fc.links = _other_names(c.path, names_of, an) or None
+        fc.git_config = c.path in included
         if view.inside(c.path) and view.is_git:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
@@ -950,7 +962,8 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.secrets = sorted(d.secrets)
             secrets[fc.path] = set(d.secrets)
         if d and d.tables is not None:
-            fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after)
+            fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
+                                    rows_lost=t.lost)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
@@ -1016,13 +1029,18 @@ def _draft(facts: RunFacts) -> _Draft:
                   settings_only)
 
 
-def _git_shown(g: GitLoss, path) -> GitLoss:
-    return g.model_copy(update={"uncommitted": [path(p) for p in g.uncommitted[:8]]})
+def _git_shown(g: GitLoss, path, clean, commits: int) -> GitLoss:
+    """clean: report text from git's (commit subjects and errors are the run's words)."""
+    return g.model_copy(update={
+        "uncommitted": [path(p) for p in g.uncommitted[:8]],
+        "hidden": [path(p) for p in g.hidden[:8]],
+        "added": [clean(a) for a in g.added[:commits]],
+        "index_unreadable": clean(g.index_unreadable) if g.index_unreadable else None})
 
 
 def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
     """The keys a changed config file of a known format gained (configkeys)."""
-    fmt = configkeys.format_of(fc.path)
+    fmt = "git" if fc.git_config else configkeys.format_of(fc.path)
     if fmt is None or fc.type != "file" or fc.op in ("deleted", "meta"):
         return None
     where = loc.locate(fc.path)
@@ -1156,7 +1174,8 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
         end=RunEnd(how=res.end.name.lower(), exit_code=res.exit_code, signal=res.signal,
                    detail=_clean(red, res.error, 200) if res.error else None),
         counts=counts, uncertain=uncertain, changes=changes, aggregates=aggregates,
-        git=_git_shown(d.git, path) if d.git else None,
+        git=_git_shown(d.git, path, lambda s: _clean(red, s, lim.path_chars),
+                       max(lim.items // 4, 2)) if d.git else None,
         network=net, protected_reads=prot, secrets=secret_items, output=output,
         processes=Processes(started=sum(1 for p in an.procs.values() if p.start_seq),
                             execs=execs, refused=refused, signals=signals))
@@ -1305,7 +1324,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
             out.diff = lines
         if out.tables:
             out.tables = [TableDelta(table=_clean(d.redactor, t.table, 64),
-                                     rows_before=t.rows_before, rows_after=t.rows_after)
+                                     rows_before=t.rows_before, rows_after=t.rows_after,
+                                     rows_lost=t.rows_lost)
                           for t in out.tables[:max(lim.items // 2, 3)]]
     return out
 
@@ -1427,7 +1447,8 @@ def render_card(r: Report) -> str:
             bits.append(f"by {quote(c.by)}")
         L.append(" ".join(bits))
         for t in c.tables or []:
-            L.append(f"    table {quote(t.table)}: rows {t.rows_before} -> {t.rows_after}")
+            L.append(f"    table {quote(t.table)}: rows {t.rows_before} -> {t.rows_after}"
+                     + (f", {t.rows_lost} deleted or changed" if t.rows_lost else ""))
         if c.read_before:
             L.append("    read before: " + ", ".join(map(quote, c.read_before)))
         for line in c.diff or []:
@@ -1448,6 +1469,13 @@ def render_card(r: Report) -> str:
             if g.uncommitted else []
         lost += [f"unknown ({quote(g.unknown)})"] if g.unknown else []
         L.append("git state lost: " + "; ".join(lost))
+    if g and g.index_unreadable:
+        L.append(f"git index: unreadable by git after the run ({quote(g.index_unreadable)})")
+    for line in g.added if g else []:
+        L.append("git commit added: " + quote(line))
+    if g and g.hidden:
+        L.append("git index: hides worktree changes of " + ", ".join(map(quote, g.hidden))
+                 + " from git status and git diff (skip-worktree, assume-unchanged)")
     for n in r.network:
         dest = quote(n.address) + (f" port {n.port}" if n.port is not None else "")
         if n.call == "proxy":

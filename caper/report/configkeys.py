@@ -21,6 +21,7 @@ GIT_TIMEOUT_S = 10
 MAX_CONFIG_BYTES = 256 * 1024
 MAX_KEYS = 32            # listed per file; more are counted in the last entry
 VALUE_CHARS = 80
+MAX_INCLUDED = 16        # git config files followed through include.path
 
 
 def format_of(path: str) -> str | None:
@@ -45,6 +46,39 @@ def format_of(path: str) -> str | None:
     if name == "package.json":
         return "package"
     return None
+
+
+def git_included(git_dir: str | None, home: str | None) -> set[str]:
+    """The files git's configuration pulls in by include.path or
+    includeIf.*.path, at any depth, from the repository's .git/config and the
+    user's ~/.gitconfig and ~/.config/git/config: each is git configuration,
+    whatever its name or place. Conditions are not weighed (any file some
+    condition includes counts). Host paths, existing or not."""
+    roots = [os.path.join(git_dir, "config")] if git_dir else []
+    if home and home != "/":
+        roots += [os.path.join(home, ".gitconfig"), os.path.join(home, ".config", "git", "config")]
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo and len(seen) < MAX_INCLUDED:
+        path = todo.pop()
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError:
+            continue
+        if b"include" not in data.lower():
+            continue        # most configs include nothing: no git process for them
+        for key, value in _pairs("git", data) or ():
+            if not value or not (key == "include.path" or
+                                 key.startswith("includeif.") and key.endswith(".path")):
+                continue
+            if value.startswith("~/") and home:
+                value = home.rstrip("/") + value[1:]
+            found = os.path.normpath(os.path.join(os.path.dirname(path), value))
+            if found not in seen and found not in roots:
+                seen.add(found)
+                todo.append(found)
+    return seen
 
 
 def changed_keys(fmt: str, old: bytes | None, new: bytes) -> list[str] | None:

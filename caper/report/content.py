@@ -28,6 +28,8 @@ MAX_DIFF_LINES = 400          # kept from a diff before the report's budget trim
 MAX_SCAN_BYTES = 1 << 20      # read of a new file's content, for secrets
 MAX_TABLES = 32
 SQLITE_DEADLINE_S = 0.2       # per database, for counting rows
+SQLITE_ROWS_DEADLINE_S = 0.3  # per database, for comparing rows by content
+MAX_ROWS_COMPARED = 100_000   # per table
 SQLITE_MAGIC = b"SQLite format 3\0"
 OVERWRITE_SHARE = 0.9         # of a text file's old lines removed: overwritten, not edited
 OVERWRITE_MIN_LINES = 5
@@ -148,6 +150,7 @@ class TableRows:
     name: str
     before: int | None   # None: the table did not exist (or could not be counted)
     after: int | None
+    lost: int | None = None   # rows of before that after no longer holds (deleted or changed)
 
 
 @dataclass(slots=True)
@@ -175,9 +178,11 @@ def _as_text(b: Blob | None) -> str | None:
         return None
 
 
-def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
-    """Tables and row counts of a database file, read-only and immutable (no
-    journal or -shm file is created next to it), or None if it is not one."""
+def _sqlite_tables(root: str, rel: str) -> dict[str, tuple[int | None, Counter | None]] | None:
+    """Tables of a database file, each with its row count and its rows'
+    digests (None past MAX_ROWS_COMPARED or the deadline), read-only and
+    immutable (no journal or -shm file is created next to it), or None if it
+    is not one."""
     head = read_blob(root, rel, len(SQLITE_MAGIC))
     if head is None or head.data != SQLITE_MAGIC:
         return None
@@ -198,19 +203,37 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, int | None] | None:
         names = [r[0] for r in con.execute(
             "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name LIMIT ?",
             (MAX_TABLES + 1,))]
-        out: dict[str, int | None] = {}
+        counts: dict[str, int | None] = {}
         for n in names:
             try:
                 q = 'SELECT count(*) FROM "' + n.replace('"', '""') + '"'
-                out[n] = con.execute(q).fetchone()[0]
+                counts[n] = con.execute(q).fetchone()[0]
             except sqlite3.Error:
-                out[n] = None
-        return out
+                counts[n] = None
+        deadline = time.monotonic() + SQLITE_ROWS_DEADLINE_S
+        return {n: (k, _row_digests(con, n) if k is not None and k <= MAX_ROWS_COMPARED else None)
+                for n, k in counts.items()}
     except sqlite3.Error:
         return None
     finally:
         con.close()
         os.close(fd)
+
+
+def _table_rows(name: str, before: tuple | None, after: tuple | None) -> TableRows:
+    (b, b_rows), (a, a_rows) = before or (None, None), after or (None, None)
+    lost = sum((b_rows - a_rows).values()) if b_rows is not None and a_rows is not None else None
+    return TableRows(name, b, a, lost)
+
+
+def _row_digests(con: sqlite3.Connection, table: str) -> Counter | None:
+    """The table's rows as a multiset of digests: a row updated in place is
+    one lost and one new, as a deleted and an inserted row are."""
+    try:
+        rows = con.execute('SELECT * FROM "' + table.replace('"', '""') + '"')
+        return Counter(hashlib.blake2b(repr(r).encode(), digest_size=8).digest() for r in rows)
+    except sqlite3.Error:
+        return None
 
 
 class _Timeout(Exception):
@@ -305,7 +328,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     a_db = _sqlite_tables(*where) if where and after else None
     if b_db is not None or a_db is not None:
         b_db, a_db = b_db or {}, a_db or {}
-        rows = [TableRows(n, b_db.get(n), a_db.get(n)) for n in sorted(set(b_db) | set(a_db))]
+        rows = [_table_rows(n, b_db.get(n), a_db.get(n)) for n in sorted(set(b_db) | set(a_db))]
         rows.sort(key=lambda r: r.before == r.after)   # changed tables first
         d.tables = rows[:MAX_TABLES]
         wal = read_blob(where[0], where[1] + "-wal", 1) if where else None

@@ -25,6 +25,7 @@ from caper.report.workspace import _GIT_ENV, _GIT_OPTIONS, GIT_TIMEOUT_S
 
 MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
 MAX_FILES = 2000           # tracked files looked at per run
+MAX_SHOWN_COMMITS = 8      # new commits listed per run
 MAX_REWRITTEN = 200        # commits compared by patch id to tell a rebase from a drop
 
 
@@ -37,9 +38,13 @@ class Loss:
     stashes: int = 0                                  # stash entries dropped
     uncommitted: list[str] = field(default_factory=list)   # tracked files, host paths
     unknown: str | None = None                        # why it could not be told
+    index_unreadable: str | None = None   # why git cannot read the run's .git/index
+    hidden: list[str] = field(default_factory=list)   # tracked files git status no longer shows
+    added: list[str] = field(default_factory=list)    # "ref: sha subject (files)" the run put on refs
 
     def __bool__(self) -> bool:
-        return bool(self.commits or self.stashes or self.uncommitted or self.unknown)
+        return bool(self.commits or self.stashes or self.uncommitted or self.unknown
+                    or self.index_unreadable or self.hidden or self.added)
 
 
 class _Repo:
@@ -124,7 +129,9 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
     stash_changed = any(below(stash_log, c.path) for c in changes)
     restored = [c.path for c in changes if c.path in tracked and c.kind == "modified"
                 and c.ftype == "file"][:MAX_FILES]
-    if not (ref_changes or stash_changed or restored):
+    index = os.path.join(git_dir, "index")
+    index_changed = any(c.path == index and c.kind != "deleted" for c in changes)
+    if not (ref_changes or stash_changed or restored or index_changed):
         return loss
     try:
         repo = _Repo(workspace, tree)
@@ -139,6 +146,8 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
             loss.stashes = len(gone)
         if restored:
             loss.uncommitted = _restored(repo, restored)
+        if index_changed:
+            _index(repo, loss)
     except (OSError, subprocess.SubprocessError) as e:
         loss.unknown = str(e) or type(e).__name__
     return loss
@@ -164,6 +173,9 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
     stash = "refs/stash"        # dropped stashes are counted from the reflog
     before = {k: v for k, v in {**packed_before, **loose_before}.items() if k != stash}
     after = {k: v for k, v in {**packed_after, **loose_after}.items() if k != stash}
+    grown = sorted(k for k in after if after[k] != before.get(k))
+    if grown:
+        loss.added = _added(repo, grown, sorted(set(before.values())), after)
     moved = sorted(k for k in before if after.get(k) != before[k])
     if not moved:
         return
@@ -182,6 +194,53 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
                 loss.content_kept = _tree_kept(repo, tip, keep)
             rebased = rebased and name in after and _rebased(repo, tip, after[name])
     loss.rebased = bool(loss.commits) and rebased
+
+
+def _added(repo: _Repo, names: list[str], old_tips: list[str], after: dict[str, str]) -> list[str]:
+    """The commits the run put on refs (new ones, not a ref moved to a
+    commit the repository had), each with the files it changes: what the
+    user's next `git push` ships or `git checkout` brings into the worktree,
+    however it was made (`commit-tree` and `update-ref` write only objects)."""
+    out: list[str] = []
+    for name in names:
+        log = repo.git("log", "--format=%x00%h %s", "--name-only", "--no-renames",
+                       "-n", str(MAX_SHOWN_COMMITS), after[name], "--not", *old_tips, "--")
+        for entry in log.split(b"\0")[1:]:
+            head, _, files = entry.decode(errors="replace").strip().partition("\n")
+            names_changed = [f for f in files.split("\n") if f]
+            more = f" and {len(names_changed) - 6} more" if len(names_changed) > 6 else ""
+            out.append(f"{name}: {head[:80]} ({', '.join(names_changed[:6]) or 'no files'}{more})")
+            if len(out) >= MAX_SHOWN_COMMITS:
+                return out
+    return out
+
+
+def _index(repo: _Repo, loss: Loss) -> None:
+    """The run's index: git must still read it, and it must not newly hide
+    tracked files' worktree changes from `git status` and `git diff`
+    (skip-worktree, assume-unchanged)."""
+    where = repo.tree.locate(os.path.join(repo.git_dir, "index"))
+    if not where:
+        return
+    try:
+        after = repo.git("ls-files", "-v", "-z", env={"GIT_INDEX_FILE": os.path.join(*where)})
+    except OSError as e:
+        loss.index_unreadable = str(e) or "git cannot read it"
+        return
+    before = repo.git("ls-files", "-v", "-z", ok=(0, 128))    # 128: the host's is unreadable
+    hidden = sorted(_hidden(after) - _hidden(before))[:MAX_FILES]
+    loss.hidden = [os.path.join(repo.ws, p) for p in hidden]
+
+
+def _hidden(ls_v: bytes) -> set[str]:
+    """`ls-files -v` entries git does not compare with the worktree: tag S
+    (skip-worktree) or a lowercase tag (assume-unchanged)."""
+    out = set()
+    for entry in ls_v.split(b"\0"):
+        tag, _, path = entry.partition(b" ")
+        if path and (tag == b"S" or tag.islower()):
+            out.add(os.fsdecode(path))
+    return out
 
 
 def _tree_kept(repo: _Repo, tip: str, keep: list[str]) -> bool:

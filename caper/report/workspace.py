@@ -197,6 +197,7 @@ class PathView:
                 ls = _Git(self.workspace, "--literal-pathspecs", "ls-files", "-z", "--full-name",
                           "--", *chunk).result(ok=(0,))
                 tracked += (os.fsdecode(x) for x in ls.split(b"\0") if x)
+                tracked += self._committed(chunk)
             self._tracked = sorted(set(tracked))
             out = ignored.result(ok=(0, 1))    # 1: nothing ignored
             self._ignored = {os.fsdecode(x).rstrip("/") for x in out.split(b"\0") if x}
@@ -206,6 +207,14 @@ class PathView:
             if ignored and ignored.proc.returncode is None:
                 ignored.proc.kill()
                 ignored.proc.communicate()
+
+    def _committed(self, rels: list[str]) -> list[str]:
+        """Of rels, the files HEAD holds: tracked even when the index no
+        longer lists them (an index emptied by `git read-tree --empty` does
+        not make the sources untracked). No commit yet: none."""
+        ls = _Git(self.workspace, "--literal-pathspecs", "ls-tree", "-r", "-z", "--name-only",
+                  "--full-tree", "HEAD", "--", *rels).result(ok=(0, 128))
+        return [os.fsdecode(x) for x in ls.split(b"\0") if x]
 
     @staticmethod
     def _git_internal(rel: str) -> bool:
