@@ -524,7 +524,7 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
-        listed = self._persistent_place(full)
+        listed = self._persistent_place(full) or bool(c.git_config)   # git includes it
         cached = not listed and self.r.matches(self.r.code_caches, full) and \
             not self.r.matches(self.r.cache_data, full)
         if not listed and (not cached or c.op in ("created", "deleted")):
