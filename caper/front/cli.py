@@ -157,10 +157,21 @@ def cmd_run(args, parser) -> int:
     return status
 
 
+def _request(args, command, task: str | None, from_transcript: bool, caller,
+             workspace: str | None, **context):
+    """The RunRequest of a parsed `caper run` (context: the cwd and env of a
+    caller in another process, the gate's client)."""
+    from caper.request import RunRequest
+    return RunRequest(command, task=task, task_from_transcript=from_transcript,
+                      approver=args.approver, backend=args.backend, timeout=args.timeout,
+                      workspace=workspace, session=args.session, on_unsure=args.on_unsure,
+                      max_memory=args.max_memory, allow_net=args.allow_net or (),
+                      caller=caller, **context)
+
+
 def _run(args, parser, said: Said) -> int:
     from caper.errors import ConfigError
     from caper.front.tasks import TaskRecordError
-    from caper.request import RunRequest
     from caper.sandbox.inherit import Caller
     from caper.state import state_dir
     command = _command(args, parser)
@@ -168,12 +179,8 @@ def _run(args, parser, said: Said) -> int:
         state = state_dir()
         task, from_transcript = (_call_task(args, parser, command, state) if args.call
                                  else (args.task, False))
-        request = RunRequest(command, task=task, task_from_transcript=from_transcript,
-                             approver=args.approver, backend=args.backend, timeout=args.timeout,
-                             workspace=args.workspace, session=args.session,
-                             on_unsure=args.on_unsure, max_memory=args.max_memory,
-                             allow_net=args.allow_net or (),
-                             caller=Caller.here(shell=args.shell, stdin=args.stdin))
+        request = _request(args, command, task, from_transcript,
+                           Caller.here(shell=args.shell, stdin=args.stdin), args.workspace)
     except ConfigError as e:
         return _failed(args, str(e), said)
     except TaskRecordError as e:
@@ -251,14 +258,12 @@ def gate_argv(argv: list[str], caller_doc: dict, stdin: bytes, state: str,
     except TaskRecordError as e:
         return EXIT_CAPER_FAILED, _failed_said(args, f"{e}; not run")
     from caper.errors import CaperError
-    from caper.transaction import run
+    from caper.transaction import run_request
     workspace = args.workspace and os.path.join(caller.cwd, args.workspace)
     try:
-        out = run(command, task=task, task_from_transcript=from_transcript,
-                  approver=args.approver, backend=args.backend, timeout=args.timeout,
-                  workspace=workspace, session=args.session, on_unsure=args.on_unsure,
-                  max_memory=args.max_memory, allow_net=args.allow_net or (), state_dir=state,
-                  cwd=caller.cwd, env=caller.env, caller=caller, still_wanted=still_wanted)
+        out = run_request(_request(args, command, task, from_transcript, caller, workspace,
+                                   cwd=caller.cwd, env=caller.env),
+                          state_dir=state, still_wanted=still_wanted)
     except CaperError as e:
         return EXIT_CAPER_FAILED, _failed_said(args, f"caper failed: {e}")
     status = _finish(args, {**out.to_json(), "gate": os.getpid()}, out.card(),
