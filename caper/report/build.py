@@ -1254,13 +1254,6 @@ def _other_names(path: str, names_of: dict[str, list[str]], an: "_Analysis") -> 
     return [p for p in dict.fromkeys(names_of[path] + an.names(path)[1:]) if p != path]
 
 
-def _links(path: str) -> int:
-    try:
-        return os.lstat(path).st_nlink
-    except OSError:
-        return 0
-
-
 def _bump(flags: list[str], name: str) -> None:
     """Add one to the flag `name: N` (or add it)."""
     for i, f in enumerate(flags):
