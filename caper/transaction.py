@@ -228,7 +228,8 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
         committed = workspace_swapped = False
         commit_notes: tuple[str, ...] = ()
         # caper's own config may hold the approver's key: reading it is a credential read.
-        own_config = (ProtectedPattern(os.path.realpath(config_path(env)), "caper-config"),)
+        config_file = config_path(env)
+        own_config = (ProtectedPattern(os.path.realpath(config_file), "caper-config"),)
         protected = protected_for(default_patterns() + tuple(config.protected_patterns())
                                   + tainted + own_config, home, workspace)
         try:
@@ -273,7 +274,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
             asked = ApprovalRequest(text, request.task, report, history, cwd=cwd,
                                     workspace=workspace, home=home, protected=protected,
                                     task_from_transcript=request.task_from_transcript,
-                                    config_file=config_path(env),
+                                    config_file=config_file,
                                     xdg_config_home=(os.environ if env is None else env).get(
                                         "XDG_CONFIG_HOME", ""))
             decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
