@@ -197,6 +197,25 @@ static size_t resolve(struct proc *p, int dirfd, const char *rel, char *out, uin
     return path_join_normalize(b, rel, out, CAPER_PATH_MAX);
 }
 
+/* Open what a tracee's name names, inside its root (O_PATH), and remember
+ * its identity as the call's source object (src_known, src_dev, src_ino).
+ * Returns the descriptor, which the caller closes, or -1. */
+static int take_source(struct proc *p, struct pending *pd, int dirfd, const char *raw,
+                       int follow, struct stat *st)
+{
+    int refused, fd = tracee_open(p->tid, dirfd, raw, follow, &refused);
+    if (fd >= 0 && fstat(fd, st) < 0) {
+        close(fd);
+        return -1;
+    }
+    if (fd >= 0) {
+        pd->src_known = 1;
+        pd->src_dev = st->st_dev;
+        pd->src_ino = st->st_ino;
+    }
+    return fd;
+}
+
 /* Read and resolve a path argument into slot i of the pending event. */
 static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint64_t addr)
 {
@@ -226,12 +245,7 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
         /* The kernel reads the name again: the object itself is checked
          * against what the new name holds after the call (on_syscall_exit). */
         struct stat st;
-        int refused, fd = tracee_open(p->tid, dirfd, raw, follow, &refused);
-        if (fd >= 0 && fstat(fd, &st) == 0) {
-            pd->src_known = 1;
-            pd->src_dev = st.st_dev;
-            pd->src_ino = st.st_ino;
-        }
+        int fd = take_source(p, pd, dirfd, raw, follow, &st);
         if (fd >= 0)
             close(fd);
     }
@@ -241,13 +255,10 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
  * script (the kernel then runs its interpreter). */
 static void take_program(struct proc *p, struct pending *pd)
 {
-    int refused, fd = tracee_open(p->tid, pd->dirfd[0], pd->raw[0], 1, &refused);
     struct stat st;
     char head[2];
-    if (fd >= 0 && fstat(fd, &st) == 0) {
-        pd->src_known = 1;
-        pd->src_dev = st.st_dev;
-        pd->src_ino = st.st_ino;
+    int fd = take_source(p, pd, pd->dirfd[0], pd->raw[0], 1, &st);
+    if (fd >= 0) {
         char at[64];
         snprintf(at, sizeof at, "/proc/self/fd/%d", fd);
         /* Reopens the O_PATH descriptor itself; a regular file only (a FIFO's
@@ -256,9 +267,8 @@ static void take_program(struct proc *p, struct pending *pd)
         pd->src_script = rd >= 0 && pread(rd, head, 2, 0) == 2 && head[0] == '#' && head[1] == '!';
         if (rd >= 0)
             close(rd);
-    }
-    if (fd >= 0)
         close(fd);
+    }
 }
 
 static void take_fd_path(struct proc *p, struct pending *pd, int i, int fd)
