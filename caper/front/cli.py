@@ -183,9 +183,7 @@ def _run(args, parser, said: Said) -> int:
                            Caller.here(shell=args.shell, stdin=args.stdin), args.workspace)
     except ConfigError as e:
         return _failed(args, str(e), said)
-    except TaskRecordError as e:
-        return _failed(args, f"{e}; not run", said)
-    except ValueError as e:          # a context the command cannot be given (a terminal)
+    except (TaskRecordError, ValueError) as e:   # ValueError: a context it cannot get (a tty)
         return _failed(args, f"{e}; not run", said)
     if not args.no_gate and not args.stdin and os.environ.get("CAPER_NO_GATE") != "1":
         from caper.front import gate
