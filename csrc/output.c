@@ -121,6 +121,11 @@ void watcher_join(struct watcher *w, void *thread)
     if (write(w->wake_fd[1], "x", 1) < 0) { /* the thread also stops on its own */ }
     pthread_join(*t, NULL);
     free(t);
+    /* One last look: a command can fill the filesystem between two polls and
+     * then exit (dash exits when `: > f` fails), and its full upper would
+     * otherwise go to the approver as a finished run. */
+    if (w->disk_path && !w->disk_full && !w->timed_out && disk_low(w))
+        w->disk_full = 1;
     char buf[65536];
     for (int i = 0; i < 2; i++) {
         struct output_stream *s = i ? &w->err : &w->out;

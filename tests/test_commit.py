@@ -1100,6 +1100,20 @@ def test_commit_refuses_until_an_interrupted_commit_is_recovered(env):
     env.check_committed()
 
 
+def test_a_journal_that_cannot_be_made_refuses_the_commit_and_changes_nothing(env):
+    """Where the state directory cannot take the journal (here a file holds its
+    name; a full filesystem gives ENOSPC at the same call), the commit is
+    refused with the call and its object, not an OSError, and the host and
+    the upper layer stay as they were."""
+    env.build({"a": "1"})
+    env.run("echo 2 > a; echo new > c")
+    (env.state / "journal").write_text("not a directory")
+    with pytest.raises(CommitError, match=r"mkdir\(.*journal\).*nothing was committed"):
+        env.commit()
+    assert (env.host / "a").read_text() == "1" and not (env.host / "c").exists()
+    assert sorted(os.listdir(env.upper)) == ["a", "c"]
+
+
 def test_recover_leaves_a_running_commit_alone(env):
     env.build({"a": "1"})
     env.run("echo 2 > a")

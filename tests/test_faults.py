@@ -216,9 +216,9 @@ def test_a_damaged_session_database_fails_closed(tmp_path):
 
 @needs_root
 @pytest.mark.parametrize("what, command", [
-    # 1 MB at a time: one 200 MB write fills this tmpfs in ~30 ms, and under
-    # load the guard, which looks every DISK_POLL_MS, could miss it (the
-    # run is then refused by the full disk instead, nothing committed)
+    # Both can fill the tmpfs between two of the guard's looks (every
+    # DISK_POLL_MS) and exit (dash exits when `: > f` fails): its last look,
+    # after the command ended, still ends the run as disk_limit.
     ("bytes", "for i in $(seq 200); do head -c 1000000 /dev/zero > f$i; done; echo never"),
     ("inodes", "mkdir many && cd many && i=0; while :; do : > f$i; i=$((i+1)); done"),
 ])

@@ -112,8 +112,12 @@ def commit(layers: Sequence[Layer], *, state_dir: str, since_ns: int, exclude: S
     state_dir = os.path.abspath(state_dir)
     jdir = os.path.join(state_dir, JOURNAL_DIR)
     if not os.path.isdir(jdir):
-        os.makedirs(jdir, mode=0o700, exist_ok=True)
-        fsync_dir(state_dir)
+        try:
+            os.makedirs(jdir, mode=0o700, exist_ok=True)
+            fsync_dir(state_dir)
+        except OSError as e:   # before any change: nothing to undo
+            raise CommitError(f"mkdir({jdir}): {e.strerror} (errno {e.errno}); nothing was "
+                              "committed", step="journal") from e
     # An interrupted commit that recover() could not complete leaves its own
     # paths in an unknown state, and only those: a commit elsewhere goes on.
     stale = stale_paths(state_dir)
