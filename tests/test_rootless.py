@@ -300,8 +300,9 @@ def test_a_rootless_run_that_closes_what_it_wrote_is_not_held_past_the_quota(clo
     measure is not held."""
     need_rootless_venv()
     base = Path(tempfile.mkdtemp(prefix="caper-rootless-quota-"))
-    atexit.register(subprocess.run, ["chmod", "-R", "u+rwx", str(base)], check=False)
+    # atexit runs last-registered first: open the tree up, then remove it
     atexit.register(shutil.rmtree, base, True)
+    atexit.register(subprocess.run, ["chmod", "-R", "u+rwx", str(base)], check=False)
     ws = base / "ws"
     ws.mkdir()
     for d in (base, ws):
