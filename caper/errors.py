@@ -96,6 +96,13 @@ class CommitIncomplete(CommitError):
         self.applied = applied
 
 
+class ForgedJournal(CommitError):
+    """A commit journal whose MAC does not verify: set aside, nothing it names touched."""
+
+    def __init__(self, message: str):
+        super().__init__(message, step="journal")
+
+
 class BtrfsError(CaperError):
     """A btrfs operation failed (the message names the call, the object and errno)."""
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from caper.commit.engine import commit
+from caper.commit.journal import SET_ASIDE
 from caper.commit.plan import plan_changes
 from caper.config import Config, config_path, load_config
 from caper.errors import (
@@ -204,7 +205,10 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
         raise ConfigError(f"--backend btrfs: {workspace} is not a btrfs subvolume "
                           "(or btrfsutil is not installed)")
 
-    tidy(state_dir)  # interrupted commits first; then dead, expired and kept scratch
+    # interrupted commits first; then dead, expired and kept scratch. A record
+    # set aside as not caper's is said: someone wrote into the state directory.
+    set_aside = tuple(f"caper recover: {line}" for line in tidy(state_dir)
+                      if SET_ASIDE in line)
     with workspace_lock(state_dir, workspace):
         t = time.perf_counter()
         entries = mountinfo.read()
@@ -351,7 +355,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                               committed=committed, kept_upper=kept, approver=decision.approver,
                               confidence=decision.confidence, boundary=decision.boundary,
                               ask=decision.ask, steps=decision.steps, held=held,
-                              notes=notes(report) + commit_notes,
+                              notes=set_aside + notes(report) + commit_notes,
                               withheld=not committed and bool(report.read_credentials))
         finally:
             if kept == snap.scratch:

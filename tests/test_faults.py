@@ -5,6 +5,7 @@ scratch left behind. (Kills during the commit itself: tests/test_commit.py,
 at every step.)"""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -167,26 +168,38 @@ def test_a_full_disk_during_the_commit_changes_nothing(tmp_path):
         subprocess.run(["umount", str(ws)], check=True)
 
 
-def test_a_corrupted_journal_blocks_commits_until_recover_is_told(tmp_path):
+@pytest.mark.parametrize("planted", ["garbage", "forged"])
+def test_a_journal_caper_did_not_write_is_set_aside_and_touches_nothing(tmp_path, planted):
+    """Round 4: an agent's file tools can write the state directory. A planted
+    journal saying "applied" with the user's project as a layer's upper made
+    the next run's recovery empty the project. Journals are written whole by
+    rename, so one that does not parse or whose MAC does not verify was not
+    written by caper: it is set aside, nothing it names is touched, the run
+    goes on and says so."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "keep").write_text("precious\n")
+    victim = tmp_path / "project"
+    victim.mkdir()
+    (victim / "work.py").write_text("print('mine')\n")
     state = tmp_path / "state"
     (state / "journal").mkdir(parents=True)
-    (state / "journal" / "0123456789ab.json").write_text("{ not json")
-    out_err = None
-    try:
-        out = run("echo changed > keep", cwd=ws, workspace=ws, approver="allow", config=Config(),
-                  state_dir=str(state))
-        assert not out.committed
-        out_err = out.reason
-    except Exception as e:        # a CaperError: the run never started
-        out_err = str(e)
-    assert "0123456789ab" in out_err
-    assert (ws / "keep").read_text() == "precious\n"
+    forged = {"version": 1, "phase": "applied", "units": [], "metas": [], "times": [],
+              "layers": [{"mount_point": "/", "dev": os.stat("/").st_dev, "upper": str(victim)}],
+              "mac": "0" * 64}
+    (state / "journal" / "0123456789ab.json").write_text(
+        "{ not json" if planted == "garbage" else json.dumps(forged))
+    out = run("echo changed > keep", cwd=ws, workspace=ws, approver="allow", config=Config(),
+              state_dir=str(state))
+    assert out.committed and (ws / "keep").read_text() == "changed\n"
+    assert (victim / "work.py").read_text() == "print('mine')\n"
+    assert any("0123456789ab" in n and "not a record caper wrote" in n for n in out.notes), out.notes
+    assert (state / "journal" / "0123456789ab.rejected").exists()
     p = subprocess.run([sys.executable, "-m", "caper", "recover", "--state-dir", str(state)],
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
-    assert "FAILED, journal kept" in p.stdout     # said, not guessed
+    assert p.returncode == 0 and "FAILED" not in p.stdout, p.stdout
+    assert run("true", cwd=ws, workspace=ws, approver="allow", config=Config(),
+               state_dir=str(state)).committed
 
 
 def test_a_deleted_state_directory_is_made_again(tmp_path):

@@ -189,7 +189,7 @@ def _replay(journal: Journal, action: str, failure: Callable[[Exception], Commit
     journal; if that fails, release it for recover() and raise failure(e)."""
     rec = None
     try:
-        rec = Recovery(load_journal(journal.path))
+        rec = Recovery(load_journal(journal))
         getattr(rec, action)()
         journal.remove()
     except Exception as e:

@@ -3,17 +3,26 @@
 One record per commit, `<state_dir>/<kind>/<id>.json`, replaced atomically
 and durably (tmp, fsync, rename, fsync dir), with `<id>.lock` held by the
 process that owns it, so recovery can tell an abandoned commit from a
-running one. Every step that changes the filesystem, here and in the
+running one. A record carries an HMAC under the state directory's record
+key (caper.state.record_key): recovery acts on what a record names (it
+empties upper dirs, renames, sets modes), and an agent's own file tools can
+write the state directory; a record that does not verify is set aside,
+never acted on. Every step that changes the filesystem, here and in the
 engines, calls `step()` first: the crash tests set `fault_hook` to kill the
 process at each one.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import json
 import os
 import stat
 from typing import Callable
+
+from caper.errors import ForgedJournal
+from caper.state import RECORD_KEY, record_key
 
 # Fault injection for the crash tests, shared by both commit engines.
 fault_hook: Callable[[str], None] | None = None
@@ -65,8 +74,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+SET_ASIDE = "not caper's, set aside"     # what recovery says of a ForgedJournal
+
+
+def record_key_path(state_dir: str) -> str:
+    return os.path.join(state_dir, RECORD_KEY)
+
+
 class Journal:
     def __init__(self, state_dir: str, kind: str, jid: str):
+        self.state_dir, self.kind = state_dir, kind
         self.dir = os.path.join(state_dir, kind)
         self.id = jid
         self.path = os.path.join(self.dir, jid + ".json")
@@ -95,13 +112,21 @@ class Journal:
                 return True
             os.close(fd)
 
+    def _mac(self, data: dict) -> str:
+        body = json.dumps(["journal", self.kind, self.id, data], sort_keys=True,
+                          separators=(",", ":"))
+        return hmac.new(record_key(self.state_dir), body.encode(), hashlib.sha256).hexdigest()
+
     def write(self, data: dict) -> None:
-        """Atomically replace the record, durably."""
-        write_atomic(self.path, json.dumps(data, separators=(",", ":")).encode("ascii"))
+        """Atomically replace the record, durably, under its MAC."""
+        record = {**data, "mac": self._mac(data)}
+        write_atomic(self.path, json.dumps(record, separators=(",", ":")).encode("ascii"))
 
     def read(self) -> dict | None:
         """The record, if it is a regular file of the caller's holding a JSON
-        object (its fields are checked by the engine that wrote it)."""
+        object whose MAC verifies (its fields are checked by the engine that
+        wrote it). One that does not verify is renamed to `<id>.rejected`,
+        out of recovery's way, and raises ForgedJournal."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -110,9 +135,21 @@ class Journal:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 raise ValueError(f"journal {self.path} is not a file of yours; not read")
-            data = json.loads(f.read())
-        if not isinstance(data, dict):
-            raise ValueError(f"journal {self.path} does not hold a JSON object")
+            raw = f.read()
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        # Written whole by rename (write_atomic), so a crash leaves no torn
+        # record: one that does not parse or verify was written by someone else.
+        mac = data.pop("mac", None) if isinstance(data, dict) else None
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(data)):
+            aside = os.path.join(self.dir, self.id + ".rejected")
+            os.rename(self.path, aside)
+            raise ForgedJournal(f"journal {self.path}: not a record caper wrote (it does not "
+                                f"parse, or its MAC does not verify under "
+                                f"{record_key_path(self.state_dir)}); nothing it names was "
+                                f"touched; set aside as {aside}")
         return data
 
     def remove(self) -> None:

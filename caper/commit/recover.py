@@ -13,10 +13,10 @@ from caper.commit.fsops import (
     DirFds, entered, exists, no_other_links, obj_fd, open_root, proc_path, rmtree_at,
     scandir, set_meta,
 )
-from caper.commit.journal import step
+from caper.commit.journal import SET_ASIDE, Journal, step
 from caper.commit.plan import CREATE, DELETE, REPLACE, REWRITE
 from caper.commit.stage import JOURNAL_DIR, JOURNAL_VERSION, STAGE_PREFIX, journal_at, rewrite_inode
-from caper.errors import CommitError
+from caper.errors import CommitError, ForgedJournal
 from caper.fs import mountinfo
 from caper.fs.syscalls import RENAME_EXCHANGE, RENAME_NOREPLACE, renameat2, syncfs
 
@@ -297,9 +297,11 @@ def empty_upper(upper: str) -> None:
         os.close(fd)
 
 
-def load_journal(path: str) -> dict:
-    with open(path, "rb") as f:
-        data = json.loads(f.read())
+def load_journal(journal: Journal) -> dict:
+    path = journal.path
+    data = journal.read()
+    if data is None:
+        raise CommitError(f"{path}: no journal", step="recover")
     if data.get("version") != JOURNAL_VERSION:
         raise CommitError(f"{path}: unknown journal version {data.get('version')!r}", step="recover")
     for item in (data["units"] + data["metas"] + data["times"] + data.get("shut", [])
@@ -338,11 +340,13 @@ def stale_paths(state_dir: str) -> dict[str, set[str]]:
     out = {}
     for jid in _abandoned(state_dir):
         try:
-            data = load_journal(journal_at(state_dir, jid).path)
+            data = load_journal(journal_at(state_dir, jid))
             roots = [l["mount_point"] for l in data["layers"]]
             out[jid] = ({_join(roots[u["layer"]], u["parent"] + [u["name"]]) for u in data["units"]}
                         | {_join(roots[m["layer"]], m["rel"]) for m in data["metas"]}
                         | {_join(roots[m["layer"]], m[k]) for m in data.get("moves", []) for k in ("src", "dst")})
+        except ForgedJournal:
+            pass                  # set aside: it covers nothing caper did
         except (OSError, ValueError, KeyError, IndexError, TypeError, CommitError):
             out[jid] = {"/"}      # unreadable: it may cover anything
     return out
@@ -376,7 +380,7 @@ def recover(state_dir: str) -> list[str]:
             continue
         rec = None
         try:
-            data = load_journal(journal.path)
+            data = load_journal(journal)
             rec = Recovery(data)
             if data["phase"] == "applied":
                 rec.finish()
@@ -386,6 +390,9 @@ def recover(state_dir: str) -> list[str]:
                 what = f"{jid}: undone (was {data['phase']}, {len(data['units'])} units)"
             journal.remove()
             done.append(what + "".join(f"; {n}" for n in rec.notes))
+        except ForgedJournal as e:
+            journal.unlock(remove=True)
+            done.append(f"{jid}: {SET_ASIDE}: {e}")
         except (OSError, CommitError, ValueError) as e:
             journal.unlock()
             done.append(f"{jid}: FAILED, journal kept: {e}")

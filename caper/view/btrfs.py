@@ -69,8 +69,8 @@ from typing import Iterable
 from caper.fs import mountinfo
 from caper.changes import Change, file_type
 from caper.commit.fsops import privileges
-from caper.errors import BtrfsConflict, BtrfsError
-from caper.commit.journal import Journal, step
+from caper.errors import BtrfsConflict, BtrfsError, ForgedJournal
+from caper.commit.journal import SET_ASIDE, Journal, step
 from caper.state import KEPT_S
 from caper.fs.syscalls import RENAME_EXCHANGE, renameat2
 
@@ -730,6 +730,9 @@ def recover_btrfs(state_dir: str, max_kept_s: float = KEPT_S) -> list[str]:
             what = _recover_one(journal, rec, max_kept_s)
             if what is not None:
                 done.append(what)
+        except ForgedJournal as e:
+            journal.unlock(remove=True)
+            done.append(f"{jid}: {SET_ASIDE}: {e}")
         except (OSError, BtrfsError, ValueError) as e:
             journal.unlock()
             done.append(f"{jid}: FAILED, record kept: {e}")
