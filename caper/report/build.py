@@ -38,6 +38,7 @@ from caper.report import configkeys
 from caper.report import gitstate
 from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, read_blob
 from caper.display import quote
+from caper.sandbox.aliases import Aliases
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.sandbox.netproxy import ProxyRequest
 from caper.fs.mountinfo import below
@@ -129,7 +130,6 @@ NOTES = {
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_GIT_WORDS = 256              # of a git command line, looked at for credential names
-MAX_ALIAS_HOPS = 64              # links/renames followed back from a name to a credential
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 # Building the report may take this long (the command's timeout covers only
@@ -548,7 +548,6 @@ class _Proc:
     reads: list[tuple[int, str]] = field(default_factory=list)             # seq, path
 
 
-RENAME_EXCHANGE = 2   # renameat2: each name takes the other's object
 _WRITE_KINDS = (Kind.UNLINK, Kind.RMDIR, Kind.TRUNCATE, Kind.CHMOD, Kind.CHOWN, Kind.MKDIR,
                 Kind.MKNOD)
 _CHANGING_KINDS = _WRITE_KINDS + (Kind.RENAME, Kind.LINK, Kind.SYMLINK)   # besides opens
@@ -569,7 +568,7 @@ class _Analysis:
         self.procs: dict[int, _Proc] = defaultdict(_Proc)
         self.writers: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the last write
         self.renames: dict[str, str] = {}               # new path -> old path
-        self.aliases: dict[str, str] = {}               # new name -> what it linked or moved
+        self.aliases = Aliases()
         self.net: list[Event] = []
         self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
@@ -638,23 +637,16 @@ class _Analysis:
                 # A credential linked or moved elsewhere (or a directory holding
                 # one) is read by that name from now on: the link or rename
                 # itself counts as reading it.
-                # An exchange moves the destination's object to the source's
-                # name as well: each name is a source, and each the other's alias.
-                exchange = k == Kind.RENAME and e.flags & RENAME_EXCHANGE
-                sources = [(e.real, e.path)] + ([(None, e.path2)] if exchange else [])
                 if e.info & Info.SOURCE_CHANGED:
                     self.uncertain[SOURCE_CHANGED] += 1
                     self.protected.append((e, SOURCE_CHANGED, e.path2))
                     p.reads.append((e.seq, e.path2))
-                for names in sources:
+                for names in Aliases.sources(e):
                     cred = self.credential(facts.protected, *names)
                     if cred:
                         self.protected.append((e, cred[1], cred[0]))
                         p.reads.append((e.seq, cred[0]))
-                was = self.original(e.real or e.path)
-                if exchange:
-                    self.aliases[e.path] = self.original(e.path2)
-                self.aliases[e.path2] = was
+                self.aliases.take(e)
             if k == Kind.RENAME and e.path:
                 self.writers[e.path] = (e.pid, e.seq)
                 self.renames[e.path2] = self.renames.pop(e.path, e.path)
@@ -670,39 +662,13 @@ class _Analysis:
             self.uncertain["events-lost"] += max(1, e.arg0)
 
     def original(self, path: str) -> str:
-        """path as it was named before the run's links and renames put it (or
-        a directory above it) there."""
-        return self.names(path)[-1]
+        return self.aliases.original(path)
 
     def names(self, path: str) -> list[str]:
-        """path and each name it had before, back through the run's links and
-        renames (an exchange makes two names each other's: a cycle, where
-        every name counts)."""
-        out = [path]
-        for _ in range(MAX_ALIAS_HOPS if self.aliases else 0):
-            up = path
-            while up not in self.aliases and up not in ("", "/"):
-                up = os.path.dirname(up)
-            if up not in self.aliases:
-                break
-            path = self.aliases[up] + path[len(up):]
-            if path in out:
-                break
-            out.append(path)
-        return out
+        return self.aliases.names(path)
 
     def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
-        """(path, kind) of the first of names that is a credential location,
-        by itself or by what the run's links and renames made it; None if
-        none is."""
-        seen = set()
-        for name in names:
-            for p in self.names(name) if name else ():
-                kind = None if p in seen else protected.kind(p)
-                if kind:
-                    return p, kind
-                seen.add(p)
-        return None
+        return self.aliases.credential(protected.kind, *names)
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else the nearest

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from caper.errors import ConfigError
-from caper.sandbox.events import Event, Family, Kind
+from caper.sandbox.aliases import Aliases
+from caper.sandbox.events import Event, Family, Info, Kind
 
 PROXY_PORT = 3128
 # The registries' host names (never addresses: the user allows names).
@@ -132,7 +133,8 @@ class _Knowledge:
     and which credentials the run has read."""
 
     def __init__(self, is_credential: Callable[[str], bool], port: int):
-        self._is_credential = is_credential
+        self._kind = lambda path: "credential" if is_credential(path) else None
+        self._aliases = Aliases()
         self._port = port
         self._sockets: dict[int, tuple[int, int]] = {}    # socket inode -> (pid, seq)
         self._credentials: dict[str, None] = {}           # read so far, in order
@@ -144,13 +146,21 @@ class _Knowledge:
         with self.changed:
             self._seen = max(self._seen, e.seq)
             if e.kind == Kind.OPEN and e.ok and e.path and e.flags & 3 != os.O_WRONLY:
-                cred = next((n for n in (e.real, e.path) if n and self._is_credential(n)), None)
+                cred = self._aliases.credential(self._kind, e.real, e.path)
                 if cred:
-                    self._credentials[cred] = None
-            elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and \
-                    self._is_credential(e.real or e.path):
-                # A credential by another name: reading that name reads it.
-                self._credentials[e.real or e.path] = None
+                    self._credentials[cred[0]] = None
+            elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and e.path2:
+                # A credential by another name (or a directory holding one,
+                # which the aliases resolve at the open): reading that name
+                # reads it. A source that changed after the tracer's check
+                # may have been one.
+                for names in Aliases.sources(e):
+                    cred = self._aliases.credential(self._kind, *names)
+                    if cred:
+                        self._credentials[cred[0]] = None
+                if e.info & Info.SOURCE_CHANGED:
+                    self._credentials[e.path2] = None
+                self._aliases.take(e)
             elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
                     e.path == "127.0.0.1" and e.arg0 == self._port:
                 self._sockets[e.arg1] = (e.pid, e.seq)
