@@ -176,3 +176,29 @@ def test_what_a_run_without_a_credential_read_or_an_approved_one_gives_back(repo
     assert "visible-line" in out.card() and "made-here" in out.card()
     out = go("rev ~/.aws/credentials", repo, tmp_path, home=home, approver="allow")
     assert out.committed and AWS_SECRET[::-1] in out.stdout.text().decode()
+
+
+# Round 4: under the default approver, a run that read a credential and then
+# printed nothing gave its bytes back through what a committed run returns:
+# its exit status (one byte a run, 40 runs for an AWS key), a directory's
+# name or a symlink's target left on the host for the next run to list.
+CHANNELS = {
+    "exit status": "exit $(head -c1 ~/.aws/credentials | od -An -tu1)",
+    "directory name": "mkdir -p \"k-$(sed -n 3p ~/.aws/credentials | rev | tr / _)\"",
+    "symlink target": "ln -s \"$(sed -n 3p ~/.aws/credentials | rev)\" lnk",
+    "chosen deletion": "[ \"$(head -c1 ~/.aws/credentials)\" = '[' ] && rm -f build/app.o; true",
+}
+
+
+@pytest.mark.parametrize("channel", sorted(CHANNELS))
+def test_the_policy_commits_no_run_that_read_a_credential_whatever_it_gives_back(
+        repo, tmp_path, home, channel):
+    (repo / "build" / "app.o").write_text("an object file\n")     # ignored: expendable
+    before = sorted(str(p.relative_to(repo)) for p in repo.rglob("*") if ".git" not in p.parts)
+    out = go(CHANNELS[channel], repo, tmp_path, home=home, approver="policy")
+    assert out.report.read_credentials == ["aws-credentials"]
+    assert not out.committed and out.withheld, out.reason
+    assert out.to_json()["exit_code"] is None
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")
+                  if ".git" not in p.parts) == before
+    assert "credential" in out.reason

@@ -455,28 +455,38 @@ class _Judge:
         return sorted(self.findings, reverse=True)
 
     def transformed(self, report) -> None:
-        """A credential read, then output or a file written: the value may be
-        in it in a form no redaction finds (base64, reversed, encrypted), so
-        verbatim matching cannot clear it; a human or the LLM decides. A file
-        of settings and placeholders only (the report says which) has no
-        value to carry."""
+        """A credential read: whatever the run gives back may carry the value
+        in a form no redaction finds (base64, reversed, encrypted, one byte
+        as the exit status, a directory's name, a symlink's target, which
+        files it deleted, how many programs it ran), so verbatim matching
+        cannot clear it: a human or the LLM decides, and a blocked run's
+        answer is sealed. A file of settings and placeholders only (the
+        report says which) has no value to carry."""
         shown = report.counts.get("protected_reads")
         whole = shown is None or not shown.omitted      # every read listed, values known
         read = sorted({p.path for p in report.protected_reads
                        if p.result is None and not (p.settings_only and whole)})
         if not read:
             return
+        cred = _quote_clipped(read[0])
         if report.output.stdout.bytes or report.output.stderr.bytes:
-            self.add(75, "unsure", f"it read the credential {_quote_clipped(read[0])} and printed output, "
+            self.add(75, "unsure", f"it read the credential {cred} and printed output, "
                      "which may carry it in another form", "secrets must not reach the agent's "
                      "context", "read the value where it is needed, printing nothing of it")
-        # Any file: a descriptor opened before the read can be written after
-        # it (`base64 .env > enc.txt`: the shell opens enc.txt first).
-        wrote = next((c.path for c in report.changes if c.op != "deleted" and c.type == "file"),
-                     next((a.under for a in report.aggregates if a.op != "deleted"), None))
-        if wrote is not None:
-            self.add(75, "unsure", f"it read the credential {_quote_clipped(read[0])} and wrote {_quote_clipped(wrote)}, "
-                     "which may carry it in another form", "credentials must not be copied")
+            return
+        # Any change: a descriptor opened before the read can be written after
+        # it (`base64 .env > enc.txt`: the shell opens enc.txt first), and a
+        # name, a link target or a choice of deletions spells bytes as well.
+        changed = next((c.path for c in report.changes),
+                       next((a.under for a in report.aggregates), None))
+        if changed is not None:
+            self.add(75, "unsure", f"it read the credential {cred} and changed "
+                     f"{_quote_clipped(changed)}, which may carry it in another form",
+                     "credentials must not be copied")
+            return
+        self.add(70, "unsure", f"it read the credential {cred}: its exit status, counts and "
+                 "timing, which the agent sees of a committed run, may carry it in another "
+                 "form", "secrets must not reach the agent's context")
 
     # -- file changes --
     def change(self, c) -> None:
