@@ -142,7 +142,11 @@ OWN_ENV_PREFIX = "CAPER_"
 # blocked run in any encoding (`printenv X | rev`). Not passed unless allowed.
 _SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?|AUTH|PAT)S?$"
                           r"|PASSWORD|PASSWD|SECRET|(?:^|_)(?:ACCESS|PRIVATE|API)_?KEY(?:_|$)"
-                          r"|(?:^|_)(?:AUTH|SESSION|ACCESS|REFRESH|BEARER)_TOKEN(?:_|$)")
+                          r"|(?:^|_)(?:AUTH|SESSION|ACCESS|REFRESH|BEARER)_TOKEN(?:_|$)"
+                          # MYSQL_PWD (never PWD, OLDPWD), DB_PASS, SENTRY_DSN,
+                          # SLACK_WEBHOOK_URL, DOCKER_AUTH_CONFIG: round 4
+                          r"|_PWD$|(?:^|_)PASS$|PASSPHRASE|(?:^|_)DSN$|WEBHOOK"
+                          r"|(?:^|_)AUTH_CONFIG$|(?:^|_)COOKIES?$")
 
 
 class EnvConfig(_Strict):

@@ -63,6 +63,10 @@ CALLER_CREDENTIALS = {
     "OPENAI_API_KEY": "not-shaped-but-named-1", "GITHUB_TOKEN": "named-2",
     "AWS_SECRET_ACCESS_KEY": "named-3", "DB_PASSWORD": "named-4", "DEPLOY_SECRET": "named-5",
     "SHAPED_ONLY": "ghp_" + "A1b2C3d4" * 5, "DATABASE_URL": "postgres://app:hunter22x@db/app",
+    # round 4: passed until then
+    "MYSQL_PWD": "named-6", "DB_PASS": "named-7", "DOCKER_AUTH_CONFIG": "named-8",
+    "SLACK_WEBHOOK_URL": "named-9", "SENTRY_DSN": "named-10",
+    "REDIS_URL": "redis://:hunter23y@cache:6379/0",
 }
 
 
@@ -70,7 +74,8 @@ CALLER_CREDENTIALS = {
 def test_the_command_gets_no_credential_of_the_callers_environment_unless_allowed(
         repo, tmp_path, door):
     ordinary = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "CI": "1", "TERM": "xterm",
-                "SSH_AUTH_SOCK": "/tmp/agent.sock", "TOKENIZERS_PARALLELISM": "false"}
+                "SSH_AUTH_SOCK": "/tmp/agent.sock", "TOKENIZERS_PARALLELISM": "false",
+                "OLDPWD": "/srv", "BYPASS_CACHE": "1"}
     got = _command_env(repo, tmp_path, door, '[env]\nallow = ["GITHUB_TOKEN"]\n',
                        {**CALLER_CREDENTIALS, **ordinary})
     assert {k: got.get(k) for k in ordinary} == ordinary

@@ -29,6 +29,8 @@ HOME = "/home/u"
     (f"{HOME}/.ssh/id_ed25519.pub", None), (f"{HOME}/.ssh/known_hosts", None),
     ("/etc/ssl/certs/ca-certificates.crt", None), ("/w/src/env.py", None),
     ("/w/.environment", None), ("/other/.aws/credentials", None),
+    ("/w/deploy/id_rsa", "ssh-private-key"), ("/w/deploy/gcp-sa.json", "gcloud-credentials"),
+    ("/w/ci/service-account-prod.json", "gcloud-credentials"), ("/w/deploy/id_rsa.pub", None),
 ])
 def test_default_protected_locations(path, kind):
     assert Protected(default_patterns(), HOME, "/w").kind(path) == kind
@@ -105,7 +107,12 @@ def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
     (".ssh/id_ed25519.pub", None), (".ssh/known_hosts", None), (".ssh/known_hosts.old", None),
     (".ssh/config", None), (".ssh/authorized_keys", None), (".claude.json", "claude-code-login"),
     (".cache/huggingface/token", "huggingface-token"),
-    (".config/rclone/rclone.conf", "rclone-credentials"), (".bash_history", "shell-history")])
+    (".config/rclone/rclone.conf", "rclone-credentials"), (".bash_history", "shell-history"),
+    # round 4
+    (".config/git/credentials", "git-credentials"), (".s3cfg", "aws-credentials"),
+    (".config/github-copilot/apps.json", "github-copilot-token"), (".yarnrc.yml", "npm-token"),
+    (".bundle/config", "rubygems-key"), (".config/composer/auth.json", "composer-token"),
+    (".boto", "gcloud-credentials"), (".databrickscfg", "databricks-token")])
 def test_credential_stores_by_location(rel, kind):
     """Round 3 read these unseen: a key under any name in ~/.ssh (its public
     halves, known_hosts, config and authorized_keys are none), Claude Code's
@@ -148,3 +155,23 @@ def test_capers_own_git_runs_no_program_the_repository_configures(tmp_path):
     canary.unlink()
     assert "abcdef0123456789xyz" in " ".join(history_values(str(ws), ".env"))
     assert not canary.exists()
+
+
+def test_home_patterns_hold_in_every_accounts_home():
+    """Round 4: `~` was the run's own home only, so a run as root (or with
+    HOME pointed elsewhere) read /home/alice/.ssh/id_ed25519 as no credential
+    and returned it reversed. Every account's home (and /root) counts."""
+    from caper.report.secrets import account_homes
+    import os
+    import pwd
+    p = Protected(default_patterns(), HOME, "/w", homes=["/home/alice", "/root"])
+    assert p.kind("/home/alice/.ssh/id_ed25519") == "ssh-private-key"
+    assert p.kind("/root/.aws/credentials") == "aws-credentials"
+    assert p.kind(f"{HOME}/.netrc") == "netrc"
+    assert p.kind("/home/alice/proj/main.py") is None and p.kind("/home/bob/.netrc") is None
+    mine = os.path.normpath(pwd.getpwuid(os.getuid()).pw_dir)
+    assert "/root" in account_homes() and (mine in account_homes() or not os.path.isdir(mine))
+
+
+def test_a_url_password_with_an_empty_user_is_a_token_shape():
+    assert "hunter23y" not in Redactor().text("REDIS_URL=redis://:hunter23y@cache:6379/0")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import pwd
 import re
 import tomllib
 from dataclasses import dataclass
@@ -60,19 +62,38 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
+@functools.cache
+def account_homes() -> tuple[str, ...]:
+    """Every account's home directory that exists (root's too), once per
+    process: a command run as root, or by a user another account let in,
+    reads their keys as easily as its own."""
+    homes = {"/root"}
+    try:
+        homes.update(os.path.normpath(e.pw_dir) for e in pwd.getpwall() if e.pw_dir)
+    except OSError:     # no passwd database to enumerate: root's, and the run's own
+        pass
+    return tuple(sorted(h for h in homes if h != "/" and os.path.isdir(h)))
+
+
 class Protected:
-    """Which paths are credential locations, and of what kind."""
+    """Which paths are credential locations, and of what kind. A `~/`
+    pattern holds in the run's home and in every account's (account_homes)."""
 
     def __init__(self, patterns: "Sequence[ProtectedPattern]", home: str | None,
-                 workspace: str | None = None):
+                 workspace: str | None = None, homes: "Sequence[str] | None" = None):
+        homes = sorted({h.rstrip("/") for h in ([home] if home else [])
+                        + list(account_homes() if homes is None else homes)}, key=len,
+                       reverse=True)
+        home_rx = "(?:" + "|".join(map(re.escape, homes)) + ")" if homes else None
         rules: list[tuple[str, str]] = []
         for p in patterns:
             glob = p.path
             if glob.startswith("~/"):
-                if not home:
+                if not home_rx:
                     continue
-                glob = home.rstrip("/") + glob[1:]
-            elif "/" in glob and not glob.startswith("/"):
+                rules.append((home_rx + glob_regex(glob[1:]), p.kind))
+                continue
+            if "/" in glob and not glob.startswith("/"):
                 if not workspace:
                     continue
                 glob = workspace.rstrip("/") + "/" + glob
@@ -123,7 +144,7 @@ SHAPES: list[tuple[str, re.Pattern, tuple[str, ...]]] = [
         ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", ("eyj",)),
         ("bearer-token", r"(?i:(?<=bearer ))[A-Za-z0-9._~+/=-]{16,}", ("bearer ",)),
         # (not a masked one: `user:****@host`)
-        ("url-password", r"(?<=://)[^/\s:@]{1,256}:(?![*x]+@|<[^>]*>@)[^/\s@]{1,256}(?=@)", ("://",)),
+        ("url-password", r"(?<=://)[^/\s:@]{0,256}:(?![*x]+@|<[^>]*>@)[^/\s@]{1,256}(?=@)", ("://",)),
         ("password", r"(?i:(?<=password))[\"']?\s*[:=]\s*[\"']?[^\s\"',;]{6,}", ("password",)),
     ]]
 
