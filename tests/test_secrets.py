@@ -161,16 +161,23 @@ def test_home_patterns_hold_in_every_accounts_home():
     """Round 4: `~` was the run's own home only, so a run as root (or with
     HOME pointed elsewhere) read /home/alice/.ssh/id_ed25519 as no credential
     and returned it reversed. Every account's home (and /root) counts."""
-    from caper.report.secrets import account_homes
-    import os
     import pwd
+    from caper.report.secrets import account_homes
     p = Protected(default_patterns(), HOME, "/w", homes=["/home/alice", "/root"])
     assert p.kind("/home/alice/.ssh/id_ed25519") == "ssh-private-key"
     assert p.kind("/root/.aws/credentials") == "aws-credentials"
     assert p.kind(f"{HOME}/.netrc") == "netrc"
-    assert p.kind("/home/alice/proj/main.py") is None and p.kind("/home/bob/.netrc") is None
-    mine = os.path.normpath(pwd.getpwuid(os.getuid()).pw_dir)
-    assert "/root" in account_homes() and (mine in account_homes() or not os.path.isdir(mine))
+    assert p.kind("/home/alice/proj/main.py") is None and p.kind("/srv/bob/.netrc") is None
+    assert Protected(default_patterns(), HOME, "/w", homes=["/srv/bob"]).kind("/srv/bob/.netrc") == "netrc"
+    # by their usual place whatever passwd says (LDAP homes are not enumerated)
+    p = Protected(default_patterns(), HOME, "/w", homes=[])
+    assert p.kind("/home/carol/.ssh/id_ed25519") == "ssh-private-key"
+    assert p.kind("/root/.aws/credentials") == "aws-credentials"
+    assert p.kind("/home/carol/sub/.aws/credentials") is None
+    # elsewhere, by passwd, read again for every run (a gate outlives a useradd)
+    assert "/var/lib/postgresql" in account_homes() or not any(
+        e.pw_dir == "/var/lib/postgresql" for e in pwd.getpwall())
+    assert all(not h.startswith("/home/") and h != "/root" for h in account_homes())
 
 
 def test_a_url_password_with_an_empty_user_is_a_token_shape():

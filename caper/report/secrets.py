@@ -62,35 +62,36 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-@functools.cache
+HOMES_RX = r"/root|/home/[^/]+"   # homes by their usual place, in passwd or not (LDAP, NFS)
+
+
 def account_homes() -> tuple[str, ...]:
-    """Every account's home directory that exists (root's too), once per
-    process: a command run as root, or by a user another account let in,
-    reads their keys as easily as its own."""
-    homes = {"/root"}
+    """Every account's home directory passwd lists, read again for each run
+    (a gate lives across runs; `useradd` may come between): a command run as
+    root, or by a user another account let in, reads their keys as easily as
+    its own. Those under HOMES_RX are matched there anyway."""
     try:
-        homes.update(os.path.normpath(e.pw_dir) for e in pwd.getpwall() if e.pw_dir)
-    except OSError:     # no passwd database to enumerate: root's, and the run's own
-        pass
-    return tuple(sorted(h for h in homes if h != "/" and os.path.isdir(h)))
+        homes = {os.path.normpath(e.pw_dir) for e in pwd.getpwall() if e.pw_dir}
+    except OSError:     # no passwd database to enumerate: HOMES_RX and the run's own
+        homes = set()
+    return tuple(sorted(h for h in homes if h != "/" and not re.fullmatch(HOMES_RX, h)))
 
 
 class Protected:
     """Which paths are credential locations, and of what kind. A `~/`
-    pattern holds in the run's home and in every account's (account_homes)."""
+    pattern holds in the run's home and in every account's (`homes`, by
+    default account_homes(), and HOMES_RX)."""
 
     def __init__(self, patterns: "Sequence[ProtectedPattern]", home: str | None,
                  workspace: str | None = None, homes: "Sequence[str] | None" = None):
         homes = sorted({h.rstrip("/") for h in ([home] if home else [])
                         + list(account_homes() if homes is None else homes)}, key=len,
                        reverse=True)
-        home_rx = "(?:" + "|".join(map(re.escape, homes)) + ")" if homes else None
+        home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX]) + ")"
         rules: list[tuple[str, str]] = []
         for p in patterns:
             glob = p.path
             if glob.startswith("~/"):
-                if not home_rx:
-                    continue
                 rules.append((home_rx + glob_regex(glob[1:]), p.kind))
                 continue
             if "/" in glob and not glob.startswith("/"):
@@ -113,11 +114,17 @@ class Protected:
         return self._kinds[int(m.lastgroup[1:])] or None if m else None
 
 
-@functools.lru_cache(maxsize=32)
 def protected_for(patterns: tuple[ProtectedPattern, ...], home: str | None,
                   workspace: str | None) -> Protected:
-    """Protected, compiled once per configuration (an agent runs many commands)."""
-    return Protected(patterns, home, workspace)
+    """Protected, compiled once per configuration and set of accounts (an
+    agent runs many commands)."""
+    return _compiled(patterns, home, workspace, account_homes())
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(patterns: tuple[ProtectedPattern, ...], home: str | None, workspace: str | None,
+              homes: tuple[str, ...]) -> Protected:
+    return Protected(patterns, home, workspace, homes)
 
 
 # Token shapes: (kind, pattern, anchors). The whole match is replaced. A
