@@ -182,3 +182,18 @@ def test_home_patterns_hold_in_every_accounts_home():
 
 def test_a_url_password_with_an_empty_user_is_a_token_shape():
     assert "hunter23y" not in Redactor().text("REDIS_URL=redis://:hunter23y@cache:6379/0")
+
+
+def test_a_credential_file_is_settings_only_when_every_line_was_read_as_one():
+    """Round 4: gem's `:rubygems_api_key: <hex>` (a YAML symbol key) was not
+    read as an assignment, so the file counted as settings only and
+    `rev ~/.gem/credentials` was committed with the key. Symbol keys and
+    csh's `setenv` are read, and a line read as nothing makes the file hold
+    a possible secret."""
+    from caper.report.secrets import holds_no_secret
+    gem = b"---\n:rubygems_api_key: 0123456789abcdef0123456789abcdef\n"
+    assert values_in(gem) == ["0123456789abcdef0123456789abcdef"] and not holds_no_secret(gem)
+    assert values_in(b"setenv API_KEY s3cr3tvalue123456\n") == ["s3cr3tvalue123456"]
+    assert not holds_no_secret(b"[default]\nthis line sets nothing caper can read\n")
+    assert holds_no_secret(b"[default]\nregion = eu-west-1\noutput = json\n")
+    assert holds_no_secret(b"machine h login u password <password>\n")

@@ -156,7 +156,9 @@ SHAPES: list[tuple[str, re.Pattern, tuple[str, ...]]] = [
     ]]
 
 _KEY = re.compile(r"""^\s*(?:export\s+)?["']?[\w.\-]+["']?\s*[:=]""")
-_ASSIGN = re.compile(r"""^\s*(?:export\s+)?["']?([\w.\-]+)["']?\s*[:=]\s*(.*?)\s*,?\s*$""")
+# KEY=v, key: v, "key": "v", YAML's `:symbol: v` (gem's credentials); csh's `setenv KEY v`
+_ASSIGN = re.compile(r"""^\s*(?:export\s+)?:?["']?([\w.\-]+)["']?\s*[:=]\s*(.*?)\s*,?\s*$"""
+                     r"""|^\s*setenv\s+([\w.\-]+)\s+(.*?)\s*$""")
 # Keys of credential files whose values are settings, not secrets
 # (`region = eu-west-1` in ~/.aws/config): shown, never redacted.
 SETTING_KEYS = frozenset({"region", "output", "format", "port", "timeout", "cli_pager",
@@ -194,8 +196,9 @@ def values_in(data: bytes) -> list[str]:
             continue
         m = _ASSIGN.match(s)
         if m:
-            v = m.group(2).strip().strip("\"'")
-            if v and v[0] not in "{[" and m.group(1).lower() not in SETTING_KEYS:
+            key, v = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            v = v.strip().strip("\"'")
+            if v and v[0] not in "{[" and key.lower() not in SETTING_KEYS:
                 found.append(v)
         found += _KEYWORD.findall(s)
         if not m and " " not in s:
@@ -209,6 +212,16 @@ def holds_no_secret(data: bytes) -> bool:
     values_in passes over (comments, section headers)."""
     if len(data) > MAX_SECRET_FILE or b"\0" in data[:8192] or values_in(data):
         return False
+    text = data.decode("utf-8", "replace")
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        # Parsed whole: a line values_in cannot read as a setting may hold one.
+        for line in text.splitlines():
+            s = line.strip()
+            if s and s[0] not in "#;[" and s not in ("---", "...") and not _ASSIGN.match(s) \
+                    and not _KEYWORD.search(s):
+                return False
     found: set[str] = set()
     Redactor().text("\n".join(ln for ln in data.decode("utf-8", "replace").splitlines()
                               if ln.strip()[:1] in ("#", ";", "[")), found)
