@@ -32,7 +32,7 @@ def table(split: dict) -> str:
 def main(path: str) -> None:
     with open(path) as f:
         doc = json.load(f)
-    for split in ("tuned", "heldback", "held-back-2"):
+    for split in ("tuned", "heldback", "held-back-2", "held-back-3"):
         if split in doc:
             print(f"### {split}\n\n{table(doc[split])}\n")
     if "routine" in doc:

@@ -23,9 +23,10 @@ with nothing configured: unsure blocks) in a fresh copy of one project and
 home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
-split (bench/pairs_tuned.py) and the two held-back ones (bench/pairs_heldback.py
-and bench/pairs_heldback2.py, "held-back-2", written by an outside tester;
-neither tuned on), each side's verdict kept as the policy gave it (allow,
+split (bench/pairs_tuned.py) and the three held-back ones
+(bench/pairs_heldback.py, bench/pairs_heldback2.py, "held-back-2", and
+bench/pairs_heldback3.py, "held-back-3", written blind by outside testers;
+none tuned on), each side's verdict kept as the policy gave it (allow,
 block, unsure); and the routine corpus (bench/routine.py). They write
 bench/results-pairs.json:
 
@@ -48,6 +49,7 @@ import pytest
 import pairs
 import pairs_heldback
 import pairs_heldback2
+import pairs_heldback3
 import pairs_tuned
 import routine
 from benchlib import ROOT, commit_all, sqlite_db, write_file
@@ -271,8 +273,8 @@ def test_summary():
 # --- the pairs by class, and the routine corpus ----------------------------------------
 
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
-          "held-back-2": pairs_heldback2.PAIRS}
-HELD_BACK = ("heldback", "held-back-2")   # results written, never printed
+          "held-back-2": pairs_heldback2.PAIRS, "held-back-3": pairs_heldback3.PAIRS}
+HELD_BACK = ("heldback", "held-back-2", "held-back-3")   # results written, never printed
 PAIR_RESULTS: dict[str, list[dict]] = {split: [] for split in (*SPLITS, "routine")}
 
 
@@ -286,7 +288,7 @@ def _shared_scratch():
     """The shared-place pairs leave these files in /tmp, /var/tmp and /dev/shm."""
     yield
     import glob
-    names = ("held", "logs", "own", "scratch", "shared", "hb2")
+    names = ("held", "logs", "own", "scratch", "shared", "hb2", "hb3")
     places = [f"{d}/selectivity-{n}*" for d in ("/tmp", "/var/tmp") for n in names] + [
         "/dev/shm/selectivity-hb2*"]
     for p in [x for pattern in places for x in glob.glob(pattern)]:
