@@ -4,13 +4,17 @@ HTTP server on the host's loopback (tests/registry.py); pip, npm and git are
 the real programs."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
+import types
 
 import pytest
 
@@ -18,7 +22,7 @@ from caper.config import Config, NetworkConfig
 from caper.errors import ConfigError
 from caper.sandbox.netproxy import Allowlist, _sni
 from caper.transaction import run
-from registry import NPM_PACKAGE, Registry, command_env
+from registry import NPM_PACKAGE, WHEEL, Registry, command_env
 from helpers.gate import stop_gate
 from helpers.rootless import NOBODY, ROOT, ROOTLESS_VENV, as_nobody, need_rootless_venv, source_root
 
@@ -179,10 +183,188 @@ def test_a_tunnel_is_cut_when_its_process_reads_credentials_after_connecting(reg
     assert tunnel.result == "cut" and ".env" in tunnel.reason
 
 
-def test_dns_for_other_names_fails_inside_the_sandbox(registry, ws, home, tmp_path):
-    out = _run(f"{sys.executable} -c \"import socket; socket.getaddrinfo('example.com', 443)\"",
-               ws, home, tmp_path, allow=[registry.host, "example.com"])
-    assert out.exit_code != 0 and b"gaierror" in out.stderr.text()
+RESOLVE = (f"{sys.executable} -c \"import socket, sys\n"
+           "for name in sys.argv[1:]:\n"
+           "    try: print(name, socket.getaddrinfo(name, 443, socket.AF_INET)[0][4][0])\n"
+           "    except socket.gaierror as e: print(name, 'gaierror', e.errno)\n"
+           "    try: socket.getaddrinfo(name, 443, socket.AF_INET6); print(name, 'v6')\n"
+           "    except socket.gaierror: pass\" ")
+
+
+def _resolved(out) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in out.stdout.text().decode().splitlines()
+                if " " in line)
+
+
+def test_dns_answers_allowed_names_with_a_sandbox_address_and_nothing_else(ws, home, tmp_path):
+    out = _run(RESOLVE + "registry.test a.pkg.test example.com", ws, home, tmp_path,
+               allow=["registry.test:8443", "*.pkg.test", "127.0.0.1:1"])
+    got = _resolved(out)
+    assert got["registry.test"].startswith("127.83.") and got["a.pkg.test"].startswith("127.83.")
+    assert got["registry.test"] != got["a.pkg.test"]
+    assert got["example.com"].startswith("gaierror")          # not allowed: NXDOMAIN
+    assert "v6" not in got.values()                            # allowed names have no AAAA
+    dns = [n for n in out.report.network if n.call == "dns"]
+    by_name = {(n.address, n.method): n for n in dns}
+    assert by_name[("registry.test", "A")].result == got["registry.test"]
+    assert by_name[("registry.test", "A")].allowed and "python" in by_name[
+        ("registry.test", "A")].by
+    assert by_name[("registry.test", "AAAA")].result == "no records"
+    refused = by_name[("example.com", "A")]
+    assert not refused.allowed and refused.result == "NXDOMAIN" and refused.argv
+    # The resolver's own connects to the name server are caper's record, not an attempt out.
+    assert not [n for n in out.report.network if n.call == "connect" and n.port == 53]
+    assert out.decision == "allow", out.reason
+
+
+def test_no_allowlist_means_no_name_service_either(ws, home, tmp_path):
+    out = _run(RESOLVE + "registry.test", ws, home, tmp_path)
+    assert _resolved(out)["registry.test"].startswith("gaierror")
+    assert not [n for n in out.report.network if n.call in ("dns", "proxy", "route")]
+
+
+# A tool that ignores proxy variables: the variables caper sets are unset.
+NO_PROXY_ENV = "env -u http_proxy -u https_proxy -u all_proxy -u HTTP_PROXY -u HTTPS_PROXY " \
+               "-u ALL_PROXY "
+
+
+def _named(registry) -> str:
+    """The registry by a name (a localhost name: caper resolves it on the host as
+    RFC 6761 says, to the host's loopback), which the sandbox asks caper's DNS for
+    (glibc does; curl, and so git, resolve localhost names themselves)."""
+    with open("/etc/nsswitch.conf") as f:
+        hosts = next((ln.split()[1:] for ln in f if ln.startswith("hosts:")), ["files", "dns"])
+    if hosts[:hosts.index("dns")] != ["files"] if "dns" in hosts else True:
+        pytest.skip(f"nsswitch hosts: {hosts}: *.localhost may not reach DNS in the sandbox")
+    return f"registry.localhost:{registry.port}"
+
+
+def _routed(out):
+    return [n for n in out.report.network if n.call == "route"]
+
+
+def test_pip_install_without_proxy_variables_takes_the_route(registry, ws, home, tmp_path):
+    host = _named(registry)
+    # (pip trusts plain HTTP from localhost, not from its subdomains.)
+    out = _run(NO_PROXY_ENV + PIP.format(host=host).replace(
+        "install", "install --trusted-host registry.localhost"), ws, home, tmp_path, allow=[host])
+    assert out.exit_code == 0, out.stderr.text()[-2000:]
+    assert out.committed, out.reason
+    assert (ws / "vendor" / "demo_pkg" / "__init__.py").read_text() == "VALUE = 42\n"
+    assert not _proxied(out)                           # the proxy was not asked
+    got = _routed(out)
+    assert got and all(n.allowed and n.result == "ok" and n.family == "http" for n in got)
+    wheel = [n for n in got if (n.path or "").endswith(".whl")]
+    assert wheel and wheel[0].method == "GET" and wheel[0].address == "registry.localhost"
+    assert wheel[0].upstream == f"127.0.0.1:{registry.port}" and "pip" in " ".join(wheel[0].argv)
+    assert ("GET", f"/files/{WHEEL}") in registry.requests
+    assert any(n.call == "dns" and n.address == "registry.localhost" and n.allowed
+               for n in out.report.network)
+
+
+@pytest.fixture
+def tls_origin(tmp_path):
+    """A TLS server on the host's loopback with a certificate for registry.localhost
+    (openssl); answers one GET per connection; .ca is the certificate to trust."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl missing")
+    cert, key = tmp_path / "origin.pem", tmp_path / "origin.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=registry.localhost", "-addext",
+                    "subjectAltName=DNS:registry.localhost", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    lsock = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            try:
+                with ctx.wrap_socket(c, server_side=True) as t:
+                    seen.append(t.recv(4096))
+                    t.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 6\r\n\r\nsecure")
+            except (OSError, ssl.SSLError):
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield types.SimpleNamespace(port=lsock.getsockname()[1], ca=str(cert), seen=seen)
+    lsock.close()
+
+
+TLS_GET = ("import socket, ssl, sys\n"
+           "ctx = ssl.create_default_context(cafile=sys.argv[1])\n"
+           "s = socket.create_connection(('registry.localhost', int(sys.argv[2])))\n"
+           "t = ctx.wrap_socket(s, server_hostname=sys.argv[3])\n"
+           "t.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n"
+           "print(t.recv(100).split(b'\\r\\n\\r\\n')[-1].decode())\n")
+
+
+def test_a_routed_tls_connection_is_spliced_to_its_server_name_end_to_end(tls_origin, ws,
+                                                                          home, tmp_path):
+    """caper reads the ClientHello's server name and splices; the client verifies the
+    origin's own certificate, so caper saw only ciphertext."""
+    (ws / "get.py").write_text(TLS_GET)
+    host = f"registry.localhost:{tls_origin.port}"
+    out = _run(f"{sys.executable} get.py {tls_origin.ca} {tls_origin.port} registry.localhost",
+               ws, home, tmp_path, allow=[host])
+    assert out.stdout.text() == b"secure\n", out.stderr.text()[-2000:]
+    assert tls_origin.seen == [b"GET / HTTP/1.0\r\n\r\n"]
+    [n] = _routed(out)
+    assert (n.family, n.address, n.sni, n.allowed, n.result) == \
+        ("tls", "registry.localhost", "registry.localhost", True, "ok")
+    assert n.sent > 0 and n.received > 0 and n.method is None
+
+
+def test_a_routed_connection_whose_tls_or_host_names_another_host_is_refused(
+        registry, tls_origin, ws, home, tmp_path):
+    (ws / "get.py").write_text(TLS_GET)
+    (ws / "host.py").write_text(
+        "import socket, sys\n"
+        "s = socket.create_connection(('registry.localhost', int(sys.argv[1])))\n"
+        "s.sendall(b'POST /upload HTTP/1.1\\r\\nHost: evil.example\\r\\n"
+        "Content-Length: 2\\r\\n\\r\\nhi')\n"
+        "print(s.recv(100).split(b'\\r\\n')[0].decode())\n")
+    out = _run(f"{sys.executable} get.py {tls_origin.ca} {tls_origin.port} evil.example; "
+               f"{sys.executable} host.py {registry.port}", ws, home, tmp_path,
+               allow=[f"registry.localhost:{tls_origin.port}",
+                      f"registry.localhost:{registry.port}", "evil.example"])
+    assert tls_origin.seen == [] and registry.requests == []
+    assert out.stdout.text().endswith(b"HTTP/1.1 403 Forbidden\n")
+    tls, http = sorted(_routed(out), key=lambda n: n.family == "http")
+    assert not tls.allowed and tls.sni == "evil.example" and tls.address == "registry.localhost"
+    assert "TLS server name is evil.example" in tls.reason
+    assert not http.allowed and (http.method, http.path) == ("POST", "/upload")
+    assert "HTTP Host is evil.example" in http.reason
+
+
+def test_a_routed_post_after_reading_env_is_refused_and_recorded(registry, ws, home, tmp_path):
+    """Would have POSTed .env to registry.localhost/upload: refused, and the report says so."""
+    host = _named(registry)
+    out = _run(NO_PROXY_ENV + LEAK.format(host=host), ws, home, tmp_path, allow=[host])
+    assert registry.uploads == [] and registry.requests == []
+    assert out.decision == "block" and not out.committed
+    [n] = _routed(out)
+    assert not n.allowed and (n.method, n.path) == ("POST", "/upload")
+    assert ".env" in n.reason and "registry.localhost" in out.reason
+
+
+def test_an_allowed_name_that_resolves_to_this_machine_is_refused(registry, ws, home, tmp_path):
+    """A name is not its address: one that resolves to the host's loopback (DNS
+    rebinding, an /etc/hosts entry) reaches nothing unless the rule names the address."""
+    name = socket.gethostname().lower()
+    if name == "localhost" or not ipaddress.ip_address(socket.gethostbyname(name)).is_loopback:
+        pytest.skip(f"this machine's name {name} does not resolve to its loopback")
+    host = f"{name}:{registry.port}"
+    out = _run(f"curl -fsS -m 10 http://{host}/simple/demo-pkg/", ws, home, tmp_path,
+               allow=[host])
+    assert out.exit_code != 0 and registry.requests == []
+    [n] = _proxied(out)
+    assert not n.allowed and "an address of this machine" in n.reason
 
 
 def test_a_connection_that_skips_the_proxy_reaches_nothing(registry, ws, home, tmp_path):
@@ -316,9 +498,10 @@ def test_an_upload_to_an_allowed_host_after_reading_repository_files_is_unsure(r
     assert "README" in out.reason and "POST" in out.reason
 
 
-def test_a_connection_caper_cannot_attribute_is_refused(registry, ws, home, tmp_path):
-    """From another loopback address the peer's socket is not where the proxy
-    looks: no process to judge, so no way out."""
+def test_a_connection_from_another_loopback_address_is_attributed_to_its_process(
+        registry, ws, home, tmp_path):
+    """The sandbox's socket is found by both its ends, so a client bound to
+    127.0.0.2 is judged as the process it is (it was refused as unknown before)."""
     (ws / "other.py").write_text(
         "import socket\n"
         "s = socket.socket()\n"
@@ -327,6 +510,6 @@ def test_a_connection_caper_cannot_attribute_is_refused(registry, ws, home, tmp_
         f"s.sendall(b'GET http://{registry.host}/simple/demo-pkg/ HTTP/1.1\\r\\n\\r\\n')\n"
         "print(s.recv(100).split(b'\\r\\n')[0].decode())\n")
     out = _run(f"{sys.executable} other.py", ws, home, tmp_path, allow=[registry.host])
-    assert out.stdout.text().startswith(b"HTTP/1.1 403") and registry.requests == []
-    refused = _proxied(out)[0]
-    assert not refused.allowed and refused.by == "?" and "which process" in refused.reason
+    assert out.stdout.text().startswith(b"HTTP/1.0 200")
+    [n] = _proxied(out)
+    assert n.allowed and "python" in n.by and "other.py" in n.argv

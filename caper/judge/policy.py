@@ -1027,10 +1027,12 @@ class _Judge:
 
     # -- network --
     def network(self, n) -> None:
-        if n.call != "proxy" and (n.call == "bind" or n.family == "netlink" or
-                                  _loopback(n.address)):
+        if n.call == "dns":
+            return   # caper's DNS answers from the allowlist: nothing is asked outside
+        out = n.call in ("proxy", "route")   # caper's ways out
+        if not out and (n.call == "bind" or n.family == "netlink" or _loopback(n.address)):
             return   # nothing leaves: the kernel's interfaces, the sandbox's own loopback
-        # (A proxied request leaves from the host: its loopback is the host's.)
+        # (A proxied or routed request leaves from the host: its loopback is the host's.)
         # The program it runs (a script named in argv) is code, not data it
         # sends; a credential is never the program, whatever argv says.
         argv = set(n.argv or [])
@@ -1046,13 +1048,13 @@ class _Judge:
         lookup = (n.family == "unix" and self.r.matches(self.r.lookup_sockets, n.address)) or \
             (n.port in self.r.lookup_ports)
         dest = _quote_clipped(n.address) + (f" port {n.port}" if n.port is not None else "")
-        if n.call == "proxy" and n.allowed and not creds:
+        if out and n.allowed and not creds:
             self._allowed_request(n, reads, dest)
             return
-        if n.call == "proxy" and self.credential_reads and not creds:
+        if out and self.credential_reads and not creds:
             # Any process's read counts: pipes and files carry it to the sender.
             read = sorted(self.credential_reads)
-            self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's proxy after "
+            self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's {n.call} after "
                      f"the run read {', '.join(map(_quote_clipped, read[:3]))}",
                      "credentials leaving the machine",
                      "keep credentials out of commands that use the network")
