@@ -408,6 +408,8 @@ out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver="p
                 env={"PATH": "/usr/bin:/bin", "HOME": sys.argv[4], "PIP_NO_CACHE_DIR": "1",
                      "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
 print(json.dumps({"committed": out.committed, "exit": out.exit_code, "reason": out.reason,
+                  "stdout": out.stdout.text().decode(),
+                  "net": [n.model_dump() for n in out.report.network],
                   "proxied": [n.model_dump() for n in out.report.network if n.call == "proxy"]}))
 """
 
@@ -442,6 +444,65 @@ def test_rootless_pip_install_through_the_proxy_and_a_leak_refused(registry, tmp
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
+
+
+def test_rootless_dns_and_the_route_for_a_tool_that_ignores_proxy_variables(registry,
+                                                                             tmp_path):
+    """uid 65534: caper's DNS (port 53, at the name server's address added to lo) and
+    the route's listeners are bound in the user namespace's network."""
+    need_rootless_venv()
+    host = _named(registry)
+    base = tempfile.mkdtemp(prefix="caper-net-rootless-")
+    try:
+        ws, state = os.path.join(base, "ws"), os.path.join(base, "state")
+        os.mkdir(ws)
+        for p in (base, ws):
+            os.chown(p, NOBODY, NOBODY)
+        command = (f"{NO_PROXY_ENV} {ROOTLESS_VENV} -m pip install --trusted-host "
+                   f"registry.localhost --index-url http://{host}/simple/ --target vendor "
+                   f"demo-pkg && " + RESOLVE.replace(sys.executable, ROOTLESS_VENV) + "other.test")
+        p = as_nobody(ROOTLESS_VENV, "-c", ROOTLESS_RUN, str(source_root()), ws, command, state,
+                      host, timeout=180, cwd="/")
+        assert p.returncode == 0, p.stderr[-3000:]
+        out = json.loads(p.stdout)
+        assert out["exit"] == 0 and out["committed"], (out["reason"], out["stdout"])
+        assert os.path.exists(os.path.join(ws, "vendor", "demo_pkg", "__init__.py"))
+        assert "other.test gaierror" in out["stdout"]
+        routed = [n for n in out["net"] if n["call"] == "route"]
+        assert routed and all(n["allowed"] for n in routed) and not out["proxied"]
+        # (The names it answered are listed last: pip's requests fill the list first.)
+        dns = {(n["address"], n["allowed"]) for n in out["net"] if n["call"] == "dns"}
+        assert ("other.test", False) in dns
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_caper_run_allow_net_dns_and_route_through_the_gate(registry, ws, home, tmp_path,
+                                                            monkeypatch):
+    """`caper run --allow-net NAME:PORT` answered by the gate: the name resolves and a
+    client without proxy variables reaches it; both are in the report."""
+    host = _named(registry)
+    monkeypatch.delenv("CAPER_NO_GATE", raising=False)
+    state = tmp_path / "gate-state"
+    env = {**command_env(str(home)), "PYTHONPATH": str(ROOT), "CAPER_STATE_DIR": str(state),
+           "CAPER_GATE_IDLE": "30"}
+    get = (f"import urllib.request; open('index.html', 'wb').write(urllib.request.urlopen("
+           f"'http://{host}/simple/demo-pkg/', timeout=30).read())")
+    try:
+        p = subprocess.run([sys.executable, "-m", "caper", "run", "--json", "--approver",
+                            "policy", "--allow-net", host, "--", "env", "-u", "http_proxy",
+                            "-u", "HTTP_PROXY", sys.executable, "-c", get],
+                           cwd=ws, env=env, capture_output=True, timeout=120)
+        doc = json.loads(p.stdout)
+        assert "gate" in doc, p.stderr[-2000:]
+        assert doc["committed"] and b"demo_pkg" in (ws / "index.html").read_bytes()
+        net = doc["report"]["network"]
+        assert [(n["allowed"], n["method"], n["path"]) for n in net if n["call"] == "route"] \
+            == [(True, "GET", "/simple/demo-pkg/")]
+        assert any(n["call"] == "dns" and n["address"] == "registry.localhost" and n["allowed"]
+                   for n in net)
+    finally:
+        stop_gate(state)
 
 
 def test_caper_run_allow_net_through_the_gate(registry, ws, home, tmp_path, monkeypatch):

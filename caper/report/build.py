@@ -1134,11 +1134,13 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
             result="ok" if e.ok else (e.error or "unknown"), count=e.count,
             by=actor(e.pid, e.seq), argv=argv(exe[1]) if exe else None,
             read_before=reads(e.pid, e.seq, rs)))
-    # Refused and cut requests first: they are what the approver must see.
+    # Refused and cut requests first, then names caper's DNS refused: they are what
+    # the approver must see; the names it answered last.
     proxied = sorted(f.net.requests, key=lambda q: (q.result == "ok", q.allowed))
-    net = [_proxied(q, an, red, lim, actor, argv, reads) for q in proxied[:lim.items]] + net
-    asked = sorted(f.net.queries, key=lambda q: q.allowed)     # refused names first
-    net += [_asked(q, an, red, lim, actor, argv) for q in asked[:lim.items]]
+    went = [_proxied(q, an, red, lim, actor, argv, reads) for q in proxied[:lim.items]]
+    asked = [_asked(q, an, red, lim, actor, argv) for q in f.net.queries]
+    net = [n for n in went if n.result != "ok"] + [n for n in asked if not n.allowed] + \
+        [n for n in went if n.result == "ok"] + net + [n for n in asked if n.allowed]
     net = net[:lim.items]
     prot = [ProtectedRead(path=path(cred), kind=kind, by=actor(e.pid, e.seq),
                           result=None if e.ok else (e.error or "unknown"),
