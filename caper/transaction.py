@@ -238,7 +238,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                 if allow else None
             command_env = config.command_env(os.environ if env is None else env)
             try:
-                tr = trace(command, cwd=cwd, env=command_env | (proxy.env() if proxy else {}),
+                tr = trace(command, cwd=cwd, env=command_env | (proxy.env(command_env) if proxy else {}),
                            caller=caller, timeout=request.timeout, mounts=snap.mounts,
                            new_root=snap.stage, not_before_ns=snap.not_before_ns,
                            disk_guard=DiskGuard.for_state_dir(state_dir),

@@ -217,6 +217,24 @@ def test_dns_answers_allowed_names_with_a_sandbox_address_and_nothing_else(ws, h
     assert out.decision == "allow", out.reason
 
 
+def test_a_threaded_resolver_gets_caper_s_answers_and_takes_the_route(ws, home, tmp_path):
+    """curl resolves in a thread (glibc's getaddrinfo, which sends A and AAAA
+    with sendmmsg): the name resolves and its connect reaches caper's route, which
+    then cannot resolve registry.test on the host. Before, a thread's connect failed
+    (EPERM: the tracer could not take a thread's socket) and its lookup too."""
+    script = ("import socket, threading\n"
+              "def f(): print(socket.getaddrinfo('registry.test', 80, socket.AF_INET)[0][4][0])\n"
+              "t = threading.Thread(target=f); t.start(); t.join()\n")
+    (ws / "resolve.py").write_text(script)
+    out = _run(f"{sys.executable} resolve.py; {NO_PROXY_ENV} curl -sS -m 20 "
+               "http://registry.test:8443/x", ws, home, tmp_path, allow=["registry.test:8443"])
+    assert out.stdout.text().startswith(b"127.83.0.1\n"), out.stderr.text()[-2000:]
+    [n] = _routed(out)
+    assert (n.address, n.port, n.family, n.method, n.path) == \
+        ("registry.test", 8443, "http", "GET", "/x")
+    assert n.result.startswith("error: resolve(registry.test)") and "curl" in n.by
+
+
 def test_no_allowlist_means_no_name_service_either(ws, home, tmp_path):
     out = _run(RESOLVE + "registry.test", ws, home, tmp_path)
     assert _resolved(out)["registry.test"].startswith("gaierror")

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 from caper.errors import ConfigError
 from caper.sandbox import netdns
@@ -252,12 +252,18 @@ class Proxy:
         self._queries: dict[tuple, DnsQuery] = {}
         self._serving: list[threading.Thread] = []
 
-    def env(self) -> dict[str, str]:
-        """The variables that send the command's HTTP clients here."""
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The variables that send the command's HTTP clients here, over base (the
+        command's environment). And glibc's resolver asks its A and AAAA one after
+        the other: from a thread (curl's resolver) the tracer answers sendmmsg, which
+        it does not send for a task sharing its descriptors, with ENOSYS, and glibc
+        then gives up (EAI_AGAIN) instead of sending them one by one."""
         url = f"http://127.0.0.1:{self.port}"
         env = {k: url for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
         env["NO_PROXY"] = ""
-        return env | {k.lower(): v for k, v in env.items()}
+        options = base.get("RES_OPTIONS", "").split()
+        return env | {k.lower(): v for k, v in env.items()} | {
+            "RES_OPTIONS": " ".join(options + ["single-request"] * ("single-request" not in options))}
 
     def observe(self, event: Event) -> None:
         self._know.observe(event)
@@ -601,7 +607,10 @@ class Proxy:
                         pending = data
                     else:
                         dst.setblocking(True)
-                        dst.sendall(data)
+                        try:
+                            dst.sendall(data)
+                        except (BrokenPipeError, ConnectionResetError):
+                            return    # the client is gone (a TLS client's close): done
                         dst.setblocking(False)
                         rec.received += len(data)
         finally:
