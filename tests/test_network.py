@@ -246,7 +246,7 @@ NO_PROXY_ENV = "env -u http_proxy -u https_proxy -u all_proxy -u HTTP_PROXY -u H
                "-u ALL_PROXY "
 
 
-def _named(registry) -> str:
+def _named(registry) -> str:      # registry: anything with the .port of a local server
     """The registry by a name (a localhost name: caper resolves it on the host as
     RFC 6761 says, to the host's loopback), which the sandbox asks caper's DNS for
     (glibc does; curl, and so git, resolve localhost names themselves)."""
@@ -327,7 +327,7 @@ def test_a_routed_tls_connection_is_spliced_to_its_server_name_end_to_end(tls_or
     """caper reads the ClientHello's server name and splices; the client verifies the
     origin's own certificate, so caper saw only ciphertext."""
     (ws / "get.py").write_text(TLS_GET)
-    host = f"registry.localhost:{tls_origin.port}"
+    host = _named(tls_origin)
     out = _run(f"{sys.executable} get.py {tls_origin.ca} {tls_origin.port} registry.localhost",
                ws, home, tmp_path, allow=[host])
     assert out.stdout.text() == b"secure\n", out.stderr.text()[-2000:]
@@ -340,6 +340,7 @@ def test_a_routed_tls_connection_is_spliced_to_its_server_name_end_to_end(tls_or
 
 def test_a_routed_connection_whose_tls_or_host_names_another_host_is_refused(
         registry, tls_origin, ws, home, tmp_path):
+    _named(tls_origin)
     (ws / "get.py").write_text(TLS_GET)
     (ws / "host.py").write_text(
         "import socket, sys\n"
@@ -358,6 +359,35 @@ def test_a_routed_connection_whose_tls_or_host_names_another_host_is_refused(
     assert "TLS server name is evil.example" in tls.reason
     assert not http.allowed and (http.method, http.path) == ("POST", "/upload")
     assert "HTTP Host is evil.example" in http.reason
+
+
+def test_a_routed_protocol_whose_server_speaks_first_reaches_an_exact_name(ws, home,
+                                                                           tmp_path):
+    """ssh-like: the client waits for the server's banner; caper forwards after
+    waiting for first bytes that never come, to the name the address stands for."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    port = lsock.getsockname()[1]
+    _named(types.SimpleNamespace(port=port))
+
+    def serve():
+        c, _ = lsock.accept()
+        c.sendall(b"SSH-2.0-origin\r\n")
+        c.recv(100)
+        c.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        out = _run(f"{sys.executable} -c \"import socket; s = socket.create_connection(("
+                   f"'registry.localhost', {port})); print(s.recv(100).decode().strip()); "
+                   "s.sendall(b'SSH-2.0-client')\"", ws, home, tmp_path,
+                   allow=[f"registry.localhost:{port}"])
+    finally:
+        lsock.close()
+    assert out.stdout.text() == b"SSH-2.0-origin\n", out.stderr.text()[-2000:]
+    [n] = _routed(out)
+    assert (n.family, n.address, n.allowed, n.result) == ("tcp", "registry.localhost", True, "ok")
+    assert n.sent == len(b"SSH-2.0-client")
 
 
 def test_a_routed_post_after_reading_env_is_refused_and_recorded(registry, ws, home, tmp_path):
