@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import ssl
 import subprocess
 import sys
@@ -17,9 +18,11 @@ import threading
 import types
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from caper.config import Config, NetworkConfig
 from caper.errors import ConfigError
+from caper.sandbox import netdns
 from caper.sandbox.netproxy import Allowlist, _sni
 from caper.transaction import run
 from registry import NPM_PACKAGE, WHEEL, Registry, command_env
@@ -233,6 +236,84 @@ def test_a_threaded_resolver_gets_caper_s_answers_and_takes_the_route(ws, home, 
     assert (n.address, n.port, n.family, n.method, n.path) == \
         ("registry.test", 8443, "http", "GET", "/x")
     assert n.result.startswith("error: resolve(registry.test)") and "curl" in n.by
+
+
+def _query(name: bytes, qtype: int = 1, flags: int = 0x0100, qid: int = 0x1234) -> bytes:
+    labels = b"".join(bytes([len(x)]) + x for x in name.split(b"."))
+    return struct.pack("!HHHHHH", qid, flags, 1, 0, 0, 0) + labels + b"\0" + \
+        struct.pack("!HH", qtype, 1)
+
+
+def test_dns_wire_answers_keep_the_question_and_refuse_what_is_not_a_query():
+    """The answer echoes id and question (its letter case: 0x20 randomisation),
+    carries the A record; malformed messages get FORMERR or nothing, never an error."""
+    q = netdns.parse(_query(b"PyPI.org"))
+    assert (q.name, q.type_name) == ("pypi.org", "A")
+    out = netdns.reply(q, netdns.NOERROR, "127.83.0.1")
+    assert out[:2] == b"\x12\x34" and b"\x04PyPI\x03org\x00" in out
+    assert struct.unpack("!HHHH", out[2:10]) == (0x8580, 1, 1, 0) and out.endswith(
+        bytes([127, 83, 0, 1]))
+    assert netdns.reply(q, netdns.NXDOMAIN)[3] & 0xF == netdns.NXDOMAIN
+    for bad in (b"", b"\x00" * 11, _query(b"x")[:-2], _query(b"x", flags=0x8000),
+                b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\xc0\x0c\x00\x01\x00\x01"):
+        with pytest.raises(ValueError):
+            netdns.parse(bad)
+    assert netdns.error_reply(_query(b"x")[:-2], netdns.FORMERR)[3] & 0xF == netdns.FORMERR
+    assert netdns.error_reply(b"\x00" * 5, netdns.FORMERR) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_dns_parse_takes_any_bytes_without_crashing(msg):
+    try:
+        q = netdns.parse(msg)
+    except ValueError:
+        return
+    netdns.reply(q, netdns.NOERROR, "127.83.0.1")
+
+
+def test_routes_give_each_allowed_name_its_address_and_ports():
+    r = netdns.routes(Allowlist.parse(["pypi.org", "pypi.org:8080", "*.pkg.test:443",
+                                       "127.0.0.1:9"]))
+    assert [(x.host, x.ports) for x in r] == [("pypi.org", (80, 443, 8080)),
+                                              ("*.pkg.test", (443,))]
+    assert netdns.route_for(r, "PyPI.org.").address == "127.83.0.1"
+    assert netdns.route_for(r, "a.b.pkg.test").host == "*.pkg.test"
+    assert netdns.route_for(r, "pkg.test") is None and netdns.route_for(r, "evil.org") is None
+
+
+def test_an_allowlist_needing_more_sockets_than_init_can_send_is_refused(ws, home, tmp_path):
+    many = [f"h{i}.example" for i in range(120)]     # 80 and 443 each
+    with pytest.raises(ConfigError, match="allow fewer names"):
+        _run("true", ws, home, tmp_path, allow=many)
+
+
+def test_the_command_s_resolver_options_are_kept(ws, home, tmp_path):
+    env = {**command_env(str(home)), "RES_OPTIONS": "ndots:2"}
+    out = run("echo $RES_OPTIONS", cwd=str(ws), workspace=str(ws), env=env,
+              state_dir=str(tmp_path / "state"), approver="policy", allow_net=["registry.test"],
+              config=Config())
+    assert out.stdout.text() == b"ndots:2 single-request\n"
+
+
+def test_a_wildcard_route_takes_the_host_a_client_names_and_refuses_one_that_names_none(
+        registry, ws, home, tmp_path):
+    _named(registry)
+    rule = f"*.registry.localhost:{registry.port}"
+    (ws / "raw.py").write_text(
+        "import socket, sys\n"
+        "s = socket.create_connection(('raw.registry.localhost', int(sys.argv[1])))\n"
+        "s.sendall(b'\\x00hello')\n"
+        "print(s.recv(100))\n")
+    out = _run(f"{NO_PROXY_ENV} {sys.executable} -c \"import urllib.request; print("
+               f"urllib.request.urlopen('http://pkgs.registry.localhost:{registry.port}"
+               f"/simple/demo-pkg/').status)\"; {sys.executable} raw.py {registry.port}",
+               ws, home, tmp_path, allow=[rule])
+    assert out.stdout.text().startswith(b"200\n"), out.stderr.text()[-2000:]
+    assert registry.requests == [("GET", "/simple/demo-pkg/")]
+    ok, refused = sorted(_routed(out), key=lambda n: not n.allowed)
+    assert (ok.address, ok.family, ok.allowed) == ("pkgs.registry.localhost", "http", True)
+    assert not refused.allowed and refused.family == "tcp" and "names no host" in refused.reason
 
 
 def test_no_allowlist_means_no_name_service_either(ws, home, tmp_path):
