@@ -477,10 +477,11 @@ class Proxy:
             rec.scheme = "http"
             head, sep, rest = first.partition(b"\r\n\r\n")
             said = _origin_request(head, rec) if sep else None
-            if not sep or not said:
-                rec.reason = "not an HTTP request with a Host: " + repr(first[:80])
+            if said is None:
+                rec.reason = "not an HTTP request: " + repr(first[:80])
                 _answer(conn, 403, rec.reason)
                 return None
+            said = said or None      # no Host (HTTP/1.0): the address's name
         what = "TLS server name" if rec.scheme == "tls" else "HTTP Host"
         refusal = None
         if route.host.startswith("*.") and not said:
@@ -667,7 +668,8 @@ def _first_bytes(conn: socket.socket) -> bytes:
 
 def _origin_request(head: bytes, rec: ProxyRequest) -> str | None:
     """Fill in rec's method and path from an origin server's request head (a
-    routed connection's); its Host's name, or None."""
+    routed connection's); its Host's name ("" without one), or None when it is
+    not a request (or its Host not a name)."""
     lines = head.split(b"\r\n")
     parts = lines[0].decode("latin-1").split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
@@ -679,7 +681,7 @@ def _origin_request(head: bytes, rec: ProxyRequest) -> str | None:
             host = value.strip().decode("latin-1").lower()
             host = host.rpartition(":")[0] if re.fullmatch(r".*:[0-9]{1,5}", host) else host
             return host.rstrip(".") if _HOST.fullmatch(host.rstrip(".")) else None
-    return None
+    return ""
 
 
 def _hex(address: str, port: int) -> str:
