@@ -328,7 +328,12 @@ class Proxy:
 
     def _serve(self) -> None:
         sel = self._listening(datagram=False)
-        while sel is not None and not self._stop.is_set():
+        if sel is not None:
+            with sel:       # the gate serves many runs: its descriptors go with each
+                self._accept(sel)
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        while not self._stop.is_set():
             for key, _ in sel.select(0.2):
                 try:
                     conn, peer = key.fileobj.accept()
@@ -355,7 +360,12 @@ class Proxy:
 
     def _serve_dns(self) -> None:
         sel = self._listening(datagram=True)
-        while sel is not None and not self._stop.is_set():
+        if sel is not None:
+            with sel:
+                self._queries_from(sel)
+
+    def _queries_from(self, sel: selectors.BaseSelector) -> None:
+        while not self._stop.is_set():
             for key, _ in sel.select(0.2):
                 try:
                     msg, peer = key.fileobj.recvfrom(4096)
