@@ -316,6 +316,22 @@ def test_a_wildcard_route_takes_the_host_a_client_names_and_refuses_one_that_nam
     assert not refused.allowed and refused.family == "tcp" and "names no host" in refused.reason
 
 
+def test_dns_answers_at_a_loopback_name_server_as_systemd_resolved_has(ws, home, tmp_path,
+                                                                       monkeypatch):
+    """resolv.conf naming 127.0.0.53 (and an IPv6 server, skipped): caper binds there,
+    on the sandbox's own loopback. The command writes the same resolv.conf into its
+    view (an overlay: discarded with the run) so its resolver asks there."""
+    conf = "nameserver ::1\nnameserver 127.0.0.53\n"
+    (tmp_path / "resolv.conf").write_text(conf)
+    monkeypatch.setattr(netdns, "RESOLV_CONF", str(tmp_path / "resolv.conf"))
+    out = _run(f"printf '{conf}' > /etc/resolv.conf && " + RESOLVE + "registry.test other.test",
+               ws, home, tmp_path, allow=["registry.test"], approver="block")
+    got = _resolved(out)
+    assert got["registry.test"].startswith("127.83."), out.stderr.text()[-2000:]
+    assert got["other.test"].startswith("gaierror")
+    assert netdns.nameservers(str(tmp_path / "resolv.conf")) == ("127.0.0.53",)
+
+
 def test_no_allowlist_means_no_name_service_either(ws, home, tmp_path):
     out = _run(RESOLVE + "registry.test", ws, home, tmp_path)
     assert _resolved(out)["registry.test"].startswith("gaierror")

@@ -222,7 +222,7 @@ class Proxy:
     start() it before the trace, close() it after: the NetRecord."""
 
     def __init__(self, allow: Allowlist, *, is_credential: Callable[[str], bool],
-                 port: int = PROXY_PORT, resolv_conf: str = netdns.RESOLV_CONF):
+                 port: int = PROXY_PORT, resolv_conf: str | None = None):
         if not allow:
             raise ConfigError("a proxy without allowed hosts would refuse everything: run "
                               "without one")
@@ -231,7 +231,7 @@ class Proxy:
         self.routes = netdns.routes(allow)
         self.endpoints = ((Endpoint("127.0.0.1", port),)
                           + tuple(Endpoint(a, netdns.DNS_PORT, datagram=True)
-                                  for a in netdns.nameservers(resolv_conf))
+                                  for a in netdns.nameservers(resolv_conf or netdns.RESOLV_CONF))
                           + tuple(Endpoint(r.address, p, route=r)
                                   for r in self.routes for p in r.ports))
         self._served = frozenset((e.address, e.port) for e in self.endpoints)
