@@ -1,7 +1,9 @@
 """What caper's proxy adds to a `pip install` of a local wheel from an index on
 the host's loopback (tests/registry.py): native pip, straight to the index, vs
 caper.run with the index's host:port allowed (pip goes through the proxy;
-approver allow, so the installed files are committed). The same pair with pip
+approver allow, so the installed files are committed), or by the name
+registry.localhost with the proxy variables unset (caper-route: caper's DNS and
+its transparent route). The same pair with pip
 reading the wheel from a file (native-file, caper-file: no network) gives the
 sandbox's and commit's share, so the rest is the proxy's.
 
@@ -33,7 +35,8 @@ def registry(workdir):
         yield r
 
 
-@pytest.mark.parametrize("variant", ["native", "caper-proxy", "native-file", "caper-file"])
+@pytest.mark.parametrize("variant", ["native", "caper-proxy", "caper-route", "native-file",
+                                     "caper-file"])
 def test_pip_install(benchmark, workdir, registry, variant):
     import caper
 
@@ -45,9 +48,15 @@ def test_pip_install(benchmark, workdir, registry, variant):
     with open(wheel, "wb") as f:
         f.write(registry.wheel)
     env = command_env(home)
+    named = f"registry.localhost:{registry.port}"
     source = (wheel if variant.endswith("-file") else
+              f"--trusted-host registry.localhost --index-url http://{named}/simple/ demo-pkg"
+              if variant == "caper-route" else
               f"--index-url http://{registry.host}/simple/ demo-pkg")
     cmd = f"{sys.executable} -m pip install -q --target vendor {source}"
+    if variant == "caper-route":
+        cmd = "env -u http_proxy -u https_proxy -u all_proxy -u HTTP_PROXY -u HTTPS_PROXY " \
+              "-u ALL_PROXY " + cmd
     benchmark.group = "pip-install-local-wheel"
 
     def reset() -> None:
@@ -59,7 +68,8 @@ def test_pip_install(benchmark, workdir, registry, variant):
     def through_caper() -> None:
         out = caper.run(cmd, cwd=ws, workspace=ws, approver="allow", env=env,
                         state_dir=os.path.join(workdir, "caper-state"),
-                        allow_net=[registry.host] if variant == "caper-proxy" else ())
+                        allow_net=[registry.host] if variant == "caper-proxy" else
+                        [named] if variant == "caper-route" else ())
         assert out.exit_code == 0 and out.committed, out.stderr.text()[-500:]
 
     benchmark.pedantic(native if variant.startswith("native") else through_caper, setup=reset,

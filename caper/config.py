@@ -25,7 +25,8 @@
     [network]
     # No network at all unless hosts are allowed (also `caper run --allow-net`):
     # HOST[:PORT], *.DOMAIN[:PORT], or a preset: pypi, npm, crates, goproxy, github.
-    # The only way out is caper's proxy (caper.sandbox.netproxy), which records it.
+    # The only ways out are caper's proxy and, by name, its DNS and route
+    # (caper.sandbox.netproxy), which record them.
     allow = ["pypi", "npm"]
     [env]
     # The caller's variables whose name (*_TOKEN, *_SECRET, *_KEY, *PASSWORD*,

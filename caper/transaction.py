@@ -30,7 +30,7 @@ from caper.request import RunRequest
 from caper.sandbox.events import End, Output, RunResult
 from caper.sandbox.inherit import Caller
 from caper.sandbox.limits import DEFAULT_MAX_MEMORY, DiskGuard
-from caper.sandbox.netproxy import Proxy
+from caper.sandbox.netproxy import NetRecord, Proxy
 from caper.sandbox.trace import trace
 from caper.state import KEPT_S, known_state_dirs, state_dir as checked_state_dir, workspace_lock
 from caper.upkeep import tidy
@@ -242,7 +242,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                 if allow else None
             command_env = config.command_env(os.environ if env is None else env)
             try:
-                tr = trace(command, cwd=cwd, env=command_env | (proxy.env() if proxy else {}),
+                tr = trace(command, cwd=cwd, env=command_env | (proxy.env(command_env) if proxy else {}),
                            caller=caller, timeout=request.timeout, mounts=snap.mounts,
                            new_root=snap.stage, not_before_ns=snap.not_before_ns,
                            disk_guard=DiskGuard.for_state_dir(state_dir),
@@ -250,7 +250,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                            **config.limits.trace_kwargs())
                 events, result = tr.run()
             finally:
-                proxied = tuple(proxy.close()) if proxy else ()
+                net = proxy.close() if proxy else NetRecord()
             try:
                 changes, unplanned = plan_changes(snap.layers, exclude=hidden), None
                 workspace_changes = bsnap.changes() if bsnap else []
@@ -267,7 +267,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                     changes=changes + workspace_changes, workspace=workspace,
                     tree=RunTree.of(roots), home=home, protected=protected,
                     backend="btrfs" if bsnap else "overlay", held=tuple(snap.held),
-                    aliases=tuple(snap.aliases), proxied=proxied))
+                    aliases=tuple(snap.aliases), net=net))
             except CaperError:
                 raise
             except Exception as e:   # a bug here must block, not commit unjudged

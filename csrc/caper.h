@@ -104,7 +104,13 @@ enum caper_step {
     CAPER_STEP_PIVOT_ROOT    = 22,
     CAPER_STEP_ROOT_VIEW     = 23, /* caper's / is not its mount namespace's root (a chroot) */
     CAPER_STEP_CALLER        = 24, /* giving the command its caller's context (caper_caller) */
-    CAPER_STEP_PROXY         = 25  /* the proxy's listening socket in the sandbox's network */
+    CAPER_STEP_PROXY         = 25  /* the proxy's sockets in the sandbox's network */
+};
+
+/* Sockets init makes for caper's proxy (caper_config.endpoints): with the two
+ * /proc/net files, well below SCM_MAX_FD (253) in one message. */
+enum caper_limits {
+    CAPER_MAX_ENDPOINTS = 200
 };
 
 /* caper_event.info bits: what is uncertain or special about one event. */
@@ -180,6 +186,14 @@ struct caper_caller {
     uint32_t n_groups;
     const uint32_t *groups;
 };
+/* One socket caper serves inside the sandbox's network (caper/sandbox/netproxy.py):
+ * the proxy, its DNS and the transparent route's listeners. */
+struct caper_endpoint {
+    uint32_t addr;               /* IPv4, host byte order */
+    uint32_t port;
+    uint32_t datagram;           /* 1: UDP (caper's DNS); 0: a TCP listener */
+    uint32_t on_lo;              /* 1: addr/32 is first added to lo (it is not in 127/8) */
+};
 struct caper_config {
     const char *const *argv;     /* NULL terminated; argv[0] is looked up in PATH */
     const char *const *envp;     /* NULL terminated */
@@ -212,9 +226,10 @@ struct caper_config {
     uint64_t max_event_bytes;    /* the same for the bytes of their records */
     const struct caper_caller *caller; /* NULL: the command inherits this process's */
     int proxy_fd;                /* -1: no proxy. Else a unix socket: init sends on it, under
-                                    SCM_RIGHTS, a TCP socket listening on 127.0.0.1:proxy_port
-                                    in the sandbox's network and its /proc/net/tcp */
-    uint32_t proxy_port;
+                                    SCM_RIGHTS, one socket bound in the sandbox's network per
+                                    endpoint, in order, then its /proc/net/tcp and udp */
+    const struct caper_endpoint *endpoints;
+    uint32_t n_endpoints;        /* at most CAPER_MAX_ENDPOINTS */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes

@@ -17,6 +17,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -136,44 +138,111 @@ static int loopback_up(struct caper_failure *f)
     return 0;
 }
 
+/* ip addr add ADDR/32 dev lo, in the sandbox's network: the address of a
+ * name server outside 127/8 that the sandbox's /etc/resolv.conf names, so
+ * caper's DNS answers there without the sandbox's view changing. */
+static int lo_address(uint32_t addr, struct caper_failure *f)
+{
+    struct {
+        struct nlmsghdr n;
+        struct ifaddrmsg a;
+        struct rtattr local;
+        uint32_t local_addr;
+        struct rtattr address;
+        uint32_t address_addr;
+    } req;
+    memset(&req, 0, sizeof req);
+    req.n.nlmsg_len = sizeof req;
+    req.n.nlmsg_type = RTM_NEWADDR;
+    req.n.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+    req.a.ifa_family = AF_INET;
+    req.a.ifa_prefixlen = 32;
+    req.a.ifa_scope = RT_SCOPE_HOST;
+    req.a.ifa_index = if_nametoindex("lo");
+    req.local.rta_type = IFA_LOCAL;
+    req.local.rta_len = RTA_LENGTH(sizeof(uint32_t));
+    req.local_addr = htonl(addr);
+    req.address.rta_type = IFA_ADDRESS;
+    req.address.rta_len = RTA_LENGTH(sizeof(uint32_t));
+    req.address_addr = htonl(addr);
+    struct { struct nlmsghdr n; struct nlmsgerr e; } ack;
+    int s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    int err = s < 0 || send(s, &req, sizeof req, 0) != (ssize_t)sizeof req ? errno
+              : recv(s, &ack, sizeof ack, 0) < (ssize_t)sizeof ack ? errno
+              : ack.n.nlmsg_type != NLMSG_ERROR ? EPROTO : -ack.e.error;
+    if (s >= 0)
+        close(s);
+    if (err) {
+        fail_set(f, CAPER_STEP_PROXY, err, "netlink(RTM_NEWADDR, %u.%u.%u.%u/32 dev lo)",
+                 addr >> 24, (addr >> 16) & 255, (addr >> 8) & 255, addr & 255);
+        return -1;
+    }
+    return 0;
+}
+
 /* The way out, when there is one: caper's proxy listens on the sandbox's own
- * loopback, so it works without privileges. The listening socket (and the
- * netns's /proc/net/tcp, which names the inode behind a peer's port) is made
- * here, in the sandbox's network, and handed to caper, which serves it from
- * the host side; init keeps no copy, so the command cannot accept on it. */
+ * network, so it works without privileges. Its sockets (the proxy's listener,
+ * its DNS, the transparent route's listeners) and the netns's /proc/net/tcp
+ * and udp (which name the inode behind a peer's port) are made here, in the
+ * sandbox's network, and handed to caper, which serves them from the host
+ * side; init keeps no copy, so the command cannot accept on them. */
 static int proxy_listen(const struct caper_config *c, struct caper_failure *f)
 {
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)c->proxy_port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0 || listen(s, 128) < 0) {
-        fail_set(f, CAPER_STEP_PROXY, errno, "bind(127.0.0.1:%u, listen)", c->proxy_port);
-        return -1;
+    int fds[CAPER_MAX_ENDPOINTS + 2];
+    uint32_t n = 0;
+    int ok = c->n_endpoints <= CAPER_MAX_ENDPOINTS;
+    if (!ok)
+        fail_set(f, CAPER_STEP_PROXY, E2BIG, "%u endpoints", c->n_endpoints);
+    for (uint32_t i = 0; ok && i < c->n_endpoints; i++) {
+        const struct caper_endpoint *e = &c->endpoints[i];
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)e->port),
+                                 .sin_addr.s_addr = htonl(e->addr) };
+        if (e->on_lo && lo_address(e->addr, f) < 0) {
+            ok = 0;
+            break;
+        }
+        int s = socket(AF_INET, (e->datagram ? SOCK_DGRAM : SOCK_STREAM) | SOCK_CLOEXEC, 0);
+        if (s >= 0)
+            fds[n++] = s;
+        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0 ||
+            (!e->datagram && listen(s, 128) < 0)) {
+            fail_set(f, CAPER_STEP_PROXY, errno, "bind(%u.%u.%u.%u:%u, %s)", e->addr >> 24,
+                     (e->addr >> 16) & 255, (e->addr >> 8) & 255, e->addr & 255, e->port,
+                     e->datagram ? "udp" : "tcp, listen");
+            ok = 0;
+        }
     }
-    int tcp = open("/proc/self/net/tcp", O_RDONLY | O_CLOEXEC);
-    if (tcp < 0) {
-        fail_set(f, CAPER_STEP_PROXY, errno, "open(/proc/self/net/tcp)");
-        return -1;
+    for (const char *const *net = (const char *const[]){ "/proc/self/net/tcp",
+                                                         "/proc/self/net/udp", NULL };
+         ok && *net; net++) {
+        int fd = open(*net, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            fail_set(f, CAPER_STEP_PROXY, errno, "open(%s)", *net);
+            ok = 0;
+        } else {
+            fds[n++] = fd;
+        }
     }
-    int fds[2] = { s, tcp };
-    char byte = 'L', control[CMSG_SPACE(sizeof fds)];
-    struct iovec iov = { &byte, 1 };
-    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                        .msg_controllen = sizeof control };
-    memset(control, 0, sizeof control);
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(cm), fds, sizeof fds);
-    if (sendmsg(c->proxy_fd, &m, MSG_NOSIGNAL) != 1) {
-        fail_set(f, CAPER_STEP_PROXY, errno, "sendmsg(proxy socket to caper)");
-        return -1;
+    if (ok) {
+        char byte = 'L', control[CMSG_SPACE(sizeof fds)];
+        struct iovec iov = { &byte, 1 };
+        struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                            .msg_controllen = CMSG_SPACE(n * sizeof(int)) };
+        memset(control, 0, sizeof control);
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, n * sizeof(int));
+        if (sendmsg(c->proxy_fd, &m, MSG_NOSIGNAL) != 1) {
+            fail_set(f, CAPER_STEP_PROXY, errno, "sendmsg(proxy sockets to caper)");
+            ok = 0;
+        }
     }
-    close(s);
-    close(tcp);
+    for (uint32_t i = 0; i < n; i++)
+        close(fds[i]);
     close(c->proxy_fd);
-    return 0;
+    return ok ? 0 : -1;
 }
 
 /* The caller's umask, nice value, limits and groups (caper_caller). Raw

@@ -811,7 +811,9 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     }
     case DEC_MMSGHDR: {
         /* The tracer does not send for sendmmsg. Where it would have to
-         * (tracer_acts), ENOSYS: libc falls back to sendmsg, which it does. */
+         * (tracer_acts), ENOSYS, for the caller to fall back to sendmsg,
+         * which the tracer does. glibc's resolver (2.36) does not fall back:
+         * with a DNS in the sandbox caper asks it for single-request. */
         h->mode = pin_socket(p, pd, a[0]);
         int acts = tracer_acts(p, pd, s);
         unpin_socket(pd);

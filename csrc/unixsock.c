@@ -72,7 +72,9 @@ void unix_add_bound(struct bound_socks *b, const struct sock_id *id)
 int tracee_fd(pid_t tid, uint64_t fd)
 {
     int pidfd = (int)syscall(SYS_pidfd_open, tid, 0);
-    if (pidfd < 0 && errno == EINVAL)  /* not a thread-group leader (Linux >= 6.9) */
+    /* Not a thread-group leader: Linux >= 6.9 takes it with PIDFD_THREAD (and
+     * says ENOENT, not EINVAL, without it since the flag exists). */
+    if (pidfd < 0 && (errno == EINVAL || errno == ENOENT))
         pidfd = (int)syscall(SYS_pidfd_open, tid, O_EXCL /* PIDFD_THREAD */);
     if (pidfd < 0)
         return -1;

@@ -93,7 +93,8 @@ class Registry:
 
             def do_GET(self):
                 registry.requests.append((self.command, self.path))
-                base = f"http://127.0.0.1:{registry.port}"
+                # Links name the host the client asked for: a name on caper's route too.
+                base = f"http://{self.headers.get('Host') or f'127.0.0.1:{registry.port}'}"
                 if self.path.startswith("/git/"):
                     return self._git()
                 if self.path.rstrip("/") in ("/simple/demo-pkg", "/simple/demo_pkg"):

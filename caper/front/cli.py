@@ -521,8 +521,9 @@ def _args_run(r: argparse.ArgumentParser) -> None:
     r.add_argument("--workspace", metavar="DIR",
                    help="the project (default: git top level of the cwd, else the cwd)")
     r.add_argument("--allow-net", action="append", metavar="HOST[:PORT]",
-                   help="let the command reach this host through caper's recording proxy "
-                        "(repeatable; *.DOMAIN for subdomains; presets: pypi, npm, crates, "
+                   help="let the command reach this host through caper's recording proxy, "
+                        "or by its name (caper's DNS and route) for tools that ignore proxy "
+                        "variables (repeatable; *.DOMAIN for subdomains; presets: pypi, npm, crates, "
                         "goproxy, github); besides config.toml's [network] allow. Default: "
                         "no network")
     r.add_argument("--json", action="store_true",

@@ -1039,10 +1039,12 @@ class _Judge:
 
     # -- network --
     def network(self, n) -> None:
-        if n.call != "proxy" and (n.call == "bind" or n.family == "netlink" or
-                                  _loopback(n.address)):
+        if n.call == "dns":
+            return   # caper's DNS answers from the allowlist: nothing is asked outside
+        out = n.call in ("proxy", "route")   # caper's ways out
+        if not out and (n.call == "bind" or n.family == "netlink" or _loopback(n.address)):
             return   # nothing leaves: the kernel's interfaces, the sandbox's own loopback
-        # (A proxied request leaves from the host: its loopback is the host's.)
+        # (A proxied or routed request leaves from the host: its loopback is the host's.)
         # The program it runs (a script named in argv) is code, not data it
         # sends; a credential is never the program, whatever argv says.
         argv = set(n.argv or [])
@@ -1062,13 +1064,13 @@ class _Judge:
         # (An allowed request's read_before is the whole run's before it: the
         # proxy let it through knowing every read by then.)
         read = creds or ([] if n.allowed else self.credentials_read)
-        if n.call == "proxy" and read:
-            self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's proxy after "
+        if out and read:
+            self.add(97, "block", f"{_quote_clipped(n.by)} tried to reach {dest} through caper's {n.call} after "
                      f"the run read {', '.join(map(_quote_clipped, read[:3]))}",
                      "credentials leaving the machine",
                      "keep credentials out of commands that use the network")
             return
-        if n.call == "proxy" and n.allowed:
+        if out and n.allowed:
             self._allowed_request(n, reads, dest)
             return
         if creds:
@@ -1104,7 +1106,8 @@ class _Judge:
         """Requests each too small to be an upload can add up to one (the
         data in the URLs of many GETs): judged by the run's sum, by the same
         measure as one request."""
-        sent = [n for n in network if n.call == "proxy" and n.allowed and n.result == "ok"]
+        sent = [n for n in network if n.call in ("proxy", "route") and n.allowed
+                and n.result == "ok"]
         out, back = sum(n.sent or 0 for n in sent), sum(n.received or 0 for n in sent)
         reads = sorted({r for n in sent for r in n.read_before or []
                         if r not in (n.argv or []) and os.path.basename(r) not in (n.argv or [])})

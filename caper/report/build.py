@@ -40,7 +40,8 @@ from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, r
 from caper.display import quote
 from caper.sandbox.aliases import Aliases
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
-from caper.sandbox.netproxy import ProxyRequest
+from caper.sandbox.netdns import DnsQuery
+from caper.sandbox.netproxy import NetRecord, ProxyRequest
 from caper.fs.mountinfo import below
 from caper.report.secrets import Protected, Redactor
 from caper.report.workspace import GIT_ROUTINE, PathView, history_values
@@ -228,23 +229,27 @@ class Aggregate(_Model):
 
 
 class NetAttempt(_Model):
-    call: str                        # connect | sendto | bind | proxy (caper's proxy)
-    family: str                      # proxy: https (a CONNECT tunnel) | http
-    address: str                     # proxy: the host name asked for
+    call: str                        # connect | sendto | bind | proxy (caper's proxy) |
+                                     # route (its transparent route) | dns (its DNS)
+    family: str                      # proxy: https (a CONNECT tunnel) | http;
+                                     # route: tls | http | tcp (what the client sent first)
+    address: str                     # proxy, route: the host name; dns: the name asked
     port: int | None = None
     protocol: str | None = None
-    result: str                      # proxy: ok | refused | cut | error: ...
+    result: str                      # proxy, route: ok | refused | cut | error: ...;
+                                     # dns: the address answered, "no records", "NXDOMAIN"
     count: int = 1
     by: str
     argv: list[str] | None = None
     read_before: list[str] | None = None
     # A request through caper's proxy (caper.sandbox.netproxy.ProxyRequest):
     allowed: bool | None = None
-    method: str | None = None        # plain HTTP only
+    method: str | None = None        # plain HTTP only; dns: the query type (A, AAAA ...)
     body: bool | None = None         # plain HTTP: the request declared a body (a GET's too)
     path: str | None = None
     sni: str | None = None           # the TLS server name a tunnel's client sent
     opaque: bool | None = None       # a tunnel whose first bytes were no TLS record
+    upstream: str | None = None      # the address caper connected to for the name
     sent: int | None = None          # bytes towards the host
     received: int | None = None
     duration_ms: float | None = None
@@ -538,7 +543,7 @@ class RunFacts:
     backend: str = "overlay"
     held: tuple[tuple[str, str], ...] = ()   # (mount point, kind): caper.view.overlay._MountPlanner.held
     aliases: tuple[tuple[str, str], ...] = ()   # (mount point, the path it shows): _MountPlanner.alias
-    proxied: tuple[ProxyRequest, ...] = ()      # requests through caper's proxy
+    net: NetRecord = NetRecord()               # what caper's proxy and DNS saw
 
 
 @dataclass
@@ -653,7 +658,10 @@ class _Analysis:
                 self.writers[e.path] = (e.pid, e.seq)
                 self.renames[e.path2] = self.renames.pop(e.path, e.path)
         elif k in (Kind.CONNECT, Kind.SENDTO, Kind.BIND):
-            self.net.append(e)
+            # A connect to a socket of caper's (its proxy, DNS, routes) is in caper's own
+            # record of what came of it (facts.net).
+            if k == Kind.BIND or e.flags != Family.INET or (e.path, e.port) not in facts.net.served:
+                self.net.append(e)
         elif k == Kind.REFUSED:
             self.refused.append(e)
         elif k == Kind.SIGNAL:
@@ -1101,13 +1109,19 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
             result="ok" if e.ok else (e.error or "unknown"), count=e.count,
             by=actor(e.pid, e.seq), argv=argv(exe[1]) if exe else None,
             read_before=reads(e.pid, e.seq, rs)))
-    # Refused and cut requests first: they are what the approver must see.
-    proxied = sorted(f.proxied, key=lambda q: (q.result == "ok", q.allowed))
-    net = [_proxied(q, an, red, lim, actor, argv, reads) for q in proxied[:lim.items]] + net
+    # Refused and cut requests first, then names caper's DNS refused: they are what
+    # the approver must see; the names it answered last.
+    proxied = sorted(f.net.requests, key=lambda q: (q.result == "ok", q.allowed))
+    went = [_proxied(q, an, red, lim, actor, argv, reads) for q in proxied[:lim.items]]
+    asked = [_asked(q, an, red, lim, actor, argv) for q in f.net.queries]
+    net = [n for n in went if n.result != "ok"] + [n for n in asked if not n.allowed] + \
+        [n for n in went if n.result == "ok"] + net + [n for n in asked if n.allowed]
     net = net[:lim.items]
     # Requests past the list still add up (many small ones can carry as much
     # as one upload): one entry holds their sum.
-    rest = [q for q in proxied[lim.items:] if q.allowed and q.result == "ok"]
+    shown = {id(n) for n in net}
+    rest = [q for q, n in zip(proxied, went + [None] * len(proxied))
+            if id(n) not in shown and q.allowed and q.result == "ok"]
     if rest:
         net.append(NetAttempt(
             call="proxy", family="http", address=f"{len(rest)} more requests to allowed hosts",
@@ -1145,7 +1159,7 @@ def _render(d: _Draft, lim: Limits, pinned: frozenset[str] = frozenset()) -> Rep
     res = f.result
     counts = {k: c for k, c in {
         "changes": _count(n_changes, len(changes)),
-        "network": _count(len(d.net) + len(f.proxied), len(net)),
+        "network": _count(len(d.net) + len(f.net.requests) + len(f.net.queries), len(net)),
         "protected_reads": _count(len(d.protected_reads), len(prot)),
         "secrets": _count(n_secrets, len(secret_items)),
         "execs": _count(len(execs_all), len(execs)),
@@ -1170,7 +1184,7 @@ def _proxied(q: ProxyRequest, an: "_Analysis", red: Redactor, lim: Limits, actor
              reads) -> NetAttempt:
     exe = an.exe(q.pid, q.seq) if q.pid is not None and q.seq is not None else None
     return NetAttempt(
-        call="proxy", family=q.scheme, address=_clean(red, q.host or "?", lim.path_chars),
+        call=q.via, family=q.scheme, address=_clean(red, q.host or "?", lim.path_chars),
         port=q.port, protocol="tcp", result=q.result,
         by=actor(q.pid, q.seq) if q.pid is not None else "?",
         argv=argv(exe[1]) if exe else None,
@@ -1178,9 +1192,19 @@ def _proxied(q: ProxyRequest, an: "_Analysis", red: Redactor, lim: Limits, actor
         if q.pid is not None and q.seq is not None else None,
         allowed=q.allowed, method=q.method, body=q.body or None, opaque=q.opaque or None,
         path=_clean(red, q.path, lim.path_chars) if q.path else None,
-        sni=_clean(red, q.sni, lim.path_chars) if q.sni else None,
+        sni=_clean(red, q.sni, lim.path_chars) if q.sni else None, upstream=q.upstream,
         sent=q.sent, received=q.received, duration_ms=q.duration_ms,
         reason=_clean(red, q.reason, 2 * lim.path_chars) if q.reason else None)
+
+
+def _asked(q: DnsQuery, an: "_Analysis", red: Redactor, lim: Limits, actor, argv) -> NetAttempt:
+    exe = an.exe(q.pid, q.seq) if q.pid is not None and q.seq is not None else None
+    return NetAttempt(
+        call="dns", family="inet", address=_clean(red, q.name, lim.path_chars), port=53,
+        protocol="udp", result=q.answer, count=q.count, method=q.qtype, allowed=q.allowed,
+        by=actor(q.pid, q.seq) if q.pid is not None else "?",
+        argv=argv(exe[1]) if exe else None,
+        reason=None if q.allowed else "not an allowed name")
 
 
 def _rounded_flag(flag: str) -> str:
@@ -1457,10 +1481,14 @@ def render_card(r: Report) -> str:
                  + " from git status and git diff (skip-worktree, assume-unchanged)")
     for n in r.network:
         dest = quote(n.address) + (f" port {n.port}" if n.port is not None else "")
-        if n.call == "proxy":
+        if n.call == "dns":
+            L.append(f"network: dns {n.method} {quote(n.address)} -> {n.result}"
+                     + (f" x{n.count}" if n.count > 1 else "") + f" by {quote(n.by)}")
+            continue
+        if n.call in ("proxy", "route"):
             what = f"{n.method}{' (with a body)' if n.body else ''} {dest} {quote(n.path or '')}" \
                 if n.method else dest + (" (a tunnel of no TLS)" if n.opaque else "")
-            L.append(f"network: proxy {n.family} {what} -> {n.result}"
+            L.append(f"network: {n.call} {n.family} {what} -> {n.result}"
                      + (f" ({n.sent} bytes sent, {n.received} received)" if n.allowed else "")
                      + f" by {quote(n.by)}" + (f": {n.reason}" if n.reason else ""))
             if n.sni and n.sni != n.address:

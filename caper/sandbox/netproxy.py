@@ -1,18 +1,25 @@
 """caper.sandbox.netproxy: the sandbox's only way out, an HTTP proxy caper serves.
 
 A run's network namespace has only its own loopback. When the run allows hosts, the
-sandbox's init listens on 127.0.0.1:PROXY_PORT there and hands the socket to caper
-(csrc/ns.c), which serves it from the host side: CONNECT (HTTPS and anything tunnelled)
-and plain HTTP forwarding, to allowlisted host names only. The command finds it through
-HTTP(S)_PROXY / ALL_PROXY. Each connection is attributed, when accepted, to the process
-that made it (the tracer's connect record of the peer socket's inode); one that cannot
-be attributed is refused. Once any process of the run has read a credential, nothing
-more leaves: new connections are refused and open tunnels cut before their next bytes
-(processes hand data to each other through pipes, descriptors and files, which the
-tracer does not follow). Every request, refused or not, becomes a ProxyRequest.
+sandbox's init binds caper's sockets there and hands them to caper (csrc/ns.c), which
+serves them from the host side: the proxy on 127.0.0.1:PROXY_PORT (CONNECT, for HTTPS and
+anything tunnelled, and plain HTTP forwarding), found through HTTP(S)_PROXY / ALL_PROXY;
+the DNS (caper.sandbox.netdns), which answers an allowed name with an address of the
+sandbox's own where caper listens; and those listeners, the transparent route of tools
+that ignore proxy variables, which learn the name from the address dialled and check it
+against the TLS server name or HTTP Host the client sends. To allowlisted host names only;
+caper resolves them on the host and refuses a name that resolves to an address of this
+machine or its link unless the rule names that address. Each connection is attributed,
+when accepted, to the process that made it (the tracer's connect record of the peer
+socket's inode); one that cannot be attributed is refused. Once any process of the run
+has read a credential, nothing more leaves: new connections are refused and open tunnels
+cut before their next bytes (processes hand data to each other through pipes,
+descriptors and files, which the tracer does not follow). Every request, refused or not,
+becomes a ProxyRequest, every DNS query a DnsQuery.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import selectors
@@ -20,11 +27,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 from caper.errors import ConfigError
+from caper.sandbox import netdns
 from caper.sandbox.aliases import Aliases
 from caper.sandbox.events import Event, Family, Info, Kind
+from caper.sandbox.netdns import DnsQuery, Route
 
 PROXY_PORT = 3128
 # The registries' host names (never addresses: the user allows names).
@@ -39,6 +48,9 @@ PRESETS: dict[str, tuple[str, ...]] = {
 HEAD_MAX = 64 * 1024          # bytes of a request line and headers
 ATTRIBUTE_S = 5.0             # how long a connection waits for the tracer's connect record
 CONNECT_TIMEOUT_S = 15.0      # connecting upstream
+FIRST_BYTES_S = 2.0           # a routed connection's client speaks first within this, or
+                              # it is a protocol where the server does (ssh, smtp)
+MAX_QUERIES = 4096            # distinct DNS queries recorded; more are refused
 IDLE_S = 120.0                # a tunnel with no bytes either way for this long is closed
 MAX_CONNECTIONS = 64          # served at once; more are refused
 CHUNK = 64 * 1024
@@ -47,10 +59,19 @@ _HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _RULE = re.compile(rf"(\*\.)?({_LABEL}(?:\.{_LABEL})*)(?::([0-9]{{1,5}}))?")
 
 
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A socket init binds in the sandbox's network for caper."""
+    address: str
+    port: int
+    datagram: bool = False         # caper's DNS
+    route: Route | None = None     # a transparent route's listener
+
+
 class ProxyEnd(Protocol):
     """What the sandbox needs of a proxy (caper.sandbox.trace)."""
     fd: int
-    port: int
+    endpoints: tuple[Endpoint, ...]
 
     def observe(self, event: Event) -> None: ...
 
@@ -112,7 +133,9 @@ class Allowlist:
 @dataclass(slots=True)
 class ProxyRequest:
     """One connection to the proxy: what it asked for and what became of it."""
-    scheme: str                    # https (a CONNECT tunnel) | http (a forwarded request)
+    scheme: str                    # https (a CONNECT tunnel) | http (a forwarded request);
+                                   # routed: tls | http | tcp (what the first bytes are)
+    via: str = "proxy"             # proxy | route (a connect to the address caper's DNS gave)
     host: str | None = None
     port: int | None = None
     method: str | None = None      # plain HTTP only (a tunnel's are encrypted)
@@ -120,6 +143,7 @@ class ProxyRequest:
     path: str | None = None
     sni: str | None = None         # the TLS server name a tunnel's client sent
     opaque: bool = False           # a tunnel whose first bytes were no TLS record
+    upstream: str | None = None    # the address caper connected to (ADDR:PORT)
     allowed: bool = False
     reason: str | None = None      # why refused or cut
     result: str = "refused"        # ok | refused | cut | error: ...
@@ -134,10 +158,10 @@ class _Knowledge:
     """The tracer's events as they arrive: who connected through which socket,
     and which credentials the run has read."""
 
-    def __init__(self, is_credential: Callable[[str], bool], port: int):
+    def __init__(self, is_credential: Callable[[str], bool], served: set[tuple[str, int]]):
         self._kind = lambda path: "credential" if is_credential(path) else None
         self._aliases = Aliases()
-        self._port = port
+        self._served = served                             # (address, port) caper binds
         self._sockets: dict[int, tuple[int, int]] = {}    # socket inode -> (pid, seq)
         self._credentials: dict[str, None] = {}           # read so far, in order
         self._seen = 0                                    # seq of the last event observed
@@ -164,7 +188,7 @@ class _Knowledge:
                     self._credentials[e.path2] = None
                 self._aliases.take(e)
             elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
-                    e.path == "127.0.0.1" and e.arg0 == self._port:
+                    (e.path, e.arg0) in self._served:
                 self._sockets[e.arg1] = (e.pid, e.seq)
             self.changed.notify_all()
 
@@ -174,6 +198,15 @@ class _Knowledge:
         with self.changed:
             self.changed.wait_for(lambda: inode in self._sockets, timeout)
             return self._sockets.pop(inode, None)
+
+    def asker(self, inode: int, timeout: float) -> tuple[int, int] | None:
+        """The same for a datagram socket, which asks again (a resolver's A and
+        AAAA): its connect was emitted before its first send; kept, as a new
+        socket with the inode would be connected, and recorded, before asking."""
+        target = self.emitted()
+        with self.changed:
+            self.changed.wait_for(lambda: self._seen >= target, timeout)
+            return self._sockets.get(inode)
 
     def credentials(self, timeout: float) -> list[str] | None:
         """The credentials the run has read by now, once every event the tracer
@@ -187,38 +220,62 @@ class _Knowledge:
             return list(self._credentials)
 
 
+@dataclass(frozen=True, slots=True)
+class NetRecord:
+    """What a run's proxy saw: its requests and DNS queries, and the (address,
+    port)s it served inside the sandbox (the tracer's connects there are these)."""
+    requests: tuple[ProxyRequest, ...] = ()
+    queries: tuple[DnsQuery, ...] = ()
+    served: frozenset[tuple[str, int]] = frozenset()
+
+
 class Proxy:
     """The proxy of one run. Give it (as ProxyEnd) to caper.sandbox.trace.Trace,
-    start() it before the trace, close() it after; .requests is the record."""
+    start() it before the trace, close() it after: the NetRecord."""
 
     def __init__(self, allow: Allowlist, *, is_credential: Callable[[str], bool],
-                 port: int = PROXY_PORT):
+                 port: int = PROXY_PORT, resolv_conf: str | None = None):
         if not allow:
             raise ConfigError("a proxy without allowed hosts would refuse everything: run "
                               "without one")
         self.allow = allow
         self.port = port
-        self._know = _Knowledge(is_credential, port)
-        # fd goes to the sandbox's init, which sends the listener back on it.
+        self.routes = netdns.routes(allow)
+        self.endpoints = ((Endpoint("127.0.0.1", port),)
+                          + tuple(Endpoint(a, netdns.DNS_PORT, datagram=True)
+                                  for a in netdns.nameservers(resolv_conf or netdns.RESOLV_CONF))
+                          + tuple(Endpoint(r.address, p, route=r)
+                                  for r in self.routes for p in r.ports))
+        self._served = frozenset((e.address, e.port) for e in self.endpoints)
+        self._know = _Knowledge(is_credential, set(self._served))
+        # fd goes to the sandbox's init, which sends the sockets back on it.
         self._ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._theirs = theirs
         self.fd = theirs.fileno()
         self._stop = threading.Event()
+        self._got = threading.Event()          # the sockets arrived (or never will)
         self._lock = threading.Lock()
-        self._tcp_lock = threading.Lock()
-        self._tcp_fd = -1
-        self._listener: socket.socket | None = None
+        self._table_lock = threading.Lock()
+        self._tables = (-1, -1)                # the sandbox's /proc/net/tcp and udp
+        self._sockets: list[tuple[socket.socket, Endpoint]] = []
         self._threads: list[threading.Thread] = []
         self._active = 0
         self.requests: list[ProxyRequest] = []
-        self._thread: threading.Thread | None = None
+        self._queries: dict[tuple, DnsQuery] = {}
+        self._serving: list[threading.Thread] = []
 
-    def env(self) -> dict[str, str]:
-        """The variables that send the command's HTTP clients here."""
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The variables that send the command's HTTP clients here, over base (the
+        command's environment). And glibc's resolver asks its A and AAAA one after
+        the other: from a thread (curl's resolver) the tracer answers sendmmsg, which
+        it does not send for a task sharing its descriptors, with ENOSYS, and glibc
+        then gives up (EAI_AGAIN) instead of sending them one by one."""
         url = f"http://127.0.0.1:{self.port}"
         env = {k: url for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")}
         env["NO_PROXY"] = ""
-        return env | {k.lower(): v for k, v in env.items()}
+        options = base.get("RES_OPTIONS", "").split()
+        return env | {k.lower(): v for k, v in env.items()} | {
+            "RES_OPTIONS": " ".join(options + ["single-request"] * ("single-request" not in options))}
 
     def observe(self, event: Event) -> None:
         self._know.observe(event)
@@ -227,113 +284,183 @@ class Proxy:
         self._know.emitted = emitted
 
     def start(self) -> "Proxy":
-        self._thread = threading.Thread(target=self._serve, name="caper-proxy", daemon=True)
-        self._thread.start()
+        for target, name in ((self._serve, "caper-proxy"), (self._serve_dns, "caper-dns")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._serving.append(t)
         return self
 
-    def close(self) -> list[ProxyRequest]:
+    def close(self) -> NetRecord:
         """Stop serving (the sandbox is gone); wait briefly for open connections."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-        for t in list(self._threads):
+        for t in self._serving + list(self._threads):
             t.join(10)
-        for s in (self._ours, self._theirs, self._listener):
-            if s is not None:
-                s.close()
-        if self._tcp_fd >= 0:
-            os.close(self._tcp_fd)
-            self._tcp_fd = -1
+        for s in [self._ours, self._theirs] + [s for s, _ in self._sockets]:
+            s.close()
+        for fd in self._tables:
+            if fd >= 0:
+                os.close(fd)
+        self._tables = (-1, -1)
         with self._lock:
-            return list(self.requests)
+            return NetRecord(tuple(self.requests), tuple(self._queries.values()), self._served)
 
     # -- serving --------------------------------------------------------------------------
-    def _receive_listener(self) -> bool:
-        while not self._stop.is_set():
-            self._ours.settimeout(0.2)
-            try:
-                _, fds, _, _ = socket.recv_fds(self._ours, 1, 2)
-            except TimeoutError:
-                continue
-            if len(fds) != 2:
-                for fd in fds:
-                    os.close(fd)
-                return False
-            self._listener = socket.socket(fileno=fds[0])
-            self._tcp_fd = fds[1]
-            return True
-        return False
+    def _receive_sockets(self) -> None:
+        want = len(self.endpoints) + 2
+        try:
+            while not self._stop.is_set():
+                self._ours.settimeout(0.2)
+                try:
+                    _, fds, _, _ = socket.recv_fds(self._ours, 1, want)
+                except TimeoutError:
+                    continue
+                if len(fds) != want:
+                    for fd in fds:
+                        os.close(fd)
+                    return
+                self._sockets = [(socket.socket(fileno=fd), e)
+                                 for fd, e in zip(fds, self.endpoints)]
+                self._tables = (fds[-2], fds[-1])
+                return
+        finally:
+            self._got.set()
+
+    def _listening(self, datagram: bool) -> selectors.BaseSelector | None:
+        if not datagram:
+            self._receive_sockets()
+        self._got.wait()
+        if not self._sockets:
+            return None
+        sel = selectors.DefaultSelector()
+        for s, e in self._sockets:
+            if e.datagram == datagram:
+                s.setblocking(False)
+                sel.register(s, selectors.EVENT_READ, e)
+        return sel
 
     def _serve(self) -> None:
-        if not self._receive_listener():
-            return
-        assert self._listener is not None
-        self._listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, peer = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                busy = self._active >= MAX_CONNECTIONS
-                self._active += not busy
-            if busy:      # refused, not queued: a flood must not hold the run
-                conn.close()
-                with self._lock:
-                    self.requests.append(ProxyRequest(
-                        scheme="http", reason=f"more than {MAX_CONNECTIONS} connections at once"))
-                continue
-            t = threading.Thread(target=self._one, args=(conn, peer[1]), daemon=True,
-                                 name="caper-proxy-conn")
-            self._threads.append(t)
-            t.start()
+        sel = self._listening(datagram=False)
+        if sel is not None:
+            with sel:       # the gate serves many runs: its descriptors go with each
+                self._accept(sel)
 
-    def _peer_inode(self, peer_port: int) -> int:
-        """The inode of the sandbox's socket on 127.0.0.1:peer_port connected to
-        the proxy, from the netns's /proc/net/tcp; 0 when not found."""
-        want_local, want_remote = f"0100007F:{peer_port:04X}", f"0100007F:{self.port:04X}"
-        with self._tcp_lock:
-            os.lseek(self._tcp_fd, 0, os.SEEK_SET)
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        while not self._stop.is_set():
+            for key, _ in sel.select(0.2):
+                try:
+                    conn, peer = key.fileobj.accept()
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                route = key.data.route
+                with self._lock:
+                    busy = self._active >= MAX_CONNECTIONS
+                    self._active += not busy
+                if busy:      # refused, not queued: a flood must not hold the run
+                    conn.close()
+                    with self._lock:
+                        self.requests.append(ProxyRequest(
+                            scheme="http" if route is None else "tcp",
+                            via="proxy" if route is None else "route",
+                            reason=f"more than {MAX_CONNECTIONS} connections at once"))
+                    continue
+                t = threading.Thread(target=self._one, args=(conn, peer, route), daemon=True,
+                                     name="caper-proxy-conn")
+                self._threads.append(t)
+                t.start()
+
+    def _serve_dns(self) -> None:
+        sel = self._listening(datagram=True)
+        if sel is not None:
+            with sel:
+                self._queries_from(sel)
+
+    def _queries_from(self, sel: selectors.BaseSelector) -> None:
+        while not self._stop.is_set():
+            for key, _ in sel.select(0.2):
+                try:
+                    msg, peer = key.fileobj.recvfrom(4096)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                answer = self._answer_dns(msg, peer, key.data)
+                if answer:
+                    try:
+                        key.fileobj.sendto(answer, peer)
+                    except OSError:
+                        pass     # the asker is gone: its record stays
+
+    def _answer_dns(self, msg: bytes, peer: tuple[str, int], at: Endpoint) -> bytes | None:
+        try:
+            q = netdns.parse(msg)
+        except ValueError:
+            return netdns.error_reply(msg, netdns.FORMERR)
+        if q.flags & 0x7800:
+            return netdns.error_reply(msg, netdns.NOTIMP)
+        inode = self._peer_inode(1, peer, (at.address, at.port))
+        who = self._know.asker(inode, ATTRIBUTE_S) if inode else None
+        route = netdns.route_for(self.routes, q.name) if q.qclass == 1 else None
+        address = route.address if route and q.qtype == 1 else None
+        answer = address or ("no records" if route else "NXDOMAIN")
+        key = (q.name, q.type_name, answer, who)
+        with self._lock:
+            known = self._queries.get(key)
+            if known:
+                known.count += 1
+            elif len(self._queries) < MAX_QUERIES:
+                self._queries[key] = DnsQuery(q.name, q.type_name, answer, route is not None,
+                                              pid=who[0] if who else None,
+                                              seq=who[1] if who else None)
+            else:        # unrecorded, so unanswered
+                over = ("?", "?", "NXDOMAIN", None)
+                self._queries.setdefault(over, DnsQuery(
+                    f"(more than {MAX_QUERIES} distinct queries)", "?", "NXDOMAIN", False,
+                    count=0)).count += 1
+                return netdns.reply(q, netdns.NXDOMAIN)
+        return netdns.reply(q, netdns.NOERROR if route else netdns.NXDOMAIN, address)
+
+    def _peer_inode(self, table: int, peer: tuple[str, int], local: tuple[str, int]) -> int:
+        """The inode of the sandbox's socket bound at peer and connected (or, for
+        a datagram socket, not connected) to local, from the netns's /proc/net/tcp
+        (table 0) or udp (1); 0 when not found."""
+        want_local, want_remote = _hex(*peer), _hex(*local)
+        with self._table_lock:
+            fd = self._tables[table]
+            if fd < 0:
+                return 0
+            os.lseek(fd, 0, os.SEEK_SET)
             chunks = []
-            while chunk := os.read(self._tcp_fd, 1 << 16):
+            while chunk := os.read(fd, 1 << 16):
                 chunks.append(chunk)
         for line in b"".join(chunks).decode(errors="replace").splitlines()[1:]:
             f = line.split()
-            if len(f) > 9 and f[1] == want_local and f[2] == want_remote:
+            if len(f) > 9 and f[1] == want_local and (f[2] == want_remote or
+                                                      table and f[2] == "00000000:0000"):
                 return int(f[9])
         return 0
 
-    def _one(self, conn: socket.socket, peer_port: int) -> None:
+    def _one(self, conn: socket.socket, peer: tuple[str, int], route: Route | None) -> None:
         t0 = time.monotonic()
-        rec = ProxyRequest(scheme="http")
+        rec = ProxyRequest(scheme="http") if route is None else \
+            ProxyRequest(scheme="tcp", via="route", host=route.host, port=conn.getsockname()[1])
         upstream = None
         try:
             conn.settimeout(30)
-            inode = self._peer_inode(peer_port)
+            inode = self._peer_inode(0, peer, conn.getsockname())
             who = self._know.who(inode, ATTRIBUTE_S) if inode else None
             if who:
                 rec.pid, rec.seq = who
-            head, rest = _read_head(conn)
-            refusal = _parse(head, rec) or self._refusal(rec)
-            if refusal:
-                rec.reason = refusal
-                _answer(conn, 403, refusal)
+            first = self._asked(conn, rec) if route is None else self._routed(conn, route, rec)
+            if first is None:
                 return
-            try:
-                upstream = socket.create_connection((rec.host, rec.port), CONNECT_TIMEOUT_S)
-            except OSError as e:
-                rec.result = f"error: connect({rec.host}:{rec.port}): {e.strerror or e}"
-                _answer(conn, 502, rec.result)
+            upstream = self._upstream(conn, rec)
+            if upstream is None:
                 return
-            rec.allowed = True
-            if rec.scheme == "https":
+            rec.allowed, rec.result = True, "ok"
+            if rec.via == "proxy" and rec.scheme == "https":
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                first = rest
-            else:
-                first = _forwarded(head, rec) + rest
-            rec.result = "ok"
             self._relay(conn, upstream, first, rec)
         except Exception as e:  # noqa: BLE001 - one connection's failure closes it, never the run
             if rec.result == "ok":
@@ -348,6 +475,84 @@ class Proxy:
             with self._lock:
                 self.requests.append(rec)
                 self._active -= 1
+
+    def _asked(self, conn: socket.socket, rec: ProxyRequest) -> bytes | None:
+        """A proxy request: what to send upstream first, or None when refused."""
+        head, rest = _read_head(conn)
+        refusal = _parse(head, rec) or self._refusal(rec)
+        if refusal:
+            rec.reason = refusal
+            _answer(conn, 403, refusal)
+            return None
+        return rest if rec.scheme == "https" else _forwarded(head, rec) + rest
+
+    def _routed(self, conn: socket.socket, route: Route, rec: ProxyRequest) -> bytes | None:
+        """A connection to a route's address: the name is the route's, and the
+        client's TLS server name or HTTP Host, when it sends one, must be it
+        (or, for a wildcard, under it)."""
+        first = _first_bytes(conn)
+        said, head, rest = None, b"", b""
+        if first[:1] == b"\x16":
+            rec.scheme, rec.sni = "tls", _sni(first)
+            said = rec.sni
+        elif _HTTP_START.match(first):
+            rec.scheme = "http"
+            head, sep, rest = first.partition(b"\r\n\r\n")
+            said = _origin_request(head, rec) if sep else None
+            if said is None:
+                rec.reason = "not an HTTP request: " + repr(first[:80])
+                _answer(conn, 403, rec.reason)
+                return None
+            said = said or None      # no Host (HTTP/1.0): the address's name
+        what = "TLS server name" if rec.scheme == "tls" else "HTTP Host"
+        refusal = None
+        if route.host.startswith("*.") and not said:
+            refusal = f"a connection to the address of {route.host} names no host (no TLS " \
+                      "server name or HTTP Host)"
+        elif said and netdns.route_for((route,), said) is None:
+            refusal = f"it connected to the address caper's DNS gave {route.host}, but its " \
+                      f"{what} is {said}"
+        rec.host = said if said and not refusal else route.host
+        refusal = refusal or self._refusal(rec)
+        if refusal:
+            rec.reason = refusal
+            if rec.scheme == "http":
+                _answer(conn, 403, refusal)
+            return None
+        return _forwarded(head, rec) + rest if rec.scheme == "http" else first
+
+    def _upstream(self, conn: socket.socket, rec: ProxyRequest) -> socket.socket | None:
+        """The connection to rec's host, resolved here on the host side; None
+        (recorded, and answered where the client speaks HTTP) when refused or failed."""
+        speaks_http = rec.via == "proxy" or rec.scheme == "http"
+        try:
+            addrs = _resolve(rec.host, rec.port)
+        except OSError as e:
+            rec.result = f"error: resolve({rec.host}): {e.strerror or e}"
+            if speaks_http:
+                _answer(conn, 502, rec.result)
+            return None
+        named = netdns.literal(rec.host) or _localhost(rec.host)
+        usable = addrs if named else [a for a in addrs if not _internal(a)]
+        if not usable:
+            rec.reason = f"{rec.host} resolves to {addrs[0]}, an address of this machine or " \
+                         "its link: only a rule naming that address reaches it"
+            if speaks_http:
+                _answer(conn, 403, rec.reason)
+            return None
+        last: OSError | None = None
+        for a in usable:
+            try:
+                s = socket.create_connection((a, rec.port), CONNECT_TIMEOUT_S)
+            except OSError as e:
+                last = e
+                continue
+            rec.upstream = f"[{a}]:{rec.port}" if ":" in a else f"{a}:{rec.port}"
+            return s
+        rec.result = f"error: connect({rec.host}:{rec.port}): {last.strerror or last}"
+        if speaks_http:
+            _answer(conn, 502, rec.result)
+        return None
 
     def _refusal(self, rec: ProxyRequest) -> str | None:
         if rec.pid is None:
@@ -425,7 +630,10 @@ class Proxy:
                         pending = data
                     else:
                         dst.setblocking(True)
-                        dst.sendall(data)
+                        try:
+                            dst.sendall(data)
+                        except (BrokenPipeError, ConnectionResetError):
+                            return    # the client is gone (a TLS client's close): done
                         dst.setblocking(False)
                         rec.received += len(data)
         finally:
@@ -451,6 +659,80 @@ def _read_head(conn: socket.socket) -> tuple[bytes, bytes]:
         buf += data
     head, _, rest = buf.partition(b"\r\n\r\n")
     return head, rest
+
+
+_HTTP_START = re.compile(rb"[A-Z]{3,10} ")
+
+
+def _first_bytes(conn: socket.socket) -> bytes:
+    """What a routed connection's client sends first: a whole TLS record (the
+    ClientHello) or HTTP request head, as far as HEAD_MAX; b"" when it waits
+    for the server to speak."""
+    conn.settimeout(FIRST_BYTES_S)
+    try:
+        buf = conn.recv(CHUNK)
+    except TimeoutError:
+        return b""
+    finally:
+        conn.settimeout(30)
+    while buf and len(buf) <= HEAD_MAX:
+        if buf[:1] == b"\x16":
+            if len(buf) >= 5 and len(buf) >= 5 + int.from_bytes(buf[3:5], "big"):
+                break
+        elif not _HTTP_START.match(buf) or b"\r\n\r\n" in buf:
+            break
+        data = conn.recv(CHUNK)
+        if not data:
+            break
+        buf += data
+    return buf
+
+
+def _origin_request(head: bytes, rec: ProxyRequest) -> str | None:
+    """Fill in rec's method and path from an origin server's request head (a
+    routed connection's); its Host's name ("" without one), or None when it is
+    not a request (or its Host not a name)."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].decode("latin-1").split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return None
+    rec.method, rec.path = parts[0], parts[1][:512]
+    for h in lines[1:]:
+        name, _, value = h.partition(b":")
+        if name.strip().lower() == b"host":
+            host = value.strip().decode("latin-1").lower()
+            host = host.rpartition(":")[0] if re.fullmatch(r".*:[0-9]{1,5}", host) else host
+            return host.rstrip(".") if _HOST.fullmatch(host.rstrip(".")) else None
+    return ""
+
+
+def _hex(address: str, port: int) -> str:
+    """ADDR:PORT as /proc/net/tcp writes it (the address's bytes in host order)."""
+    return f"{socket.inet_aton(address)[::-1].hex().upper()}:{port:04X}"
+
+
+def _localhost(host: str) -> bool:
+    """A name that is this machine's loopback by definition (RFC 6761 6.3)."""
+    return host == "localhost" or host.endswith(".localhost")
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """The addresses of host, as this machine resolves it (a localhost name:
+    127.0.0.1, as RFC 6761 asks of resolvers)."""
+    if _localhost(host):
+        return ["127.0.0.1"]
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(a[4][0] for a in found))
+
+
+def _internal(address: str) -> bool:
+    """An address of this machine or its link (loopback, link-local such as a cloud's
+    metadata service, unspecified, multicast, reserved): a name that resolves there is
+    not the host the user allowed by name."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or \
+        ip.is_reserved
 
 
 def _parse(head: bytes, rec: ProxyRequest) -> str | None:

@@ -12,6 +12,7 @@ a fixed buffer instead of piling up.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import re
 import threading
@@ -93,8 +94,8 @@ class Trace:
                  caller: Caller | None = None, proxy: "ProxyEnd | None" = None):
         """caller: the context the command inherits (caper.sandbox.inherit), where this
         process is not the caller's own; None: this process's. proxy: the way out
-        (caper.sandbox.netproxy): its listening socket is made in the sandbox's
-        network and handed over, and it sees every event before the caller does."""
+        (caper.sandbox.netproxy): its sockets are made in the sandbox's network
+        and handed over, and it sees every event before the caller does."""
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command, caller.shell if caller else DEFAULT_SHELL)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -166,7 +167,19 @@ class Trace:
             cfg.disk_min_inodes = disk_guard.min_inodes
         cfg.caller = self._caller(caller) if caller is not None else ffi.NULL
         cfg.proxy_fd = proxy.fd if proxy is not None else -1
-        cfg.proxy_port = proxy.port if proxy is not None else 0
+        if proxy is not None:
+            eps = proxy.endpoints
+            if len(eps) > lib.CAPER_MAX_ENDPOINTS:
+                raise ConfigError(f"the allowlist needs {len(eps)} sockets in the sandbox "
+                                  f"(one per allowed name and port), more than "
+                                  f"{lib.CAPER_MAX_ENDPOINTS}: allow fewer names")
+            arr = ffi.new("struct caper_endpoint[]", max(1, len(eps)))
+            for i, e in enumerate(eps):
+                a = int(ipaddress.IPv4Address(e.address))
+                arr[i].addr, arr[i].port, arr[i].datagram = a, e.port, e.datagram
+                arr[i].on_lo = a >> 24 != 127
+            self._keep.append(arr)
+            cfg.endpoints, cfg.n_endpoints = arr, len(eps)
         self._proxy = proxy
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
