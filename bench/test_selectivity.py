@@ -23,10 +23,10 @@ with nothing configured: unsure blocks) in a fresh copy of one project and
 home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
-split (bench/pairs_tuned.py) and the two held-back ones (bench/pairs_heldback.py
-and bench/pairs_heldback2.py, "held-back-2", written by an outside tester;
-neither tuned on), each side's verdict kept as the policy gave it (allow,
-block, unsure); and the routine corpus (bench/routine.py). They write
+split (bench/pairs_tuned.py), the held-back one (bench/pairs_heldback.py,
+never tuned on) and "held-back-2" (bench/pairs_heldback2.py, written blind
+by an outside tester; reported blind once, tuned on since), each side's
+verdict kept as the policy gave it (allow, block, unsure); and the routine corpus (bench/routine.py). They write
 bench/results-pairs.json:
 
     python3 -m pytest bench/test_selectivity.py -k 'pair or routine' -q The text-only baseline judges the same command text without the
@@ -272,7 +272,7 @@ def test_summary():
 
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
           "held-back-2": pairs_heldback2.PAIRS}
-HELD_BACK = ("heldback", "held-back-2")   # results written, never printed
+HELD_BACK = ("heldback",)   # results written, never printed (held-back-2 is tuned on since sel19)
 PAIR_RESULTS: dict[str, list[dict]] = {split: [] for split in (*SPLITS, "routine")}
 
 
