@@ -74,7 +74,7 @@ def test_a_key_that_makes_git_read_another_file_is_judged_by_that_file(tmp_path:
 
 def _acl(path: str, given: str, where: str = "tracked", type: str = "dir"):
     return fc(path, "meta", where, type=type,
-              detail=f"xattrs system.posix_acl_access grants {given}")
+              detail=f"xattrs system.posix_acl_access; grants {given}")
 
 
 def test_acl_grants_are_judged_by_what_they_grant():
