@@ -158,3 +158,35 @@ def test_the_report_tells_rows_rewritten_from_rows_destroyed(tmp_path: Path):
         {"items": (40, 10, 30, 0)}
     assert _db_change(tmp_path / "f", "ALTER TABLE items DROP COLUMN name;") == \
         {"items": (40, 40, 40, 0)}
+
+
+def _reset(tmp_path: Path, how: str):
+    """What gitstate.lost says of `git reset <how>` run on a copy of a
+    repository whose app.py has a staged edit, the copy's app.py and index
+    standing for the run's."""
+    import shutil
+    from caper.changes import Change
+    from caper.report.gitstate import lost
+    from helpers.trees import git_project
+    ws = git_project(tmp_path / "ws", {"app.py": "X = 1\n"})
+    (ws / "app.py").write_text("X = 2\n")
+    git(ws, "add", "app.py")
+    run = tmp_path / "run"
+    shutil.copytree(ws, run)
+    git(run, "reset", "-q", how)
+    upper = tmp_path / "upper"
+    (upper / ".git").mkdir(parents=True)
+    changes = [Change(str(ws / ".git" / "index"), "modified", "file")]
+    shutil.copy(run / ".git" / "index", upper / ".git" / "index")
+    if (run / "app.py").read_text() != (ws / "app.py").read_text():
+        shutil.copy(run / "app.py", upper / "app.py")
+        changes.append(Change(str(ws / "app.py"), "modified", "file"))
+    return lost(str(ws), changes, RunTree.of([(str(ws), str(upper))]), {str(ws / "app.py")})
+
+
+def test_a_staged_edit_thrown_away_is_uncommitted_work_lost(tmp_path: Path):
+    """Class: a staged edit is in git's object store only through the index;
+    `reset --hard` drops it from the index and the worktree (only fsck would
+    find it): lost. `git reset` unstages it and keeps the file: nothing lost."""
+    assert _reset(tmp_path / "hard", "--hard").uncommitted == [str(tmp_path / "hard/ws/app.py")]
+    assert not _reset(tmp_path / "mixed", "--mixed")
