@@ -190,3 +190,56 @@ def test_a_staged_edit_thrown_away_is_uncommitted_work_lost(tmp_path: Path):
     find it): lost. `git reset` unstages it and keeps the file: nothing lost."""
     assert _reset(tmp_path / "hard", "--hard").uncommitted == [str(tmp_path / "hard/ws/app.py")]
     assert not _reset(tmp_path / "mixed", "--mixed")
+
+
+def test_a_tracked_file_in_a_cache_directory_the_task_names_is_not_a_cache():
+    """Class: "clean up the __pycache__ folders" declares what such folders
+    hold (bytecode, ignored or not); a tracked file there that is not of
+    that kind is the user's (unsure), not declared by the folder's name."""
+    task, cmd = "clean up the __pycache__ folders", "find . -name __pycache__ -exec rm -rf {} +"
+    src = fc("tools/__pycache__/keep.py", "deleted", "tracked")
+    pyc = fc("tools/__pycache__/keep.cpython-311.pyc", "deleted", "tracked")
+    ign = fc("app/__pycache__/parser.cpython-311.pyc", "deleted", "ignored")
+    assert verdict(report(src, ign), cmd, task) == "unsure"
+    assert verdict(report(pyc, ign), cmd, task) == "allow"
+    # the file named itself, or its kind, is declared
+    assert verdict(report(src), "./tool.sh", "delete tools/__pycache__/keep.py") == "allow"
+
+
+def _expire(tmp_path: Path, keep_off_branch: bool):
+    """gitstate.lost of `git reflog expire --expire=now --all` run on a copy
+    of a repository (whose last commit was reset away when keep_off_branch),
+    the copy's reflogs standing for the run's."""
+    import shutil
+    from caper.changes import Change
+    from caper.report.gitstate import lost
+    from helpers.trees import git_project
+    ws = git_project(tmp_path / "ws", {"app.py": "X = 1\n"})
+    if keep_off_branch:
+        (ws / "lost.py").write_text("Y = 2\n")
+        git(ws, "add", "lost.py")
+        git(ws, "commit", "-qm", "only here")
+        git(ws, "reset", "-q", "--hard", "HEAD~1")
+    run = tmp_path / "run"
+    shutil.copytree(ws, run)
+    git(run, "reflog", "expire", "--expire=now", "--all")
+    upper = tmp_path / "upper"
+    changes = []
+    for log in ("logs/HEAD", "logs/refs/heads/master", "logs/refs/heads/main"):
+        if (ws / ".git" / log).exists():
+            (upper / ".git" / log).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(run / ".git" / log, upper / ".git" / log)
+            changes.append(Change(str(ws / ".git" / log), "modified", "file"))
+    return lost(str(ws), changes, RunTree.of([(str(ws), str(upper))]), set())
+
+
+def test_commits_only_the_reflog_held_are_lost_when_it_drops_them(tmp_path: Path):
+    """Class: the reflog is git's only way back to a commit on no branch
+    (after a reset); expiring it (the next gc prunes the objects) loses that
+    commit. Expiring entries of commits a branch still holds loses nothing."""
+    assert _expire(tmp_path / "off", True).reflog_only == 1
+    assert not _expire(tmp_path / "on", False)
+    from caper.report.build import GitLoss
+    gone = GitLoss(reflog_only=1)
+    assert verdict(report(git=gone), "git reflog expire --expire=now --all && git gc -q --prune=now",
+                   "compact the repository") == "block"
