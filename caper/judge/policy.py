@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import glob
 import json
 import os
 import re
@@ -74,6 +75,8 @@ class Rules:
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
         self.git_program_keys = list(data["git_program_keys"]["keys"])
+        self.git_redirect_keys = list(data["git_program_keys"]["redirect"])
+        self.git_activates = {k: tuple(v) for k, v in data["git_activates"].items()}
         self.formatter_binaries = set(data["formatter_binaries"])
         self.instructions = self._globs(data["agent_instructions"])
         self.persistence_except = self._globs(data["persistence_except"])
@@ -534,17 +537,26 @@ class _Judge:
             return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
+        unknown: list[str] = []
         if c.keys is not None:
             fmt = "git" if c.git_config else configkeys.format_of(full)
-            risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
-            if not risky:
+            judged = {k: self._key_verdict(fmt, k, full) for k in c.keys}
+            risky = [k for k, v in judged.items() if v == "runs"]
+            unknown = [k for k, v in judged.items() if v == "unknown"]
+            if not risky and not unknown:
                 return True
-            what = f"it would set {', '.join(map(_quote_clipped, risky[:4]))} in {_quote_clipped(c.path)}"
+            what = f"it would set {', '.join(map(_quote_clipped, (risky or unknown)[:4]))} in {_quote_clipped(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full) \
                 and below(full, self.ws):
             return True      # an installer the command names, in the project it installs into
+        if c.keys is not None and not risky:
+            # git keys caper knows neither to run a program nor to run nothing
+            self.add(61, "unsure", what + ", git keys caper does not know to be harmless",
+                     "git configuration the policy cannot judge",
+                     "leave git configuration to the user", c.path)
+            return True
         git = c.where == "git-internal" or c.git_config or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
@@ -557,10 +569,46 @@ class _Judge:
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
         return True
 
-    def _harmless_key(self, fmt: str | None, kv: str) -> bool:
+    def _key_verdict(self, fmt: str | None, kv: str, full: str) -> str:
+        """harmless, runs (a program, or a place code, config or pushes go)
+        or, for git, whose keys the policy knows both ways, unknown."""
         key, _, value = kv.partition("=")
         if fmt == "git" and self._git_runs(key, value):
-            return False
+            return "runs"
+        if fmt == "git" and key in self.r.git_activates:
+            return self._activated(key, value, full)
+        if self._harmless_key(fmt, key, kv):
+            return "harmless"
+        if fmt != "git" or any(fnmatch.fnmatchcase(key, g) for g in self.r.git_redirect_keys):
+            return "runs"
+        return "unknown"
+
+    def _activated(self, key: str, value: str, full: str) -> str:
+        """A key that makes git read more config files: as harmless as the worst
+        key those files held before the run (the host's; the run's own write
+        of one is a change judged by the keys it gained)."""
+        if value.strip().lower() in ("false", "no", "off", "0"):
+            return "harmless"
+        worst = "harmless"
+        for pattern in self.r.git_activates[key]:
+            for path in sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(full)), pattern))):
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read(configkeys.MAX_CONFIG_BYTES + 1)
+                except OSError:
+                    return "unknown"
+                keys = configkeys.changed_keys("git", None, data)
+                if keys is None:
+                    return "unknown"     # a file git may read and caper cannot
+                for kv in keys:
+                    v = "unknown" if kv.partition("=")[0] in self.r.git_activates else \
+                        self._key_verdict("git", kv, path)
+                    if v == "runs":
+                        return "runs"
+                    worst = "unknown" if v == "unknown" else worst
+        return worst
+
+    def _harmless_key(self, fmt: str | None, key: str, kv: str) -> bool:
         if fmt == "git" and key.startswith("alias."):
             return True      # an alias of git subcommands, with no option that runs a program
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
