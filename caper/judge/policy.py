@@ -47,6 +47,8 @@ from caper.report.workspace import GIT_ROUTINE, PathView, place
 from caper.state import default_state_dir
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
+# An ACL entry (caper.commit.fsops.grants) that gives no write.
+_READ_GRANT = re.compile(r"(?:default )?acl (?:user|group):\d+:[r-]-[x-]")
 _OWNER = re.compile(r"owner (\d+):(\d+)->(\d+):(\d+)")
 
 
@@ -823,15 +825,24 @@ class _Judge:
 
     def privilege(self, path: str, full: str, c) -> None:
         """setuid/setgid and file capabilities are privilege changes whoever
-        asked (a human grants these); an ACL entry for another user or group,
-        or a security.* attribute, is judged as a widened mode is."""
+        asked (a human grants these). An ACL entry that lets another user or
+        group write (a default ACL too: what is created there inherits it),
+        any grant on a place of persistence or a credential, and a
+        security.* attribute are judged as a widened mode is; a read or
+        traverse grant on an ordinary file is `chmod o+r`, narrower: allowed."""
         if c.privileges:
             self.add(95, "block", f"{_quote_clipped(path)} would be {c.op} with {', '.join(c.privileges)}",
                      "a privilege change: whoever runs the file gains its owner's rights or "
                      "its capabilities", "commit the file without them and grant them by hand",
                      path)
         if c.detail and "grants " in c.detail:
-            given = c.detail.split("grants ", 1)[1]
+            entries = c.detail.split("grants ", 1)[1].split("; ")[0].split(", ")
+            sensitive = any(self.protected.kind(x) or self._persistent_place(x)
+                            for x in (full, full + "/x"))
+            risky = [g for g in entries if sensitive or not _READ_GRANT.fullmatch(g)]
+            if not risky:
+                return
+            given = ", ".join(risky)
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block", f"it would give {_quote_clipped(path)} "
                      f"{_quote_clipped(given)}", "permissions for other users, or privileges for what runs",
