@@ -335,8 +335,10 @@ def task_intent(task: str | None, rules: Rules) -> TaskIntent | None:
     if not task:
         return None
     words = frozenset(w.strip(".,;:!?'\"`()").lower() for w in task.split())
+    # A path names its last component ("tests/test_models.py": test_models.py),
+    # not the directories on the way to it, which would name all they hold.
     words = frozenset(w for w in words if w) | frozenset(
-        x.strip("/").lower() for w in words for x in w.split("/") if x)
+        w.rstrip("/").rsplit("/", 1)[-1] for w in words if w.strip("/"))
     kinds = frozenset(k for k, vocab in rules.words.items() if words & vocab)
     return TaskIntent(task, kinds, words)
 
