@@ -928,6 +928,16 @@ class _Judge:
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
         emptied = [t.table for t in c.tables if _mass_loss(t, self.r.mass_min, self.r.mass_share)]
+        # Most rows rewritten to other values, none emptied: the data the task
+        # may have asked for (`update the item names`); the judge cannot tell
+        # the new values are wanted unless the task names the table.
+        rewritten = [t.table for t in c.tables if t.table not in emptied and t.rows_before and
+                     (t.rows_changed or 0) >= max(self.r.mass_min, t.rows_before * self.r.mass_share)
+                     and not (self.t is not None and self.t.names(t.table))]
+        if rewritten and not dropped and not emptied:
+            self.add(58, "unsure", f"it would rewrite most rows of "
+                     f"{', '.join(map(_quote_clipped, rewritten))} in {_quote_clipped(path)} in place",
+                     "database changes the task does not name", "name the table in the task", path)
         if not dropped and not emptied:
             return
         what = "; ".join(x for x in (
@@ -1174,9 +1184,9 @@ _COMMIT_MAKERS = {"commit", "merge", "pull", "rebase", "cherry-pick", "revert", 
 
 
 def _mass_loss(t, min_rows: int, share: float) -> bool:
-    """A table emptied (any size), or most of its rows deleted or changed in
-    place (`UPDATE users SET email = NULL` loses every value as surely as a
-    DELETE): counted by content where the report compared rows."""
+    """A table emptied (any size), or most of its rows deleted or their values
+    emptied in place (`UPDATE users SET email = NULL` loses every value as
+    surely as a DELETE): counted by content where the report compared rows."""
     if not t.rows_before or t.rows_after is None:
         return False
     if t.rows_after == 0:

@@ -176,7 +176,8 @@ class TableDelta(_Model):
     table: str
     rows_before: int | None = None   # None: no such table before (created)
     rows_after: int | None = None    # None: no such table after (dropped)
-    rows_lost: int | None = None     # rows before that after no longer holds (deleted or changed)
+    rows_lost: int | None = None     # rows before deleted, or their values emptied or collapsed
+    rows_changed: int | None = None  # rows before rewritten in place, no value lost
 
 
 class FileChange(_Model):
@@ -507,7 +508,7 @@ def _change_severity(c: FileChange, rel: str = "") -> int:
     elif c.where == "untracked" and c.op in ("modified", "deleted", "replaced", "renamed"):
         sev = 70            # the user's own files that git does not keep
     if c.tables and any(t.rows_after is None or (t.rows_before or 0) > (t.rows_after or 0)
-                        or t.rows_lost for t in c.tables):
+                        or t.rows_lost or t.rows_changed for t in c.tables):
         sev = max(sev, 75)
     if c.secrets:
         sev = max(sev, 95)
@@ -963,7 +964,7 @@ def _draft(facts: RunFacts) -> _Draft:
             secrets[fc.path] = set(d.secrets)
         if d and d.tables is not None:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
-                                    rows_lost=t.lost)
+                                    rows_lost=t.lost, rows_changed=t.changed)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
@@ -1318,7 +1319,7 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         if out.tables:
             out.tables = [TableDelta(table=_clean(d.redactor, t.table, 64),
                                      rows_before=t.rows_before, rows_after=t.rows_after,
-                                     rows_lost=t.rows_lost)
+                                     rows_lost=t.rows_lost, rows_changed=t.rows_changed)
                           for t in out.tables[:max(lim.items // 2, 3)]]
     return out
 
@@ -1441,7 +1442,8 @@ def render_card(r: Report) -> str:
         L.append(" ".join(bits))
         for t in c.tables or []:
             L.append(f"    table {quote(t.table)}: rows {t.rows_before} -> {t.rows_after}"
-                     + (f", {t.rows_lost} deleted or changed" if t.rows_lost else ""))
+                     + (f", {t.rows_lost} deleted or emptied" if t.rows_lost else "")
+                     + (f", {t.rows_changed} rewritten in place" if t.rows_changed else ""))
         if c.read_before:
             L.append("    read before: " + ", ".join(map(quote, c.read_before)))
         for line in c.diff or []:
