@@ -1049,6 +1049,13 @@ class _Judge:
                      f"tag ({', '.join(map(_quote_clipped, g.refs[:3]))}); only the reflog would hold them",
                      "git state that git cannot give back",
                      "keep a branch at the old commit first (git branch backup <ref>)")
+        if g.reflog_only:
+            self.add(88, "unsure" if rewrites and discard else "block",
+                     f"it would drop {g.reflog_only} commit{'s' * (g.reflog_only > 1)} on no branch "
+                     "or tag from the reflog, which was git's only way back to "
+                     f"{'them' if g.reflog_only > 1 else 'it'} (the next gc prunes them)",
+                     "git state that git cannot give back",
+                     "keep a branch at the commit first (git branch backup <sha>)")
         if g.stashes:
             self.add(88, "unsure" if rewrites and discard else "block",
                      f"it would drop {g.stashes} stash entr{'ies' if g.stashes > 1 else 'y'}",

@@ -211,6 +211,7 @@ class GitLoss(_Model):
     content_kept: bool = True        # their trees are still a ref's or the index's (a squash)
     rebased: bool = False            # each one's change is on its ref under a new id (a rebase)
     stashes: int = 0                 # stash entries dropped
+    reflog_only: int = 0             # commits on no ref that only the reflog held, dropped from it
     uncommitted: list[str] = []      # tracked files put back to a committed version
     unknown: str | None = None       # why it could not be told
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
@@ -382,6 +383,7 @@ class Report(_Model):
             g = r.git
             r.git = GitLoss(commits=rounded(g.commits), refs=[WITHHELD] if g.refs else [],
                             content_kept=g.content_kept, stashes=rounded(g.stashes),
+                            reflog_only=rounded(g.reflog_only),
                             uncommitted=[WITHHELD] if g.uncommitted else [],
                             unknown=WITHHELD if g.unknown else None)
         net: Counter[tuple] = Counter()
@@ -1454,12 +1456,14 @@ def render_card(r: Report) -> str:
                  + (": " + ", ".join(map(quote, a.paths)) if a.paths else "")
                  + (f" and {more} more" if a.paths and more > 0 else ""))
     g = r.git
-    if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
+    if g and (g.commits or g.stashes or g.reflog_only or g.uncommitted or g.unknown):
         lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(quote, g.refs))}"
                 + (", their content kept)" if g.content_kept else
                    ", each one's change kept under a new id)" if g.rebased else ")")] \
             if g.commits else []
         lost += [f"{g.stashes} stash entries dropped"] if g.stashes else []
+        lost += [f"{g.reflog_only} commits only the reflog held dropped from it"] \
+            if g.reflog_only else []
         lost += ["uncommitted changes thrown away: " + ", ".join(map(quote, g.uncommitted))] \
             if g.uncommitted else []
         lost += [f"unknown ({quote(g.unknown)})"] if g.unknown else []
