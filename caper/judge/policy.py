@@ -781,6 +781,11 @@ class _Judge:
             declared = (self.d.covers(full, self.d.writes) or by_git
                         or self._formatted(full, c)
                         and not (c is not None and c.size and not c.size[1]))
+        if tracked and op in ("deleted", "replaced") and task_names and self._cache_dir_only(path):
+            self.add(55, "unsure", f"it would delete {_quote_clipped(path)}, a tracked file in a "
+                     "cache or build folder the task names, not itself a cache or build output",
+                     "tracked files the task did not mention", path=path)
+            return
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
                     + (f"{n} tracked files under {_quote_clipped(path)}" if n > 1 else _quote_clipped(path))
@@ -800,6 +805,19 @@ class _Judge:
             # untracked: git cannot bring them back either (no task: not even when declared)
             self.add(50, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an untracked file "
                      "git cannot restore", "the user's own files", path=path)
+
+    def _cache_dir_only(self, path: str) -> bool:
+        """The task names this file only through a cache or build folder on its
+        path ("the __pycache__ folders"), and the file is not of that kind by its
+        own name: such a task declares what those folders hold, not a tracked
+        source kept there (the file itself, or its kind, named is declared)."""
+        parts = path.split("/")
+        name = parts[-1].lower()
+        if name in self.t.words or _mentions(self.t.text, path) or self._task_names_kind(path) \
+                or any(fnmatch.fnmatchcase(parts[-1], g) for g in self.r.expendable_files):
+            return False
+        return any(p.lower() in self.t.words and (p in self.r.expendable_dirs or any(
+            fnmatch.fnmatchcase(p, g) for g in self.r.expendable_dir_globs)) for p in parts[:-1])
 
     def ignored(self, path: str, full: str, op: str, c, task_names: bool) -> None:
         """Ignored is not expendable: only build outputs and caches are. The
