@@ -243,3 +243,16 @@ def test_commits_only_the_reflog_held_are_lost_when_it_drops_them(tmp_path: Path
     gone = GitLoss(reflog_only=1)
     assert verdict(report(git=gone), "git reflog expire --expire=now --all && git gc -q --prune=now",
                    "compact the repository") == "block"
+
+
+def test_a_cache_folder_holding_tracked_sources_is_not_all_cache(tmp_path: Path):
+    """The same class when the run deletes the folder whole: its tracked
+    files are judged by what the folder held before the run."""
+    task, cmd = "clean up the __pycache__ folders", "find . -name __pycache__ -exec rm -rf {} +"
+    ws = tmp_path / "proj"
+    (ws / "tools" / "__pycache__").mkdir(parents=True)
+    (ws / "tools" / "__pycache__" / "keep.cpython-311.pyc").write_text("x")
+    gone = fc("tools/__pycache__", "deleted", "tracked", type="dir", tracked_files=1)
+    assert verdict(report(gone, ws=str(ws)), cmd, task, ws=str(ws)) == "allow"
+    (ws / "tools" / "__pycache__" / "keep.py").write_text("X = 1\n")
+    assert verdict(report(gone, ws=str(ws)), cmd, task, ws=str(ws)) == "unsure"
