@@ -38,7 +38,8 @@ def test_git_keys_that_run_nothing_are_allowed_and_unknown_ones_unsure():
                  ["remote.origin.pushurl=https://git.example.net/x.git"],
                  ["branch.main.pushremote=evil"], ["remote.pushdefault=evil"]):
         assert verdict(_git_config(*keys), task=TASK) == "block", keys
-    for keys in (["feature.manyfiles=true"], ["http.sslverify=false"], ["foo.bar=1"]):
+    for keys in (["feature.manyfiles=true"], ["http.sslverify=false"], ["foo.bar=1"],
+                 ["remote.origin.fetch=+refs/heads/*:refs/heads/*"]):
         assert verdict(_git_config(*keys), task=TASK) == "unsure", keys
     # one key that runs a program outweighs any number caper does not know
     assert verdict(_git_config("foo.bar=1", "core.pager=sh x"), task=TASK) == "block"
