@@ -217,30 +217,39 @@ def _reflog(repo: _Repo, log_changes: list, loss: Loss) -> None:
     amend, a deleted branch's last entries): git's one way back to them. The
     run's reflogs no longer naming them (`reflog expire`, a deleted log)
     loses them; the next gc prunes their objects. The stash's reflog is the
-    stashes' own count."""
+    stashes' own count; a log too big to read is taken as unchanged."""
     logs, stash = os.path.join(repo.git_dir, "logs"), os.path.join(repo.git_dir, "logs", "refs", "stash")
-    changed = {c.path: c for c in log_changes}
-    before, after = set(), set()
-    for dirpath, _, names in os.walk(logs):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            if below(p, stash):
-                continue
-            old = _read(p) or b""
-            before |= _reflog_shas(old)
-            c = changed.pop(p, None)
-            after |= _reflog_shas(old if c is None else b"" if c.kind == "deleted"
-                                  else repo.new_bytes(p) or b"")
-    for p, c in changed.items():            # logs the run created
-        if c.kind != "deleted" and c.ftype == "file":
-            after |= _reflog_shas(repo.new_bytes(p) or b"")
-    if not before - after:
-        return
+    gone = [c.path for c in log_changes if c.kind == "deleted"]
+    written = {c.path for c in log_changes if c.kind != "deleted" and c.ftype == "file"}
+
+    def run_version(p: str, old: bytes) -> bytes:
+        if p in written:
+            new = repo.new_bytes(p)
+            return old if new is None else new
+        return b"" if any(below(p, g) for g in gone) else old
+
+    host = [os.path.join(d, n) for d, _, names in os.walk(logs) for n in names
+            if not below(os.path.join(d, n), stash)]
+    touched = [p for p in host if p in written or any(below(p, g) for g in gone)]
+    dropped = set()
+    for p in touched:
+        old = _read(p) or b""
+        dropped |= _reflog_shas(old) - _reflog_shas(run_version(p, old))
+    if not dropped:
+        return      # entries appended (every commit), or none of a commit dropped
+    after = set()
+    for p in host:
+        after |= _reflog_shas(run_version(p, _read(p) or b""))
+    for p in written - set(host):            # logs the run created
+        after |= _reflog_shas(repo.new_bytes(p) or b"")
+    if not dropped - after:
+        return      # each still named by another log
+    before = after | dropped
     tips = repo.git("for-each-ref", "--format=%(objectname)").split()
     head = _sha(_read(os.path.join(repo.git_dir, "HEAD")))
     not_refs = b"".join(b"^" + t + b"\n" for t in tips + ([head.encode()] if head else []))
     types = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
-                     stdin="\n".join(sorted(before | after)).encode() + b"\n")
+                     stdin="\n".join(sorted(before)).encode() + b"\n")
     commits = {ln.split()[0].decode() for ln in types.splitlines() if ln.endswith(b" commit")}
     only = lambda shas: set(repo.git("rev-list", "--stdin", stdin="".join(
         f"{s}\n" for s in sorted(shas & commits)).encode() + not_refs).split()) if shas & commits \
