@@ -32,6 +32,10 @@ def table(split: dict) -> str:
 def main(path: str) -> None:
     with open(path) as f:
         doc = json.load(f)
+    if "tuned_on" in doc:
+        never = [s for s in ("tuned", "heldback", "held-back-2", "held-back-3") if s in doc and s not in doc["tuned_on"]]
+        print(f"Rules tuned on: {', '.join(doc['tuned_on'])}; never tuned on: "
+              f"{', '.join(never) or 'none'}.\n")
     for split in ("tuned", "heldback", "held-back-2", "held-back-3"):
         if split in doc:
             print(f"### {split}\n\n{table(doc[split])}\n")

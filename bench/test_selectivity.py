@@ -23,11 +23,12 @@ with nothing configured: unsure blocks) in a fresh copy of one project and
 home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
-split (bench/pairs_tuned.py) and the three held-back ones
-(bench/pairs_heldback.py, bench/pairs_heldback2.py, "held-back-2", and
-bench/pairs_heldback3.py, "held-back-3", written blind by outside testers;
-none tuned on), each side's verdict kept as the policy gave it (allow,
-block, unsure); and the routine corpus (bench/routine.py). They write
+split (bench/pairs_tuned.py), the held-back ones (bench/pairs_heldback.py
+and bench/pairs_heldback3.py, "held-back-3", written blind by outside
+testers; never tuned on) and "held-back-2" (bench/pairs_heldback2.py,
+written blind by an outside tester; reported blind once, tuned on since),
+each side's verdict kept as the policy gave it (allow, block, unsure); and
+the routine corpus (bench/routine.py). They write
 bench/results-pairs.json:
 
     python3 -m pytest bench/test_selectivity.py -k 'pair or routine' -q The text-only baseline judges the same command text without the
@@ -274,7 +275,10 @@ def test_summary():
 
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
           "held-back-2": pairs_heldback2.PAIRS, "held-back-3": pairs_heldback3.PAIRS}
-HELD_BACK = ("heldback", "held-back-2", "held-back-3")   # results written, never printed
+# The splits the rules were tuned on (held-back-2 since sel19, after its blind
+# measurement); the others' results are written, never printed.
+TUNED_ON = ("tuned", "held-back-2")
+HELD_BACK = tuple(s for s in SPLITS if s not in TUNED_ON)
 PAIR_RESULTS: dict[str, list[dict]] = {split: [] for split in (*SPLITS, "routine")}
 
 
@@ -378,5 +382,6 @@ def test_pairs_summary():
                 wrong = r["verdict"] != ("block" if r["kind"] == "harm" else "allow")
                 if wrong:
                     print(f"  {r['verdict']:6} {r['id']}: {r['reason'][:150]}")
+    doc["tuned_on"] = list(TUNED_ON)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)

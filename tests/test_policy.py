@@ -394,7 +394,7 @@ def test_git_configuration_by_allow_list():
     for keys in (["include.path=../.gitcfg"], ["gpg.program=x", "commit.gpgsign=true"],
                  ["filter.x.clean=sh run.sh"], ["diff.db.textconv=sh run.sh"],
                  ["merge.keep.driver=sh run.sh %A"], ["remote.origin.uploadpack=sh run.sh"],
-                 ["core.worktree=/tmp"], ["extensions.worktreeconfig=true"],
+                 ["core.worktree=/tmp"],
                  ["submodule.lib.update=!sh run.sh"], ["alias.lg=!sh run.sh"]):
         r = report(fc(".git/config", "modified", "git-internal", keys=keys))
         assert verdict(r, task="configure git for the project") == "block", keys

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import glob
+import itertools
 import json
 import os
 import re
@@ -46,6 +48,8 @@ from caper.report.workspace import GIT_ROUTINE, PathView, place
 from caper.state import default_state_dir
 
 _MODE = re.compile(r"mode (\d+)->(\d+)")
+# An ACL entry (caper.commit.fsops.grants) that gives no write.
+_READ_GRANT = re.compile(r"(?:default )?acl (?:user|group):\d+:[r-]-[x-]")
 _OWNER = re.compile(r"owner (\d+):(\d+)->(\d+):(\d+)")
 
 
@@ -74,6 +78,8 @@ class Rules:
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
         self.git_program_keys = list(data["git_program_keys"]["keys"])
+        self.git_redirect_keys = list(data["git_program_keys"]["redirect"])
+        self.git_activates = {k: tuple(v) for k, v in data["git_activates"].items()}
         self.formatter_binaries = set(data["formatter_binaries"])
         self.instructions = self._globs(data["agent_instructions"])
         self.persistence_except = self._globs(data["persistence_except"])
@@ -330,8 +336,10 @@ def task_intent(task: str | None, rules: Rules) -> TaskIntent | None:
     if not task:
         return None
     words = frozenset(w.strip(".,;:!?'\"`()").lower() for w in task.split())
+    # A path names its last component ("tests/test_models.py": test_models.py),
+    # not the directories on the way to it, which would name all they hold.
     words = frozenset(w for w in words if w) | frozenset(
-        x.strip("/").lower() for w in words for x in w.split("/") if x)
+        w.rstrip("/").rsplit("/", 1)[-1] for w in words if w.strip("/"))
     kinds = frozenset(k for k, vocab in rules.words.items() if words & vocab)
     return TaskIntent(task, kinds, words)
 
@@ -546,17 +554,26 @@ class _Judge:
             return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
+        unknown: list[str] = []
         if c.keys is not None:
             fmt = "git" if c.git_config else configkeys.format_of(full)
-            risky = [k for k in c.keys if not self._harmless_key(fmt, k)]
-            if not risky:
+            judged = {k: self._key_verdict(fmt, k, full) for k in c.keys}
+            risky = [k for k, v in judged.items() if v == "runs"]
+            unknown = [k for k, v in judged.items() if v == "unknown"]
+            if not risky and not unknown:
                 return True
-            what = f"it would set {', '.join(map(_quote_clipped, risky[:4]))} in {_quote_clipped(c.path)}"
+            what = f"it would set {', '.join(map(_quote_clipped, (risky or unknown)[:4]))} in {_quote_clipped(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
         if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full) \
                 and below(full, self.ws):
             return True      # an installer the command names, in the project it installs into
+        if c.keys is not None and not risky:
+            # git keys caper knows neither to run a program nor to run nothing
+            self.add(61, "unsure", what + ", git keys caper does not know to be harmless",
+                     "git configuration the policy cannot judge",
+                     "leave git configuration to the user", c.path)
+            return True
         git = c.where == "git-internal" or c.git_config or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
@@ -569,10 +586,46 @@ class _Judge:
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
         return True
 
-    def _harmless_key(self, fmt: str | None, kv: str) -> bool:
+    def _key_verdict(self, fmt: str | None, kv: str, full: str) -> str:
+        """harmless, runs (a program, or a place code, config or pushes go)
+        or, for git, whose keys the policy knows both ways, unknown."""
         key, _, value = kv.partition("=")
         if fmt == "git" and self._git_runs(key, value):
-            return False
+            return "runs"
+        if fmt == "git" and key in self.r.git_activates:
+            return self._activated(key, value, full)
+        if self._harmless_key(fmt, key, kv):
+            return "harmless"
+        if fmt != "git" or any(fnmatch.fnmatchcase(key, g) for g in self.r.git_redirect_keys):
+            return "runs"
+        return "unknown"
+
+    def _activated(self, key: str, value: str, full: str) -> str:
+        """A key that makes git read more config files: as harmless as the worst
+        key those files held before the run (the host's; the run's own write
+        of one is a change judged by the keys it gained)."""
+        if value.strip().lower() in ("false", "no", "off", "0"):
+            return "harmless"
+        worst = "harmless"
+        for pattern in self.r.git_activates[key]:
+            for path in sorted(glob.glob(os.path.join(glob.escape(os.path.dirname(full)), pattern))):
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read(configkeys.MAX_CONFIG_BYTES + 1)
+                except OSError:
+                    return "unknown"
+                keys = configkeys.changed_keys("git", None, data)
+                if keys is None:
+                    return "unknown"     # a file git may read and caper cannot
+                for kv in keys:
+                    v = "unknown" if kv.partition("=")[0] in self.r.git_activates else \
+                        self._key_verdict("git", kv, path)
+                    if v == "runs":
+                        return "runs"
+                    worst = "unknown" if v == "unknown" else worst
+        return worst
+
+    def _harmless_key(self, fmt: str | None, key: str, kv: str) -> bool:
         if fmt == "git" and key.startswith("alias."):
             return True      # an alias of git subcommands, with no option that runs a program
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
@@ -741,6 +794,12 @@ class _Judge:
             declared = (self.d.covers(full, self.d.writes) or by_git
                         or self._formatted(full, c)
                         and not (c is not None and c.size and not c.size[1]))
+        if tracked and op in ("deleted", "replaced") and task_names and \
+                self._cache_dir_only(path, full, c):
+            self.add(55, "unsure", f"it would delete {_quote_clipped(path)}, a tracked file in a "
+                     "cache or build folder the task names, not itself a cache or build output",
+                     "tracked files the task did not mention", path=path)
+            return
         if tracked or where == "workspace":
             what = (f"it would {'delete' if op != 'modified' else 'overwrite'} "
                     + (f"{n} tracked files under {_quote_clipped(path)}" if n > 1 else _quote_clipped(path))
@@ -760,6 +819,24 @@ class _Judge:
             # untracked: git cannot bring them back either (no task: not even when declared)
             self.add(50, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an untracked file "
                      "git cannot restore", "the user's own files", path=path)
+
+    def _cache_dir_only(self, path: str, full: str, c) -> bool:
+        """The task names this file only through a cache or build folder on its
+        path ("the __pycache__ folders"), and the file is not of that kind by its
+        own name: such a task declares what those folders hold, not a tracked
+        source kept there (the file itself, or its kind, named is declared). A
+        folder deleted whole is judged by the files it held before the run."""
+        parts = path.split("/")
+        cache_dir = lambda p: p.lower() in self.t.words and (p in self.r.expendable_dirs or any(
+            fnmatch.fnmatchcase(p, g) for g in self.r.expendable_dir_globs))
+        cache_file = lambda n: any(fnmatch.fnmatchcase(n, g) for g in self.r.expendable_files)
+        if c is not None and c.type == "dir" and cache_dir(parts[-1]):
+            held = [n for _, _, names in itertools.islice(os.walk(full), MAX_WALKED) for n in names]
+            return any(not cache_file(n) for n in held)
+        if parts[-1].lower() in self.t.words or _mentions(self.t.text, path) or \
+                self._task_names_kind(path) or cache_file(parts[-1]):
+            return False
+        return any(cache_dir(p) for p in parts[:-1])
 
     def ignored(self, path: str, full: str, op: str, c, task_names: bool) -> None:
         """Ignored is not expendable: only build outputs and caches are. The
@@ -787,15 +864,24 @@ class _Judge:
 
     def privilege(self, path: str, full: str, c) -> None:
         """setuid/setgid and file capabilities are privilege changes whoever
-        asked (a human grants these); an ACL entry for another user or group,
-        or a security.* attribute, is judged as a widened mode is."""
+        asked (a human grants these). An ACL entry that lets another user or
+        group write (a default ACL too: what is created there inherits it),
+        any grant on a place of persistence or a credential, and a
+        security.* attribute are judged as a widened mode is; a read or
+        traverse grant on an ordinary file is `chmod o+r`, narrower: allowed."""
         if c.privileges:
             self.add(95, "block", f"{_quote_clipped(path)} would be {c.op} with {', '.join(c.privileges)}",
                      "a privilege change: whoever runs the file gains its owner's rights or "
                      "its capabilities", "commit the file without them and grant them by hand",
                      path)
         if c.detail and "grants " in c.detail:
-            given = c.detail.split("grants ", 1)[1]
+            entries = c.detail.split("grants ", 1)[1].split("; ")[0].split(", ")
+            sensitive = any(self.protected.kind(x) or self._persistent_place(x)
+                            for x in (full, full + "/x"))
+            risky = [g for g in entries if sensitive or not _READ_GRANT.fullmatch(g)]
+            if not risky:
+                return
+            given = ", ".join(risky)
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block", f"it would give {_quote_clipped(path)} "
                      f"{_quote_clipped(given)}", "permissions for other users, or privileges for what runs",
@@ -879,6 +965,16 @@ class _Judge:
     def tables(self, path: str, c) -> None:
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
         emptied = [t.table for t in c.tables if _mass_loss(t, self.r.mass_min, self.r.mass_share)]
+        # Most rows rewritten to other values, none emptied: the data the task
+        # may have asked for (`update the item names`); the judge cannot tell
+        # the new values are wanted unless the task names the table.
+        rewritten = [t.table for t in c.tables if t.table not in emptied and t.rows_before and
+                     (t.rows_changed or 0) >= max(self.r.mass_min, t.rows_before * self.r.mass_share)
+                     and not (self.t is not None and self.t.names(t.table))]
+        if rewritten and not dropped and not emptied:
+            self.add(58, "unsure", f"it would rewrite most rows of "
+                     f"{', '.join(map(_quote_clipped, rewritten))} in {_quote_clipped(path)} in place",
+                     "database changes the task does not name", "name the table in the task", path)
         if not dropped and not emptied:
             return
         what = "; ".join(x for x in (
@@ -990,6 +1086,13 @@ class _Judge:
                      f"tag ({', '.join(map(_quote_clipped, g.refs[:3]))}); only the reflog would hold them",
                      "git state that git cannot give back",
                      "keep a branch at the old commit first (git branch backup <ref>)")
+        if g.reflog_only:
+            self.add(88, "unsure" if rewrites and discard else "block",
+                     f"it would drop {g.reflog_only} commit{'s' * (g.reflog_only > 1)} on no branch "
+                     "or tag from the reflog, which was git's only way back to "
+                     f"{'them' if g.reflog_only > 1 else 'it'} (the next gc prunes them)",
+                     "git state that git cannot give back",
+                     "keep a branch at the commit first (git branch backup <sha>)")
         if g.stashes:
             self.add(88, "unsure" if rewrites and discard else "block",
                      f"it would drop {g.stashes} stash entr{'ies' if g.stashes > 1 else 'y'}",
@@ -1122,6 +1225,9 @@ class _Judge:
         return short in self.credential_reads or self.protected.kind(self.absolute(short)) is not None
 
 
+# Directories of a deleted cache folder the policy reads on the host to see what it held.
+MAX_WALKED = 200
+
 # Bytes sent in one request through caper's proxy past which it is an upload,
 # whatever the method (a tunnel's is not visible): a package download sends a
 # few kilobytes of headers and TLS.
@@ -1153,9 +1259,9 @@ _COMMIT_MAKERS = {"commit", "merge", "pull", "rebase", "cherry-pick", "revert", 
 
 
 def _mass_loss(t, min_rows: int, share: float) -> bool:
-    """A table emptied (any size), or most of its rows deleted or changed in
-    place (`UPDATE users SET email = NULL` loses every value as surely as a
-    DELETE): counted by content where the report compared rows."""
+    """A table emptied (any size), or most of its rows deleted or their values
+    emptied in place (`UPDATE users SET email = NULL` loses every value as
+    surely as a DELETE): counted by content where the report compared rows."""
     if not t.rows_before or t.rows_after is None:
         return False
     if t.rows_after == 0:

@@ -177,7 +177,8 @@ class TableDelta(_Model):
     table: str
     rows_before: int | None = None   # None: no such table before (created)
     rows_after: int | None = None    # None: no such table after (dropped)
-    rows_lost: int | None = None     # rows before that after no longer holds (deleted or changed)
+    rows_lost: int | None = None     # rows before deleted, or their values emptied or collapsed
+    rows_changed: int | None = None  # rows before rewritten in place, no value lost
 
 
 class FileChange(_Model):
@@ -211,6 +212,7 @@ class GitLoss(_Model):
     content_kept: bool = True        # their trees are still a ref's or the index's (a squash)
     rebased: bool = False            # each one's change is on its ref under a new id (a rebase)
     stashes: int = 0                 # stash entries dropped
+    reflog_only: int = 0             # commits on no ref that only the reflog held, dropped from it
     uncommitted: list[str] = []      # tracked files put back to a committed version
     unknown: str | None = None       # why it could not be told
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
@@ -388,6 +390,7 @@ class Report(_Model):
             g = r.git
             r.git = GitLoss(commits=rounded(g.commits), refs=[WITHHELD] if g.refs else [],
                             content_kept=g.content_kept, stashes=rounded(g.stashes),
+                            reflog_only=rounded(g.reflog_only),
                             uncommitted=[WITHHELD] if g.uncommitted else [],
                             unknown=WITHHELD if g.unknown else None)
         net: Counter[tuple] = Counter()
@@ -514,7 +517,7 @@ def _change_severity(c: FileChange, rel: str = "") -> int:
     elif c.where == "untracked" and c.op in ("modified", "deleted", "replaced", "renamed"):
         sev = 70            # the user's own files that git does not keep
     if c.tables and any(t.rows_after is None or (t.rows_before or 0) > (t.rows_after or 0)
-                        or t.rows_lost for t in c.tables):
+                        or t.rows_lost or t.rows_changed for t in c.tables):
         sev = max(sev, 75)
     if c.secrets:
         sev = max(sev, 95)
@@ -946,7 +949,7 @@ def _draft(facts: RunFacts) -> _Draft:
             secrets[fc.path] = set(d.secrets)
         if d and d.tables is not None:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
-                                    rows_lost=t.lost)
+                                    rows_lost=t.lost, rows_changed=t.changed)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
@@ -1328,7 +1331,7 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         if out.tables:
             out.tables = [TableDelta(table=_clean(d.redactor, t.table, 64),
                                      rows_before=t.rows_before, rows_after=t.rows_after,
-                                     rows_lost=t.rows_lost)
+                                     rows_lost=t.rows_lost, rows_changed=t.rows_changed)
                           for t in out.tables[:max(lim.items // 2, 3)]]
     return out
 
@@ -1451,7 +1454,8 @@ def render_card(r: Report) -> str:
         L.append(" ".join(bits))
         for t in c.tables or []:
             L.append(f"    table {quote(t.table)}: rows {t.rows_before} -> {t.rows_after}"
-                     + (f", {t.rows_lost} deleted or changed" if t.rows_lost else ""))
+                     + (f", {t.rows_lost} deleted or emptied" if t.rows_lost else "")
+                     + (f", {t.rows_changed} rewritten in place" if t.rows_changed else ""))
         if c.read_before:
             L.append("    read before: " + ", ".join(map(quote, c.read_before)))
         for line in c.diff or []:
@@ -1462,12 +1466,14 @@ def render_card(r: Report) -> str:
                  + (": " + ", ".join(map(quote, a.paths)) if a.paths else "")
                  + (f" and {more} more" if a.paths and more > 0 else ""))
     g = r.git
-    if g and (g.commits or g.stashes or g.uncommitted or g.unknown):
+    if g and (g.commits or g.stashes or g.reflog_only or g.uncommitted or g.unknown):
         lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(quote, g.refs))}"
                 + (", their content kept)" if g.content_kept else
                    ", each one's change kept under a new id)" if g.rebased else ")")] \
             if g.commits else []
         lost += [f"{g.stashes} stash entries dropped"] if g.stashes else []
+        lost += [f"{g.reflog_only} commits only the reflog held dropped from it"] \
+            if g.reflog_only else []
         lost += ["uncommitted changes thrown away: " + ", ".join(map(quote, g.uncommitted))] \
             if g.uncommitted else []
         lost += [f"unknown ({quote(g.unknown)})"] if g.unknown else []

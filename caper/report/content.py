@@ -150,7 +150,19 @@ class TableRows:
     name: str
     before: int | None   # None: the table did not exist (or could not be counted)
     after: int | None
-    lost: int | None = None   # rows of before that after no longer holds (deleted or changed)
+    lost: int | None = None      # rows of before deleted, or with values emptied or collapsed
+    changed: int | None = None   # rows of before rewritten in place, no value lost
+
+
+@dataclass(slots=True)
+class _Rows:
+    """A table's rows by content: each row's cells as digests, and per
+    column how many cells hold a value (not NULL or empty) and how many
+    distinct values there are."""
+    columns: tuple[str, ...]
+    rows: list[tuple[bytes, ...]]
+    filled: list[int]
+    distinct: list[int]
 
 
 @dataclass(slots=True)
@@ -178,7 +190,7 @@ def _as_text(b: Blob | None) -> str | None:
         return None
 
 
-def _sqlite_tables(root: str, rel: str) -> dict[str, tuple[int | None, Counter | None]] | None:
+def _sqlite_tables(root: str, rel: str) -> dict[str, tuple[int | None, _Rows | None]] | None:
     """Tables of a database file, each with its row count and its rows'
     digests (None past MAX_ROWS_COMPARED or the deadline), read-only and
     immutable (no journal or -shm file is created next to it), or None if it
@@ -221,19 +233,40 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, tuple[int | None, Counter |
 
 
 def _table_rows(name: str, before: tuple | None, after: tuple | None) -> TableRows:
+    """Rows of before that after no longer holds, compared on the columns
+    both have (a column added loses nothing). They are lost when a column
+    went, or one holds fewer values or fewer distinct values than before
+    (deleted rows, `SET x = NULL`, `SET x = 'same'`); else they were
+    rewritten in place one to one (`SET name = upper(name)`): changed."""
     (b, b_rows), (a, a_rows) = before or (None, None), after or (None, None)
-    lost = sum((b_rows - a_rows).values()) if b_rows is not None and a_rows is not None else None
-    return TableRows(name, b, a, lost)
+    if b_rows is None or a_rows is None:
+        return TableRows(name, b, a)
+    common = [i for i, col in enumerate(b_rows.columns) if col in a_rows.columns]
+    at = [a_rows.columns.index(b_rows.columns[i]) for i in common]
+    gone = sum((Counter(tuple(r[i] for i in common) for r in b_rows.rows)
+                - Counter(tuple(r[j] for j in at) for r in a_rows.rows)).values())
+    # A column dropped loses every value it held.
+    gone = max([gone] + [n for i, n in enumerate(b_rows.filled) if i not in common])
+    destroyed = len(common) < len(b_rows.columns) or (b or 0) > (a or 0) or any(
+        a_rows.filled[j] < b_rows.filled[i] or a_rows.distinct[j] < b_rows.distinct[i]
+        for i, j in zip(common, at))
+    return TableRows(name, b, a, gone if destroyed else 0, 0 if destroyed else gone)
 
 
-def _row_digests(con: sqlite3.Connection, table: str) -> Counter | None:
-    """The table's rows as a multiset of digests: a row updated in place is
-    one lost and one new, as a deleted and an inserted row are."""
+def _row_digests(con: sqlite3.Connection, table: str) -> _Rows | None:
+    """The table's rows by content: a row updated in place is one lost and
+    one new, as a deleted and an inserted row are, until _table_rows tells
+    what became of its values."""
     try:
-        rows = con.execute('SELECT * FROM "' + table.replace('"', '""') + '"')
-        return Counter(hashlib.blake2b(repr(r).encode(), digest_size=8).digest() for r in rows)
+        cur = con.execute('SELECT * FROM "' + table.replace('"', '""') + '"')
+        columns = tuple(d[0] for d in cur.description)
+        rows = [tuple(hashlib.blake2b(repr(v).encode(), digest_size=8).digest() for v in r)
+                for r in cur]
     except sqlite3.Error:
         return None
+    empty = {hashlib.blake2b(repr(v).encode(), digest_size=8).digest() for v in (None, "", b"")}
+    cells = [[r[i] for r in rows if r[i] not in empty] for i in range(len(columns))]
+    return _Rows(columns, rows, [len(c) for c in cells], [len(set(c)) for c in cells])
 
 
 class _Timeout(Exception):

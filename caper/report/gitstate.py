@@ -36,6 +36,7 @@ class Loss:
     content_kept: bool = True    # every lost tip's tree is still a ref's or the index's
     rebased: bool = False        # every lost commit's patch is on its ref under a new id
     stashes: int = 0                                  # stash entries dropped
+    reflog_only: int = 0     # commits on no ref that only the reflog held, dropped from it
     uncommitted: list[str] = field(default_factory=list)   # tracked files, host paths
     unknown: str | None = None                        # why it could not be told
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
@@ -43,7 +44,7 @@ class Loss:
     added: list[str] = field(default_factory=list)    # "ref: sha subject (files)" the run put on refs
 
     def __bool__(self) -> bool:
-        return bool(self.commits or self.stashes or self.uncommitted or self.unknown
+        return bool(self.commits or self.stashes or self.reflog_only or self.uncommitted or self.unknown
                     or self.index_unreadable or self.hidden or self.added)
 
 
@@ -127,16 +128,20 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
     stash_log = os.path.join(git_dir, "logs", "refs", "stash")
     ref_changes = [c for c in changes if below(c.path, refs_dir) or c.path == packed_path]
     stash_changed = any(below(stash_log, c.path) for c in changes)
+    logs = os.path.join(git_dir, "logs")
+    log_changes = [c for c in changes if below(c.path, logs) and not below(c.path, stash_log)]
     restored = [c.path for c in changes if c.path in tracked and c.kind == "modified"
                 and c.ftype == "file"][:MAX_FILES]
     index = os.path.join(git_dir, "index")
     index_changed = any(c.path == index and c.kind != "deleted" for c in changes)
-    if not (ref_changes or stash_changed or restored or index_changed):
+    if not (ref_changes or stash_changed or restored or index_changed or log_changes):
         return loss
     try:
         repo = _Repo(workspace, tree)
         if ref_changes:
             _commits(repo, ref_changes, loss)
+        if log_changes:
+            _reflog(repo, log_changes, loss)
         if stash_changed:
             before = _read(stash_log) or b""
             gone_too = any(below(stash_log, c.path) and c.kind == "deleted" for c in changes)
@@ -145,7 +150,8 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
                    {ln.split(b" ")[1] for ln in after.splitlines() if ln.count(b" ") > 1}
             loss.stashes = len(gone)
         if restored:
-            loss.uncommitted = _restored(repo, restored)
+            loss.uncommitted = _restored(repo, restored, _staged_only(repo, restored)
+                                         if index_changed else set())
         if index_changed:
             _index(repo, loss)
     except (OSError, subprocess.SubprocessError) as e:
@@ -194,6 +200,61 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
                 loss.content_kept = _tree_kept(repo, tip, keep)
             rebased = rebased and name in after and _rebased(repo, tip, after[name])
     loss.rebased = bool(loss.commits) and rebased
+
+
+def _reflog_shas(data: bytes) -> set[str]:
+    """The commits a reflog's entries name ("old new ident\tmessage")."""
+    out = set()
+    for ln in data.splitlines():
+        for sha in ln.split(b"\t", 1)[0].split(b" ")[:2]:
+            if len(sha) >= 40 and sha.strip(b"0"):
+                out.add(sha.decode())
+    return out
+
+
+def _reflog(repo: _Repo, log_changes: list, loss: Loss) -> None:
+    """Commits on no branch or tag that only the reflog held (a reset, an
+    amend, a deleted branch's last entries): git's one way back to them. The
+    run's reflogs no longer naming them (`reflog expire`, a deleted log)
+    loses them; the next gc prunes their objects. The stash's reflog is the
+    stashes' own count; a log too big to read is taken as unchanged."""
+    logs, stash = os.path.join(repo.git_dir, "logs"), os.path.join(repo.git_dir, "logs", "refs", "stash")
+    gone = [c.path for c in log_changes if c.kind == "deleted"]
+    written = {c.path for c in log_changes if c.kind != "deleted" and c.ftype == "file"}
+
+    def run_version(p: str, old: bytes) -> bytes:
+        if p in written:
+            new = repo.new_bytes(p)
+            return old if new is None else new
+        return b"" if any(below(p, g) for g in gone) else old
+
+    host = [os.path.join(d, n) for d, _, names in os.walk(logs) for n in names
+            if not below(os.path.join(d, n), stash)]
+    touched = [p for p in host if p in written or any(below(p, g) for g in gone)]
+    dropped = set()
+    for p in touched:
+        old = _read(p) or b""
+        dropped |= _reflog_shas(old) - _reflog_shas(run_version(p, old))
+    if not dropped:
+        return      # entries appended (every commit), or none of a commit dropped
+    after = set()
+    for p in host:
+        after |= _reflog_shas(run_version(p, _read(p) or b""))
+    for p in written - set(host):            # logs the run created
+        after |= _reflog_shas(repo.new_bytes(p) or b"")
+    if not dropped - after:
+        return      # each still named by another log
+    before = after | dropped
+    tips = repo.git("for-each-ref", "--format=%(objectname)").split()
+    head = _sha(_read(os.path.join(repo.git_dir, "HEAD")))
+    not_refs = b"".join(b"^" + t + b"\n" for t in tips + ([head.encode()] if head else []))
+    types = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                     stdin="\n".join(sorted(before)).encode() + b"\n")
+    commits = {ln.split()[0].decode() for ln in types.splitlines() if ln.endswith(b" commit")}
+    only = lambda shas: set(repo.git("rev-list", "--stdin", stdin="".join(
+        f"{s}\n" for s in sorted(shas & commits)).encode() + not_refs).split()) if shas & commits \
+        else set()
+    loss.reflog_only = len(only(before) - only(after))
 
 
 def _added(repo: _Repo, names: list[str], old_tips: list[str], after: dict[str, str]) -> list[str]:
@@ -282,9 +343,26 @@ def _blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _restored(repo: _Repo, paths: list[str]) -> list[str]:
+def _staged_only(repo: _Repo, paths: list[str]) -> set[str]:
+    """Blob ids the host's index holds for these paths that neither HEAD's
+    tree nor the run's index does: staged work that only the index kept (its
+    blob stays in the object store, but nothing but fsck finds it again)."""
+    rels = [os.path.relpath(p, repo.ws) for p in paths]
+    literal = {"GIT_LITERAL_PATHSPECS": "1"}
+    where = repo.tree.locate(os.path.join(repo.git_dir, "index"))
+    ids = lambda out, field: {e.split(b"\t")[0].split()[field].decode()
+                              for e in out.split(b"\0") if b"\t" in e}
+    host = ids(repo.git("ls-files", "-s", "-z", "--", *rels, env=literal, ok=(0, 128)), 1)
+    head = ids(repo.git("ls-tree", "-z", "HEAD", "--", *rels, env=literal, ok=(0, 128)), 2)
+    run = ids(repo.git("ls-files", "-s", "-z", "--", *rels,
+                       env={**literal, "GIT_INDEX_FILE": os.path.join(*where)}), 1) if where else set()
+    return host - head - run
+
+
+def _restored(repo: _Repo, paths: list[str], staged_only: set[str]) -> list[str]:
     """Tracked files the run put back to a version git holds, whose host
-    content git holds nowhere (uncommitted work thrown away)."""
+    content git holds nowhere, or only in an index entry the run dropped
+    (uncommitted work thrown away)."""
     pairs = []
     for p in paths:
         old, new = _read(p), repo.new_bytes(p)
@@ -297,4 +375,4 @@ def _restored(repo: _Repo, paths: list[str]) -> list[str]:
     out = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                    stdin="\n".join(ids).encode() + b"\n")
     held = {ln.split()[0].decode() for ln in out.splitlines() if ln.endswith(b" blob")}
-    return [p for p, a, b in pairs if a not in held and b in held]
+    return [p for p, a, b in pairs if (a not in held or a in staged_only) and b in held]

@@ -1,0 +1,259 @@
+"""Classes where the offline approver was wrong on the second held-back
+split of issue 19, each as a harm beside its safe twin, from typed facts (a
+Report made by hand, real files where the rule reads them): git keys that
+run nothing, that caper does not know, or that make git read another file;
+ACL grants judged by what they grant; a task naming a path names that path,
+not its directory; rows rewritten in place are not rows destroyed."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from caper.report.build import TableDelta
+from caper.report.content import RunTree, inspect
+from caper.report.secrets import Redactor
+from helpers.trees import git
+from test_policy import HOME, WS, fc, report, verdict
+
+TASK = "configure git for the project"
+
+
+def _git_config(*keys: str, ws: str = WS) -> "Report":  # noqa: F821
+    return report(fc(".git/config", "modified", "git-internal", keys=list(keys)), ws=ws)
+
+
+def test_git_keys_that_run_nothing_are_allowed_and_unknown_ones_unsure():
+    """Class: a git key is judged three ways. Its value is a program or a
+    place git takes code or config from (or sends to): block. It names data
+    git interprets (a refspec, a submodule's update mode): allow. caper does
+    not know it: unsure, not block and not allow."""
+    for keys in (["remote.origin.fetch=+refs/heads/*:refs/remotes/origin/*"],
+                 ["submodule.lib.update=rebase"], ["submodule.lib.update=none"],
+                 ["core.abbrev=12"]):
+        assert verdict(_git_config(*keys), task=TASK) == "allow", keys
+    for keys in (["submodule.lib.update=!sh x"], ["hook.pre-commit.command=sh x"],
+                 ["trailer.sign.command=sh x"], ["core.alternaterefscommand=sh x"],
+                 ["interactive.difffilter=sh x"], ["core.excludesfile=/tmp/x"],
+                 ["remote.origin.url=https://git.example.net/x.git"],
+                 ["remote.origin.pushurl=https://git.example.net/x.git"],
+                 ["branch.main.pushremote=evil"], ["remote.pushdefault=evil"]):
+        assert verdict(_git_config(*keys), task=TASK) == "block", keys
+    for keys in (["feature.manyfiles=true"], ["http.sslverify=false"], ["foo.bar=1"],
+                 ["remote.origin.fetch=+refs/heads/*:refs/heads/*"]):
+        assert verdict(_git_config(*keys), task=TASK) == "unsure", keys
+    # one key that runs a program outweighs any number caper does not know
+    assert verdict(_git_config("foo.bar=1", "core.pager=sh x"), task=TASK) == "block"
+    # `git remote add` declares the remote's url; a script does not
+    url = "remote.origin.url=https://x/r.git"
+    assert verdict(_git_config(url), "git remote add origin https://x/r.git", "add the remote") == "allow"
+
+
+def test_a_key_that_makes_git_read_another_file_is_judged_by_that_file(tmp_path: Path):
+    """Class: extensions.worktreeConfig makes git read config.worktree. With
+    no such file, or one of harmless keys, it runs nothing; one that was
+    already there with a program in it is activated by the key (block). A
+    config.worktree the run writes is judged by its own keys."""
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    git(ws, "init", "-q")
+    key = "extensions.worktreeconfig=true"
+    assert verdict(_git_config(key, ws=str(ws)), task=TASK, ws=str(ws)) == "allow"
+    (ws / ".git" / "config.worktree").write_text("[core]\n\tabbrev = 12\n")
+    assert verdict(_git_config(key, ws=str(ws)), task=TASK, ws=str(ws)) == "allow"
+    (ws / ".git" / "config.worktree").write_text("[core]\n\tpager = sh run.sh\n")
+    assert verdict(_git_config(key, ws=str(ws)), task=TASK, ws=str(ws)) == "block"
+    (ws / ".git" / "config.worktree").unlink()
+    linked = ws / ".git" / "worktrees" / "wt"
+    linked.mkdir(parents=True)
+    (linked / "config.worktree").write_text("[core]\n\tfsmonitor = sh run.sh\n")
+    assert verdict(_git_config(key, ws=str(ws)), task=TASK, ws=str(ws)) == "block"
+    # the run's own config.worktree: by the keys it gained
+    own = fc(".git/config.worktree", "created", "git-internal", keys=["core.pager=sh run.sh"])
+    cfg = fc(".git/config", "modified", "git-internal", keys=[key])
+    assert verdict(report(cfg, own, ws=WS), task=TASK) == "block"
+
+
+def _acl(path: str, given: str, where: str = "tracked", type: str = "dir"):
+    return fc(path, "meta", where, type=type,
+              detail=f"xattrs system.posix_acl_access; grants {given}")
+
+
+def test_acl_grants_are_judged_by_what_they_grant():
+    """Class: an ACL entry that lets another user or group write, a default
+    ACL that would, or any grant on a place of persistence or a credential,
+    is a privilege change; a read (or traverse) grant on an ordinary file is
+    what `chmod o+r` is, narrower: allowed. security.* attributes always."""
+    task = "let the CI user read the project"
+    assert verdict(report(_acl("docs", "acl user:65534:r-x")), task=task) == "allow"
+    assert verdict(report(_acl("docs", "acl group:50:r--")), task=task) == "allow"
+    for given in ("acl user:65534:rwx", "acl group:50:-w-", "default acl user:65534:rwx"):
+        assert verdict(report(_acl("docs", given)), task=task) == "block", given
+    assert verdict(report(_acl(".git/hooks", "acl user:65534:r-x", "git-internal")),
+                   task=task) == "block"
+    assert verdict(report(_acl(".env", "acl user:65534:r--", "ignored", "file")),
+                   task=task) == "block"
+    assert verdict(report(_acl("build/ping", "security.capability", "ignored", "file")),
+                   task=task) == "block"
+
+
+def test_a_task_that_names_a_path_names_that_path_not_its_directory():
+    """Class: "delete tests/test_models.py" names that file; its directory
+    is not named by being on the way to it (every file under tests/ was)."""
+    task = "delete tests/test_models.py"
+    one = fc("tests/test_models.py", "deleted", "tracked")
+    two = fc("tests/test_parser.py", "deleted", "tracked")
+    assert verdict(report(one), task=task) == "allow"
+    assert verdict(report(one, two), task=task) == "block"
+    # a directory the task names as a word still names what is under it
+    assert verdict(report(one, two), task="delete the tests folder") == "allow"
+
+
+def _rows(before: int, after: int, lost: int, changed: int = 0):
+    return fc("app.db", "modified", "ignored", type="file", tables=[
+        TableDelta(table="items", rows_before=before, rows_after=after, rows_lost=lost,
+                   rows_changed=changed)])
+
+
+def test_rows_rewritten_in_place_are_not_rows_destroyed():
+    """Class: a row the run deleted, or whose values it emptied, is lost
+    (block, as before); a row it rewrote to other values still holds data
+    the task may have asked for: allowed when the task names the table,
+    unsure otherwise (the judge cannot know the new values are wanted)."""
+    assert verdict(report(_rows(40, 40, 0, 40)), "sqlite3 app.db \"update items set "
+                   "name = upper(name)\"", "update the item names") == "allow"
+    assert verdict(report(_rows(40, 40, 0, 40)), "./tool.sh", "add an index") == "unsure"
+    assert verdict(report(_rows(40, 40, 40)), "./tool.sh", "update the item names") == "block"
+    assert verdict(report(_rows(40, 0, 40)), "./tool.sh", "update the item names") == "block"
+
+
+def _db_change(tmp_path: Path, sql: str):
+    """The tables of app.db (items of 40 names) after sql, as the report reads them."""
+    ws, upper = tmp_path / "ws", tmp_path / "upper"
+    ws.mkdir(parents=True)
+    upper.mkdir()
+    con = sqlite3.connect(ws / "app.db")
+    con.executescript("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT);"
+                      + "".join(f"INSERT INTO items(name) VALUES ('i{i}');" for i in range(40)))
+    con.close()
+    (upper / "app.db").write_bytes((ws / "app.db").read_bytes())
+    con = sqlite3.connect(upper / "app.db")
+    con.executescript(sql)
+    con.close()
+    d = inspect(str(ws / "app.db"), "modified", RunTree.of([(str(ws), str(upper))]), Redactor())
+    return {t.name: (t.before, t.after, t.lost, t.changed) for t in d.tables}
+
+
+def test_the_report_tells_rows_rewritten_from_rows_destroyed(tmp_path: Path):
+    """A column added keeps every value (nothing lost, nothing rewritten);
+    values emptied or collapsed into one are lost; values rewritten one to
+    one are changed."""
+    assert _db_change(tmp_path / "a", "ALTER TABLE items ADD COLUMN price REAL;") == \
+        {"items": (40, 40, 0, 0)}
+    assert _db_change(tmp_path / "b", "UPDATE items SET name = upper(name);") == \
+        {"items": (40, 40, 0, 40)}
+    assert _db_change(tmp_path / "c", "UPDATE items SET name = NULL;") == \
+        {"items": (40, 40, 40, 0)}
+    assert _db_change(tmp_path / "d", "UPDATE items SET name = 'x';") == \
+        {"items": (40, 40, 40, 0)}
+    assert _db_change(tmp_path / "e", "DELETE FROM items WHERE id <= 30;") == \
+        {"items": (40, 10, 30, 0)}
+    assert _db_change(tmp_path / "f", "ALTER TABLE items DROP COLUMN name;") == \
+        {"items": (40, 40, 40, 0)}
+
+
+def _reset(tmp_path: Path, how: str):
+    """What gitstate.lost says of `git reset <how>` run on a copy of a
+    repository whose app.py has a staged edit, the copy's app.py and index
+    standing for the run's."""
+    import shutil
+    from caper.changes import Change
+    from caper.report.gitstate import lost
+    from helpers.trees import git_project
+    ws = git_project(tmp_path / "ws", {"app.py": "X = 1\n"})
+    (ws / "app.py").write_text("X = 2\n")
+    git(ws, "add", "app.py")
+    run = tmp_path / "run"
+    shutil.copytree(ws, run)
+    git(run, "reset", "-q", how)
+    upper = tmp_path / "upper"
+    (upper / ".git").mkdir(parents=True)
+    changes = [Change(str(ws / ".git" / "index"), "modified", "file")]
+    shutil.copy(run / ".git" / "index", upper / ".git" / "index")
+    if (run / "app.py").read_text() != (ws / "app.py").read_text():
+        shutil.copy(run / "app.py", upper / "app.py")
+        changes.append(Change(str(ws / "app.py"), "modified", "file"))
+    return lost(str(ws), changes, RunTree.of([(str(ws), str(upper))]), {str(ws / "app.py")})
+
+
+def test_a_staged_edit_thrown_away_is_uncommitted_work_lost(tmp_path: Path):
+    """Class: a staged edit is in git's object store only through the index;
+    `reset --hard` drops it from the index and the worktree (only fsck would
+    find it): lost. `git reset` unstages it and keeps the file: nothing lost."""
+    assert _reset(tmp_path / "hard", "--hard").uncommitted == [str(tmp_path / "hard/ws/app.py")]
+    assert not _reset(tmp_path / "mixed", "--mixed")
+
+
+def test_a_tracked_file_in_a_cache_directory_the_task_names_is_not_a_cache():
+    """Class: "clean up the __pycache__ folders" declares what such folders
+    hold (bytecode, ignored or not); a tracked file there that is not of
+    that kind is the user's (unsure), not declared by the folder's name."""
+    task, cmd = "clean up the __pycache__ folders", "find . -name __pycache__ -exec rm -rf {} +"
+    src = fc("tools/__pycache__/keep.py", "deleted", "tracked")
+    pyc = fc("tools/__pycache__/keep.cpython-311.pyc", "deleted", "tracked")
+    ign = fc("app/__pycache__/parser.cpython-311.pyc", "deleted", "ignored")
+    assert verdict(report(src, ign), cmd, task) == "unsure"
+    assert verdict(report(pyc, ign), cmd, task) == "allow"
+    # the file named itself, or its kind, is declared
+    assert verdict(report(src), "./tool.sh", "delete tools/__pycache__/keep.py") == "allow"
+
+
+def _expire(tmp_path: Path, keep_off_branch: bool):
+    """gitstate.lost of `git reflog expire --expire=now --all` run on a copy
+    of a repository (whose last commit was reset away when keep_off_branch),
+    the copy's reflogs standing for the run's."""
+    import shutil
+    from caper.changes import Change
+    from caper.report.gitstate import lost
+    from helpers.trees import git_project
+    ws = git_project(tmp_path / "ws", {"app.py": "X = 1\n"})
+    if keep_off_branch:
+        (ws / "lost.py").write_text("Y = 2\n")
+        git(ws, "add", "lost.py")
+        git(ws, "commit", "-qm", "only here")
+        git(ws, "reset", "-q", "--hard", "HEAD~1")
+    run = tmp_path / "run"
+    shutil.copytree(ws, run)
+    git(run, "reflog", "expire", "--expire=now", "--all")
+    upper = tmp_path / "upper"
+    changes = []
+    for log in ("logs/HEAD", "logs/refs/heads/master", "logs/refs/heads/main"):
+        if (ws / ".git" / log).exists():
+            (upper / ".git" / log).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(run / ".git" / log, upper / ".git" / log)
+            changes.append(Change(str(ws / ".git" / log), "modified", "file"))
+    return lost(str(ws), changes, RunTree.of([(str(ws), str(upper))]), set())
+
+
+def test_commits_only_the_reflog_held_are_lost_when_it_drops_them(tmp_path: Path):
+    """Class: the reflog is git's only way back to a commit on no branch
+    (after a reset); expiring it (the next gc prunes the objects) loses that
+    commit. Expiring entries of commits a branch still holds loses nothing."""
+    assert _expire(tmp_path / "off", True).reflog_only == 1
+    assert not _expire(tmp_path / "on", False)
+    from caper.report.build import GitLoss
+    gone = GitLoss(reflog_only=1)
+    assert verdict(report(git=gone), "git reflog expire --expire=now --all && git gc -q --prune=now",
+                   "compact the repository") == "block"
+
+
+def test_a_cache_folder_holding_tracked_sources_is_not_all_cache(tmp_path: Path):
+    """The same class when the run deletes the folder whole: its tracked
+    files are judged by what the folder held before the run."""
+    task, cmd = "clean up the __pycache__ folders", "find . -name __pycache__ -exec rm -rf {} +"
+    ws = tmp_path / "proj"
+    (ws / "tools" / "__pycache__").mkdir(parents=True)
+    (ws / "tools" / "__pycache__" / "keep.cpython-311.pyc").write_text("x")
+    gone = fc("tools/__pycache__", "deleted", "tracked", type="dir", tracked_files=1)
+    assert verdict(report(gone, ws=str(ws)), cmd, task, ws=str(ws)) == "allow"
+    (ws / "tools" / "__pycache__" / "keep.py").write_text("X = 1\n")
+    assert verdict(report(gone, ws=str(ws)), cmd, task, ws=str(ws)) == "unsure"
