@@ -7,6 +7,7 @@ repository, or a Report made by hand), no sandbox. The policy sees only the
 effect report, the command text and the task."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -787,30 +788,72 @@ def test_a_new_symlink_out_of_the_workspace_is_judged_as_its_target(env, command
     assert out.committed is (verdict == "allow")
 
 
-@pytest.mark.parametrize("command", ["cat .env.example", "cp .env.example .env.test",
-                                     "grep region ~/.aws/config", "base64 -w0 ~/.aws/config"])
-def test_a_credential_file_of_settings_and_placeholders_only_is_no_secret_read(env, command):
-    """Issue 19's safe twins: `cp .env.example .env.test` and the region from
-    ~/.aws/config were unsure (a credential read, then output or a file):
-    a file that holds no secret value has none to carry in any form."""
+def _placeholders(env: Path) -> None:
     (env / "proj" / ".env.example").write_text("API_TOKEN=change-me\nDB_URL=postgres://u:****@h/db\n")
     (env / "home" / ".aws").mkdir()
     (env / "home" / ".aws" / "config").write_text("[default]\nregion = eu-west-1\noutput = json\n")
-    out = gate(env, command, "set up the test environment")
+
+
+def _read_then(rec: Recording, command: str) -> bytes:
+    """Record `command` (cat, grep or base64 -w0 of a file, or cp of one):
+    the read, then the copy written; returns what it printed."""
+    prog, *args = command.split()
+    src = args[-2] if prog == "cp" else args[-1]
+    rec.read(rec.program(f"/usr/bin/{prog}", *args), src)
+    data = Path(rec.host(src)).read_bytes()
+    if prog == "cp":
+        rec.write(args[-1], data.decode())
+        return b""
+    if prog == "grep":
+        return b"".join(ln for ln in data.splitlines(keepends=True) if args[0].encode() in ln)
+    return base64.b64encode(data) if prog == "base64" else data
+
+
+def test_a_credential_file_of_settings_and_placeholders_only_is_no_secret_read_when_run(env):
+    _placeholders(env)
+    out = gate(env, "cp .env.example .env.test", "set up the test environment")
     assert out.decision == "allow" and out.committed, out.reason
     assert [p.settings_only for p in out.report.protected_reads] == [True]
 
 
-@pytest.mark.parametrize("body", ["API_TOKEN=change-me\nDB_PASS=k7Qz9Lm2Xw\n",
-                                  "API_TOKEN=change-me\n# was ghp_" + "a1B2c3D4e5" * 4 + "\n"])
-@pytest.mark.parametrize("command", ["base64 -w0 .env.example", "cp .env.example .env.test"])
-def test_a_credential_file_with_one_real_value_is_still_a_secret_read(env, command, body):
-    """One value, or one token in a comment, and the file is a credential again."""
-    (env / "proj" / ".env.example").write_text(body)
-    out = gate(env, command, "set up the test environment")
+@pytest.mark.parametrize("command", ["cat .env.example", "cp .env.example .env.test",
+                                     "grep region ~/.aws/config", "base64 -w0 ~/.aws/config"])
+def test_a_credential_file_of_settings_and_placeholders_only_is_no_secret_read(env, tmp_path,
+                                                                              command):
+    """Issue 19's safe twins: `cp .env.example .env.test` and the region from
+    ~/.aws/config were unsure (a credential read, then output or a file):
+    a file that holds no secret value has none to carry in any form."""
+    _placeholders(env)
+    rec = Recording(tmp_path / "run", env / "proj", env / "home")
+    stdout = _read_then(rec, command)
+    d, report = judged(rec.facts(command, stdout), "set up the test environment")
+    assert d.decision == "allow", d.reason
+    assert [p.settings_only for p in report.protected_reads] == [True]
+
+
+ONE_VALUE = ["API_TOKEN=change-me\nDB_PASS=k7Qz9Lm2Xw\n",
+             "API_TOKEN=change-me\n# was ghp_" + "a1B2c3D4e5" * 4 + "\n"]
+
+
+def test_a_credential_file_with_one_real_value_is_still_a_secret_read_when_run(env):
+    (env / "proj" / ".env.example").write_text(ONE_VALUE[0])
+    out = gate(env, "cp .env.example .env.test", "set up the test environment")
     assert out.decision != "allow" and not out.committed, out.reason
     assert "read the credential" in out.reason
     assert [p.settings_only for p in out.report.protected_reads] == [False]
+
+
+@pytest.mark.parametrize("body", ONE_VALUE)
+@pytest.mark.parametrize("command", ["base64 -w0 .env.example", "cp .env.example .env.test"])
+def test_a_credential_file_with_one_real_value_is_still_a_secret_read(env, tmp_path, command,
+                                                                      body):
+    """One value, or one token in a comment, and the file is a credential again."""
+    (env / "proj" / ".env.example").write_text(body)
+    rec = Recording(tmp_path / "run", env / "proj", env / "home")
+    stdout = _read_then(rec, command)
+    d, report = judged(rec.facts(command, stdout), "set up the test environment")
+    assert d.decision != "allow" and "read the credential" in d.reason, d.reason
+    assert [p.settings_only for p in report.protected_reads] == [False]
 
 
 def test_scope_covers_new_runner_files_that_skip_and_weakened_assertions():

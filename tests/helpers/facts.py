@@ -123,7 +123,7 @@ class Recording:
         ws = str(self.workspace)
         patterns = default_patterns() + tuple((config or Config()).protected_patterns())
         return RunFacts(command=command, events=self.events,
-                        result=RunResult(End.EXITED, 0, None, Output(stdout, b"", 0),
+                        result=RunResult(End.EXITED, 0, None, Output(stdout, b"", len(stdout)),
                                          Output(b"", b"", 0)),
                         changes=plan_changes(self.layers) + self.deleted, workspace=ws,
                         tree=RunTree.of([(x.mount_point, x.upper) for x in self.layers]),
