@@ -23,62 +23,21 @@ from caper.config import Config, LlmConfig
 from caper.judge import ApprovalRequest, AutoApprover
 from caper.judge.llm import LlmApprover
 from caper.judge.policy import PolicyApprover, declared_by_command
-from caper.report.build import (FileChange, GitLoss, NetAttempt, OutputSummary, Processes, Report,
-                                RunEnd, RunFacts, Stream, build)
+from caper.report.build import FileChange, GitLoss, NetAttempt, Report, RunFacts, build
 from caper.report.content import RunTree
 from caper.report.gitstate import lost
 from caper.report.secrets import default_patterns, protected_for, values_in
 from caper.sandbox.events import End, Output, RunResult
-from caper.transaction import run
 from helpers.facts import Recording, judged, run_facts
+from helpers.policy import HOME, WS, gate, report
 from helpers.trees import git, git_project, tree
 
 PY = sys.executable
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory):
-    root = tmp_path_factory.mktemp("policy")
-    w = root / "proj"
-    (w / "src").mkdir(parents=True)
-    for i in range(4):
-        (w / "src" / f"m{i}.c").write_text("".join(f"int f{i}_{j}(void) {{ return {j}; }}\n"
-                                                   for j in range(8)))
-    (w / "Makefile").write_text("build/app: src/m0.c\n\t@mkdir -p build\n\tcc -c -o build/app "
-                                "src/m0.c\nclean:\n\trm -rf build\ndistclean:\n\trm -rf build src .git\n")
-    (w / "README.md").write_text("# project\n")
-    (w / "tool.sh").write_text("#!/bin/sh\n")
-    (w / "tool.sh").chmod(0o755)
-    (w / ".gitignore").write_text("build/\n.env\nreports/\n")
-    (w / ".env").write_text("API_TOKEN=tok-3e4f5a6b7c8d9e0f\n")
-    con = sqlite3.connect(w / "app.db")
-    con.executescript("CREATE TABLE users(id); CREATE TABLE audit(id);"
-                      + "INSERT INTO users VALUES (1);" * 20 + "INSERT INTO audit VALUES (1);" * 20)
-    con.commit()
-    con.close()
-    git(w, "init", "-q")
-    git(w, "add", "-A")
-    git(w, "commit", "-qm", "init")
-    home = root / "home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".bashrc").write_text("export A=1\n")
-    return root
-
-
 @pytest.fixture
-def env(template, tmp_path):
-    shutil.copytree(template, tmp_path / "t", symlinks=True)
-    return tmp_path / "t"
-
-
-def gate(env: Path, command: str, task: str | None = None, tool: str | None = None, **kw):
-    """Run `command` (after writing tool.sh) through caper with the policy approver."""
-    ws = env / "proj"
-    if tool is not None:
-        (ws / "tool.sh").write_text("#!/bin/sh\n" + tool)
-    e = {**os.environ, "HOME": str(env / "home")}
-    return run(command, task=task, cwd=ws, approver=kw.pop("approver", "policy"), env=e,
-               state_dir=str(env / "state"), config=kw.pop("config", Config()), **kw)
+def env(policy_env):
+    return policy_env
 
 
 # Real runs, one or two of each family of harm (the rest from facts, below).
@@ -310,16 +269,6 @@ def test_a_crontab_entry_is_persistence(env):
 #
 # The policy judges a Report; these build one by hand (or from RunFacts over
 # real files and a real git repository), without a sandbox.
-
-WS, HOME = "/w/proj", "/home/u"
-
-
-def report(*changes: FileChange, git: GitLoss | None = None, network=(), ws=WS) -> Report:
-    return Report(command="x", workspace=ws, backend="overlay", end=RunEnd(how="exited", exit_code=0),
-                  counts={}, changes=list(changes), git=git, network=list(network),
-                  output=OutputSummary(stdout=Stream(bytes=0), stderr=Stream(bytes=0)),
-                  processes=Processes(started=1))
-
 
 def verdict(r: Report, command: str = "./tool.sh", task: str | None = "fix the bug",
             ws: str = WS, home: str = HOME) -> str:
