@@ -56,25 +56,27 @@ class Recording:
         raise ValueError(f"{host}: in no tree of this recording")
 
     def copy_up(self, path: str) -> Path:
-        """The run's version of path, copied from the host's (with its
-        directories, their mode and owner) as the overlay does on a write."""
+        """The run's version of path, copied from the host's (a directory
+        without its entries; the directories above it with their mode and
+        owner) as the overlay does on a write."""
         host = self.host(path)
         layer, rel = self._upper(host)
         up, lower = Path(layer.upper), Path(layer.mount_point)
-        for part in Path(rel).parent.parts:
+        for part in Path(rel).parts:
             up, lower = up / part, lower / part
-            if not up.exists():
+            if os.path.lexists(up):
+                continue
+            if lower.is_dir() and not lower.is_symlink() or up != Path(layer.upper, rel):
                 up.mkdir()
                 if lower.is_dir():
                     st = lower.stat()
                     os.chown(up, st.st_uid, st.st_gid)
                     up.chmod(st.st_mode & 0o7777)
-        target = up / Path(rel).name
-        if os.path.lexists(host) and not target.exists():
-            shutil.copy2(host, target, follow_symlinks=False)
-            st = os.lstat(host)
-            os.chown(target, st.st_uid, st.st_gid, follow_symlinks=False)
-        return target
+            elif os.path.lexists(lower):
+                shutil.copy2(lower, up, follow_symlinks=False)
+                st = os.lstat(lower)
+                os.chown(up, st.st_uid, st.st_gid, follow_symlinks=False)
+        return up
 
     def write(self, path: str, text: str, append: bool = False) -> None:
         with open(self.copy_up(path), "a" if append else "w") as f:
@@ -82,6 +84,13 @@ class Recording:
 
     def chmod(self, path: str, mode: int) -> None:
         self.copy_up(path).chmod(mode)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        os.chown(self.copy_up(path), uid, gid)
+
+    def symlink(self, path: str, target: str) -> None:
+        """A new symlink at path (none there before) pointing to target."""
+        os.symlink(target, self.copy_up(path))
 
     def delete(self, path: str) -> None:
         host = self.host(path)
@@ -130,16 +139,17 @@ class Recording:
                         protected=protected_for(patterns, home, ws), home=home)
 
 
-def judged(facts: RunFacts, task: str | None, config: Config | None = None) -> tuple[Decision,
-                                                                                      Report]:
+def judged(facts: RunFacts, task: str | None, config: Config | None = None,
+           raw: bool = False) -> tuple[Decision, Report]:
     """The offline policy's decision on the facts' report, as `caper run`
-    asks it (the run's credential locations; unsure resolved by on_unsure)."""
+    asks it (the run's credential locations; unsure resolved by on_unsure
+    unless raw), and the report."""
     config = config or Config()
     report = build(facts)
     d = PolicyApprover(config.policy).decide(ApprovalRequest(
         facts.command, task, report, cwd=facts.workspace, workspace=facts.workspace,
         home=facts.home, protected=facts.protected))
-    return resolve_unsure(d, config.on_unsure), report
+    return d if raw else resolve_unsure(d, config.on_unsure), report
 
 
 def run_facts(root: Path, files: dict[str, str], command: str, *,
