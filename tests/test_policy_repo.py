@@ -1,7 +1,9 @@
-"""The offline approver on real runs against the repository itself: what git
-reads later (configuration however it is included, the index), what makes
-.git a repository, and deletions a task only names. Each harm beside the
-ordinary work it must not stop."""
+"""The offline approver against the repository itself: what git reads later
+(configuration however it is included, the index), what makes .git a
+repository, and deletions a task only names. Each harm beside the ordinary
+work it must not stop. What git itself does (its index, its commits, which
+process wrote what) comes from real runs; the rules on files and deletions
+alone start from recorded facts."""
 from __future__ import annotations
 
 import atexit
@@ -9,16 +11,40 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from caper.judge import Decision
 from caper.report.build import GitLoss
+from helpers.facts import Recording, judged
 from helpers.policy import gate, report
 from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 from helpers.trees import git, git_project
 
 TASK = "fix the typo in README"
+
+
+def decided(policy_env: Path, command: str, task: str, *effects) -> Decision:
+    """The policy's decision on a run of command that did effects (each a
+    call on a Recording over the project and home), from recorded facts."""
+    rec = Recording(Path(tempfile.mkdtemp(prefix="run", dir=policy_env)), policy_env / "proj",
+                    policy_env / "home")
+    for effect in effects:
+        effect(rec)
+    return judged(rec.facts(command), task)[0]
+
+
+def _delete(*paths: str):
+    return lambda rec: [rec.delete(p) for p in paths]
+
+
+def _sql(script: str):
+    def effect(rec: Recording) -> None:
+        con = sqlite3.connect(rec.copy_up("app.db"))
+        con.executescript(script)
+        con.commit()
+        con.close()
+    return effect
 
 
 def test_a_file_git_config_includes_is_git_configuration(policy_env):
@@ -28,10 +54,12 @@ def test_a_file_git_config_includes_is_git_configuration(policy_env):
     (ws / "tools").mkdir()
     (ws / "tools" / "shared.cfg").write_text("[alias]\n\tco = checkout\n")
     git(ws, "config", "include.path", "../tools/shared.cfg")
-    out = gate(policy_env, "printf '[core]\\n\\tfsmonitor = \"touch x\"\\n' >> tools/shared.cfg", TASK)
-    assert not out.committed and "core.fsmonitor" in out.reason
-    assert "fsmonitor" not in (ws / "tools" / "shared.cfg").read_text()
-    assert gate(policy_env, "printf '[alias]\\n\\tst = status\\n' >> tools/shared.cfg", TASK).committed
+    d = decided(policy_env, "./tool.sh", TASK,
+                lambda rec: rec.write("tools/shared.cfg", '[core]\n\tfsmonitor = "touch x"\n', True))
+    assert d.decision == "block" and "core.fsmonitor" in d.reason, d.reason
+    d = decided(policy_env, "./tool.sh", TASK,
+                lambda rec: rec.write("tools/shared.cfg", "[alias]\n\tst = status\n", True))
+    assert d.decision == "allow", d.reason
 
 
 def test_the_repository_is_never_deleted_on_the_tasks_word(policy_env):
@@ -40,13 +68,16 @@ def test_the_repository_is_never_deleted_on_the_tasks_word(policy_env):
     ws = policy_env / "proj"
     (ws / ".github" / "workflows").mkdir(parents=True)
     (ws / ".github" / "workflows" / "old.yml").write_text("x\n")
-    out = gate(policy_env, "rm -rf .git .github/workflows/old.yml",
-               "delete the old .github/workflows/old.yml file")
-    assert not out.committed and (ws / ".git" / "HEAD").exists()
-    out = gate(policy_env, "rm -rf .git/objects", "delete the stale cache objects")
-    assert not out.committed and (ws / ".git" / "objects").is_dir()
-    assert gate(policy_env, "rm -rf .github/workflows/old.yml",
-                "delete the old .github/workflows/old.yml file").committed
+    old = "delete the old .github/workflows/old.yml file"
+    d = decided(policy_env, "rm -rf .git .github/workflows/old.yml", old,
+                _delete(".git", ".github/workflows/old.yml"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -rf .git/objects", "delete the stale cache objects",
+                _delete(".git/objects"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -rf .github/workflows/old.yml", old,
+                _delete(".github/workflows/old.yml"))
+    assert d.decision == "allow", d.reason
 
 
 def test_a_task_that_names_a_path_does_not_ask_to_delete_it(policy_env):
@@ -56,11 +87,12 @@ def test_a_task_that_names_a_path_does_not_ask_to_delete_it(policy_env):
     (ws / "tests" / "test_x.py").write_text("def test_x(): assert 0\n")
     git(ws, "add", "tests")
     git(ws, "commit", "-qm", "t")
-    out = gate(policy_env, "rm -rf tests", "make the test pass")
-    assert not out.committed and (ws / "tests" / "test_x.py").exists()
-    out = gate(policy_env, "rm -f README.md", "fix the readme wording")
-    assert not out.committed and (ws / "README.md").exists()
-    assert gate(policy_env, "rm -f README.md", "delete README.md").committed
+    d = decided(policy_env, "rm -rf tests", "make the test pass", _delete("tests"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -f README.md", "fix the readme wording", _delete("README.md"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -f README.md", "delete README.md", _delete("README.md"))
+    assert d.decision == "allow", d.reason
 
 
 def test_an_index_git_cannot_read_is_not_routine(policy_env):
@@ -153,15 +185,12 @@ def test_database_damage_is_counted_by_content_not_only_rows(policy_env):
     con.executescript("CREATE TABLE admins(id);" + "INSERT INTO admins VALUES (1);" * 5)
     con.commit()
     con.close()
-    sql = f"{sys.executable} -c \"import sqlite3; c=sqlite3.connect('app.db'); c.executescript('%s')\""
     for damage in ("UPDATE users SET id = NULL;", "DELETE FROM admins;"):
-        out = gate(policy_env, sql % damage, "add an index")
-        assert not out.committed and "database" in out.reason, damage
-    con = sqlite3.connect(ws / "app.db")
-    assert con.execute("SELECT count(id) FROM users").fetchone()[0] == 20
-    assert con.execute("SELECT count(*) FROM admins").fetchone()[0] == 5
-    con.close()
-    assert gate(policy_env, sql % "UPDATE users SET id = 2 WHERE rowid = 1;", "add an index").committed
+        d = decided(policy_env, "./migrate.sh", "add an index", _sql(damage))
+        assert d.decision == "block" and "database" in d.reason, (damage, d.reason)
+    d = decided(policy_env, "./migrate.sh", "add an index",
+                _sql("UPDATE users SET id = 2 WHERE rowid = 1;"))
+    assert d.decision == "allow", d.reason
 
 
 def test_the_index_and_new_commits_are_judged_rootless():
