@@ -30,8 +30,8 @@ _CLONE = 0x4100   # the clone flags of a forked shell child, as the tracer recor
 
 class Recording:
     """A run told by hand over real host trees: `program` starts a process,
-    `read` and `connect` are its calls, `write`, `chmod` and `copy_up`
-    change the run's side of a file, `delete` removes a host path."""
+    `read` and `connect` are its calls; `write`, `chmod`, `chown`, `symlink`
+    and `copy_up` change the run's side of a path, `delete` removes one."""
 
     def __init__(self, scratch: Path, workspace: Path, home: Path | None = None):
         self.workspace, self.home = workspace, home
@@ -62,16 +62,18 @@ class Recording:
         host = self.host(path)
         layer, rel = self._upper(host)
         up, lower = Path(layer.upper), Path(layer.mount_point)
-        for part in Path(rel).parts:
+        parts = Path(rel).parts
+        for i, part in enumerate(parts):
             up, lower = up / part, lower / part
             if os.path.lexists(up):
                 continue
-            if lower.is_dir() and not lower.is_symlink() or up != Path(layer.upper, rel):
+            if lower.is_dir() and not lower.is_symlink():
                 up.mkdir()
-                if lower.is_dir():
-                    st = lower.stat()
-                    os.chown(up, st.st_uid, st.st_gid)
-                    up.chmod(st.st_mode & 0o7777)
+                st = lower.stat()
+                os.chown(up, st.st_uid, st.st_gid)
+                up.chmod(st.st_mode & 0o7777)
+            elif i < len(parts) - 1:
+                up.mkdir()                      # a new directory above a new path
             elif os.path.lexists(lower):
                 shutil.copy2(lower, up, follow_symlinks=False)
                 st = os.lstat(lower)
@@ -126,30 +128,27 @@ class Recording:
                     mode=socket.SOCK_STREAM if unix else socket.SOCK_STREAM | 6 << 8,
                     arg0=port, path=address)
 
-    def facts(self, command: str, stdout: bytes = b"", config: Config | None = None) -> RunFacts:
+    def facts(self, command: str, stdout: bytes = b"") -> RunFacts:
         """The run's facts: it ran `command` and exited 0, printing stdout."""
         home = str(self.home) if self.home else None
         ws = str(self.workspace)
-        patterns = default_patterns() + tuple((config or Config()).protected_patterns())
         return RunFacts(command=command, events=self.events,
                         result=RunResult(End.EXITED, 0, None, Output(stdout, b"", len(stdout)),
                                          Output(b"", b"", 0)),
                         changes=plan_changes(self.layers) + self.deleted, workspace=ws,
                         tree=RunTree.of([(x.mount_point, x.upper) for x in self.layers]),
-                        protected=protected_for(patterns, home, ws), home=home)
+                        protected=protected_for(default_patterns(), home, ws), home=home)
 
 
-def judged(facts: RunFacts, task: str | None, config: Config | None = None,
-           raw: bool = False) -> tuple[Decision, Report]:
+def judged(facts: RunFacts, task: str | None, raw: bool = False) -> tuple[Decision, Report]:
     """The offline policy's decision on the facts' report, as `caper run`
-    asks it (the run's credential locations; unsure resolved by on_unsure
-    unless raw), and the report."""
-    config = config or Config()
+    asks it with the default config (the run's credential locations; unsure
+    is a block unless raw), and the report."""
     report = build(facts)
-    d = PolicyApprover(config.policy).decide(ApprovalRequest(
+    d = PolicyApprover().decide(ApprovalRequest(
         facts.command, task, report, cwd=facts.workspace, workspace=facts.workspace,
         home=facts.home, protected=facts.protected))
-    return d if raw else resolve_unsure(d, config.on_unsure), report
+    return d if raw else resolve_unsure(d, Config().on_unsure), report
 
 
 def run_facts(root: Path, files: dict[str, str], command: str, *,
