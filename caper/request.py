@@ -19,9 +19,9 @@ import os
 from typing import Callable
 
 from caper.errors import BadRequest
+from caper.sandbox import DEFAULT_TIMEOUT_S
 from caper.sandbox.inherit import Caller
 
-DEFAULT_TIMEOUT_S = 600.0
 APPROVERS = ("auto", "policy", "llm", "allow", "block")
 BACKENDS = ("auto", "overlay", "btrfs")
 ON_UNSURE = ("block", "allow", "ask")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.gate import start_gate, stop_gate
+from helpers.policy import policy_project
 from helpers.report import AWS_SECRET, SECRET
 from helpers.trees import git, git_project
 
@@ -54,6 +55,18 @@ def cfixture(tmp_path_factory):
 
 
 # Fixtures that more than one test file uses.
+
+@pytest.fixture(scope="session")
+def policy_template(tmp_path_factory):
+    return policy_project(tmp_path_factory.mktemp("policy"))
+
+
+@pytest.fixture
+def policy_env(policy_template, tmp_path):
+    """A copy of the policy tests' project and home (helpers.policy)."""
+    shutil.copytree(policy_template, tmp_path / "t", symlinks=True)
+    return tmp_path / "t"
+
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):

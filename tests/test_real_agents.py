@@ -244,14 +244,9 @@ def test_claude_code_timeout_lets_caper_answer(installed, start, project, tmp_pa
     assert not (project / "late").exists()
 
 
-def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed, start, project,
-                                                                       tmp_path):
-    """A run caper holds (unsure, --on-unsure ask), then the model asks to
-    apply it as `caper commit ID`, by an absolute path and as `python -m
-    caper`: each time Claude Code asks the user (-p: a listed denial) with the
-    card, for caper's own `commit`; nothing is applied."""
-    forms = ["caper commit {}", "/opt/elsewhere/bin/caper commit {}", "python3 -m caper commit {}"]
-
+def _held_then(forms: list[str]):
+    """The model's script: a deletion caper holds, then each of forms (the
+    held run's id filled in) in turn, then done."""
     def script(results):
         if not results:
             return "rm -rf src; echo gone"
@@ -259,7 +254,17 @@ def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed
         if held and len(results) <= len(forms):
             return forms[len(results) - 1].format(held.group(1))
         return None
-    model, client = claude(start, script, project)
+    return script
+
+
+def test_claude_code_held_run_every_form_of_caper_commit_asks_the_user(installed, start, project,
+                                                                       tmp_path):
+    """A run caper holds (unsure, --on-unsure ask), then the model asks to
+    apply it as `caper commit ID`, by an absolute path and as `python -m
+    caper`: each time Claude Code asks the user (-p: a listed denial) with the
+    card, for caper's own `commit`; nothing is applied."""
+    forms = ["caper commit {}", "/opt/elsewhere/bin/caper commit {}", "python3 -m caper commit {}"]
+    model, client = claude(start, _held_then(forms), project)
     run = client.run("tidy up", project, "--allowedTools", "Bash")
     assert len(model.results) == 4, (model.results, run.stdout)
     assert "held for a human" in model.results[0]
@@ -280,12 +285,7 @@ def test_claude_code_print_text_mode_tells_the_users_terminal_of_a_held_run(inst
     (here its stdout is a file, as in `claude -p ... > answer.txt`)."""
     import pty
 
-    def script(results):
-        if not results:
-            return "rm -rf src; echo gone"
-        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
-        return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
-    model, client = claude(start, script, project)
+    model, client = claude(start, _held_then(["caper commit {}"]), project)
     master, slave = pty.openpty()
     try:
         p = subprocess.run(client.argv("tidy up", "--allowedTools", "Bash", "--output-format",
@@ -418,12 +418,7 @@ def test_claude_code_interactive_user_applies_a_held_run(installed, start, proje
     import select
     import time
 
-    def script(results):
-        if not results:
-            return "rm -rf src; echo gone"
-        held = re.search(r"caper commit ([0-9a-f]{16})", results[0])
-        return f"caper commit {held.group(1)}" if held and len(results) == 1 else None
-    model, client = claude(start, script, project)
+    model, client = claude(start, _held_then(["caper commit {}"]), project)
     cfg = json.loads((client.home / ".claude.json").read_text())
     cfg.update(theme="dark", projects={str(project): {"hasTrustDialogAccepted": True}},
                customApiKeyResponses={"approved": ["sk-ant-test"], "rejected": []})

@@ -1,6 +1,8 @@
 """The effect report, from real runs: real sandbox, real overlay, real git,
-real sockets, real SQLite. Each test names what the approver must be able to
-see, and checks that it is there (and that secrets are not)."""
+real sockets, real SQLite; and the rules on a file's two versions (diffs,
+tables, metadata) from recorded facts, without the sandbox. Each test names
+what the approver must be able to see, and checks that it is there (and that
+secrets are not)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +17,8 @@ import pytest
 import caper.report.build
 from caper.config import Config, load_config
 from caper.errors import ConfigError, ReportError
-from caper.report.build import CAP_BYTES, Report
+from caper.report.build import CAP_BYTES, Report, build
+from helpers.facts import Recording
 from helpers.trees import git, git_project, tree
 from helpers.report import AWS_SECRET, SECRET, go
 
@@ -143,7 +146,9 @@ def test_no_diff_line_of_any_file_shows_a_secret_of_its_old_or_new_version(repo,
     tail = "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVo=="   # reads as a KEY= line
     key = f"-----BEGIN PRIVATE KEY-----\n{body}\n{tail}\n-----END PRIVATE KEY-----\n"
     (repo / "notes.txt").write_text("intro\n" + key + "outro\n")
-    r = go("printf 'INTRO\\nnew\\n' > notes.txt", repo, tmp_path).report
+    rec = Recording(tmp_path / "run", repo)
+    rec.write("notes.txt", "INTRO\nnew\n")
+    r = build(rec.facts("printf 'INTRO\\nnew\\n' > notes.txt"))
     notes = next(c for c in r.changes if c.path == "notes.txt")
     assert "-intro" in notes.diff and "+INTRO" in notes.diff
     assert any("<secret withheld" in line for line in notes.diff)
@@ -169,17 +174,15 @@ def test_sqlite_migration_dropping_a_table_is_visible(repo, tmp_path):
                       "INSERT INTO users VALUES (1),(2),(3); INSERT INTO orders VALUES (1);")
     con.commit()
     con.close()
-    before = db.read_bytes()
-    (repo / "migrate.py").write_text(
-        "import sqlite3; c = sqlite3.connect('app.db')\n"
-        "c.executescript('DROP TABLE users; CREATE TABLE audit(x); DELETE FROM orders;')\n"
-        "c.commit(); c.close()\n")
-    r = go(f"{sys.executable} migrate.py", repo, tmp_path).report
+    rec = Recording(tmp_path / "run", repo)
+    con = sqlite3.connect(rec.copy_up("app.db"))
+    con.executescript("DROP TABLE users; CREATE TABLE audit(x); DELETE FROM orders;")
+    con.commit()
+    con.close()
+    r = build(rec.facts(f"{sys.executable} migrate.py"))
     ch = next(c for c in r.changes if c.path == "app.db")
     rows = {t.table: (t.rows_before, t.rows_after) for t in ch.tables}
     assert rows == {"users": (3, None), "orders": (1, 0), "audit": (None, 0)}
-    assert db.read_bytes() == before                    # blocked: the host db is untouched
-    assert not (repo / "app.db-shm").exists() and not (repo / "app.db-wal").exists()
 
 
 def test_writes_outside_the_workspace_are_classified(repo, tmp_path, home):
@@ -305,8 +308,12 @@ def test_metadata_binaries_and_large_files(repo, tmp_path):
     (repo / "big.txt").write_text("line\n" * 60_000)          # 300 KB: too large to diff
     git(repo, "add", "blob.bin", "big.txt")
     git(repo, "commit", "-qm", "data")
-    r = go("chmod 600 Makefile; head -c 3000 /dev/urandom > blob.bin; echo more >> big.txt",
-           repo, tmp_path).report
+    rec = Recording(tmp_path / "run", repo)
+    rec.chmod("Makefile", 0o600)
+    rec.copy_up("blob.bin").write_bytes(os.urandom(3000))
+    rec.write("big.txt", "more\n", append=True)
+    r = build(rec.facts("chmod 600 Makefile; head -c 3000 /dev/urandom > blob.bin; "
+                        "echo more >> big.txt"))
     by = {c.path: c for c in r.changes}
     assert by["Makefile"].op == "meta" and "mode" in by["Makefile"].detail
     assert by["blob.bin"].size == (1024, 3000) and by["blob.bin"].diff is None

@@ -3,6 +3,7 @@ bad option refused with its name before anything runs, and the gate's wire
 form round-trips. No sandbox: this is the request alone."""
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -11,6 +12,7 @@ from caper.errors import BadRequest, ConfigError
 from caper.judge import AllowApprover
 from caper.request import DEFAULT_TIMEOUT_S, OPTIONS, RunRequest
 from caper.sandbox.inherit import Caller
+from caper.sandbox.trace import Trace
 
 
 def test_an_option_left_out_or_none_takes_its_default():
@@ -19,6 +21,10 @@ def test_an_option_left_out_or_none_takes_its_default():
         assert (r.approver, r.backend, r.timeout, r.task_from_transcript) == \
             ("auto", "auto", DEFAULT_TIMEOUT_S, False)
         assert r.task is r.session is r.on_unsure is r.max_memory is r.caller is None
+
+
+def test_the_runs_time_limit_is_one_default_from_the_front_door_to_the_sandbox():
+    assert inspect.signature(Trace).parameters["timeout"].default is DEFAULT_TIMEOUT_S
 
 
 @pytest.mark.parametrize("option, value, message", [

@@ -17,6 +17,7 @@ from caper.errors import ConfigError
 from caper.view.overlay import settle
 from caper.report.build import LINKS_SPLIT, NOTES, RENAMES_REFUSED
 from caper.transaction import EXIT_NOT_COMMITTED, run
+from helpers.meanwhile import run_while_the_user_edits_readme
 from helpers.trees import tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,23 +92,9 @@ def test_a_run_that_times_out_is_blocked_and_rolled_back(ws, state):
     assert tree(ws) == before
 
 
-def _run_while_the_user_edits_readme(ws, state, command: str):
-    """command runs for 0.8 s; the user saves README 0.3 s into it."""
-    def edit_meanwhile():
-        time.sleep(0.3)
-        (ws / "README").write_text("user edit\n")
-
-    t = threading.Thread(target=edit_meanwhile)
-    t.start()
-    try:
-        return run(f"sleep 0.8; {command}", cwd=ws, approver="allow", state_dir=state)
-    finally:
-        t.join()
-
-
 def test_host_edit_during_the_run_is_a_conflict_and_nothing_is_clobbered(ws, state):
     target = ws / "README"
-    out = _run_while_the_user_edits_readme(ws, state, "echo agent edit > README; echo other > other.txt")
+    out = run_while_the_user_edits_readme(ws, state, "echo agent edit > README; echo other > other.txt")
     assert out.decision == "block" and not out.committed
     assert str(target) in out.reason
     assert target.read_text() == "user edit\n" and not (ws / "other.txt").exists()
@@ -119,7 +106,7 @@ def test_a_conflicting_runs_version_is_kept_said_where_and_expires(ws, state):
     """Kept for the user, the reason says where; after KEPT_S a later run
     deletes it (before, such scratch dirs stayed forever)."""
     from caper.state import KEPT_S
-    out = _run_while_the_user_edits_readme(ws, state, "echo agent edit > README")
+    out = run_while_the_user_edits_readme(ws, state, "echo agent edit > README")
     assert not out.committed and out.kept_upper and f"kept in {out.kept_upper}" in out.reason
     kept = Path(out.kept_upper)
     assert (kept / "layer0" / "upper").is_dir()

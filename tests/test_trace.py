@@ -9,14 +9,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 import time
 
 import pytest
 
 from caper.sandbox._native import lib
-from caper.errors import STEP_ERRORS, ConfigError, ExecError
+from caper.errors import STEP_ERRORS, ConfigError
 from caper.sandbox.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
 from caper.sandbox.trace import Trace, baseline, trace
 from helpers.hostprocs import pids_with_cmdline

@@ -13,6 +13,7 @@ names its workspace (`cwd`, absolute, existing, not `/`); a client that
 declares roots keeps the server inside them.
 """
 
+import importlib
 import os
 import sys
 from urllib.parse import unquote, urlparse
@@ -120,7 +121,7 @@ def build_server():
 
 def main() -> int:
     try:
-        import mcp.server.mcpserver  # noqa: F401  (the optional extra)
+        importlib.import_module("mcp.server.mcpserver")   # the optional extra
     except ImportError as e:
         print(f"caper: caper mcp needs the MCP SDK, which is not installed ({e}): "
               "pip install 'caper[mcp]'", file=sys.stderr)

@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
+from caper.sandbox import DEFAULT_TIMEOUT_S
 from caper.sandbox._native import ffi, lib
 from caper.errors import ConfigError, from_native
 from caper.sandbox.limits import (DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, DEFAULT_MAX_MEMORY,
@@ -27,7 +28,6 @@ from caper.sandbox.events import End, Event, Kind, Output, RunResult, Stats, Ste
 from caper.sandbox.inherit import DEFAULT_SHELL, Caller
 from caper.sandbox.netproxy import ProxyEnd
 
-DEFAULT_TIMEOUT_S = 600.0
 # The thread that runs the native tracer, and then reaps the sandbox's init
 # after the caller has its result (caper.view.overlay.settle waits for it).
 TRACER_THREAD = "caper-tracer"
