@@ -147,7 +147,10 @@ _SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?
                           # MYSQL_PWD (never PWD, OLDPWD), DB_PASS, SENTRY_DSN,
                           # SLACK_WEBHOOK_URL, DOCKER_AUTH_CONFIG: round 4
                           r"|_PWD$|(?:^|_)PASS$|PASSPHRASE|(?:^|_)DSN$|WEBHOOK"
-                          r"|(?:^|_)AUTH_CONFIG$|(?:^|_)COOKIES?$")
+                          r"|(?:^|_)AUTH_CONFIG$|(?:^|_)COOKIES?$"
+                          r"|(?:^|_)(?:BEARER|ROLE_ID|SECRET_ID|SEED|MNEMONIC|API)$")
+# A value that is an HTTP credential by its scheme (`Basic dXNlcjpwYXNz`, `Bearer x`).
+_AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}")
 
 
 class EnvConfig(_Strict):
@@ -160,7 +163,8 @@ def credential_var(name: str, value: str) -> bool:
     value (a token, a URL with a password), hold a credential?"""
     found: set[str] = set()
     Redactor().text(value, found)
-    return bool(_SECRET_NAME.search(name) or found)
+    return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.match(value))
+
 _POLICY_LISTS = ("harmless_outside", "persistence", "persistence_except", "temp_owned",
                  "formatters", "git_rewrites", "installers", "install_places")
 

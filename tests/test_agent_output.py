@@ -67,6 +67,8 @@ CALLER_CREDENTIALS = {
     "MYSQL_PWD": "named-6", "DB_PASS": "named-7", "DOCKER_AUTH_CONFIG": "named-8",
     "SLACK_WEBHOOK_URL": "named-9", "SENTRY_DSN": "named-10",
     "REDIS_URL": "redis://:hunter23y@cache:6379/0",
+    "UPSTREAM_AUTHORIZATION": "Basic dXNlcjpodW50ZXIyNHo=", "API_BEARER": "named-11",
+    "VAULT_ROLE_ID": "named-12", "WALLET_SEED": "named-13",
 }
 
 

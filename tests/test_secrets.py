@@ -197,3 +197,16 @@ def test_a_credential_file_is_settings_only_when_every_line_was_read_as_one():
     assert not holds_no_secret(b"[default]\nthis line sets nothing caper can read\n")
     assert holds_no_secret(b"[default]\nregion = eu-west-1\noutput = json\n")
     assert holds_no_secret(b"machine h login u password <password>\n")
+
+
+def test_a_home_behind_a_symlink_is_protected_by_its_real_path_too(tmp_path):
+    """Round 4: homes were matched as written; with the home a symlink (or
+    below one: /home -> /data/home), its real path, which the command can
+    name, was no credential location and a blocked run returned the key."""
+    real = tmp_path / "data" / "me"
+    (real / ".aws").mkdir(parents=True)
+    link = tmp_path / "home-me"
+    link.symlink_to(real)
+    p = Protected(default_patterns(), str(link), "/w", homes=[])
+    assert p.kind(f"{link}/.aws/credentials") == "aws-credentials"
+    assert p.kind(f"{real}/.aws/credentials") == "aws-credentials"

@@ -77,6 +77,16 @@ def account_homes() -> tuple[str, ...]:
     return tuple(sorted(h for h in homes if h != "/" and not re.fullmatch(HOMES_RX, h)))
 
 
+def _resolved_homes_rx() -> list[str]:
+    """HOMES_RX's places where they are symlinks: their real paths."""
+    out = []
+    for place, rx in (("/root", ""), ("/home", "/[^/]+")):
+        real = os.path.realpath(place)
+        if real != place:
+            out.append(re.escape(real) + rx)
+    return out
+
+
 class Protected:
     """Which paths are credential locations, and of what kind. A `~/`
     pattern holds in the run's home and in every account's (`homes`, by
@@ -84,10 +94,13 @@ class Protected:
 
     def __init__(self, patterns: "Sequence[ProtectedPattern]", home: str | None,
                  workspace: str | None = None, homes: "Sequence[str] | None" = None):
-        homes = sorted({h.rstrip("/") for h in ([home] if home else [])
-                        + list(account_homes() if homes is None else homes)}, key=len,
-                       reverse=True)
-        home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX]) + ")"
+        # Each home as written and as resolved: the tracer names a file by the
+        # path the command used and by its real one, and a home may be a
+        # symlink or below one (/home -> /data/home).
+        homes = sorted({form.rstrip("/") for h in ([home] if home else [])
+                        + list(account_homes() if homes is None else homes)
+                        for form in (h, os.path.realpath(h))}, key=len, reverse=True)
+        home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX, *_resolved_homes_rx()]) + ")"
         rules: list[tuple[str, str]] = []
         for p in patterns:
             glob = p.path
