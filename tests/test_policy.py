@@ -23,13 +23,13 @@ from caper.config import Config, LlmConfig
 from caper.judge import ApprovalRequest, AutoApprover
 from caper.judge.llm import LlmApprover
 from caper.judge.policy import PolicyApprover, declared_by_command
-from caper.report.build import FileChange, GitLoss, NetAttempt, Report, RunFacts, build
+from caper.report.build import GitLoss, NetAttempt, RunFacts, build
 from caper.report.content import RunTree
 from caper.report.gitstate import lost
 from caper.report.secrets import default_patterns, protected_for, values_in
 from caper.sandbox.events import End, Output, RunResult
 from helpers.facts import Recording, judged, run_facts
-from helpers.policy import HOME, WS, gate, report
+from helpers.policy import HOME, WS, fc, gate, report, verdict
 from helpers.trees import git, git_project, tree
 
 PY = sys.executable
@@ -269,16 +269,6 @@ def test_a_crontab_entry_is_persistence(env):
 #
 # The policy judges a Report; these build one by hand (or from RunFacts over
 # real files and a real git repository), without a sandbox.
-
-def verdict(r: Report, command: str = "./tool.sh", task: str | None = "fix the bug",
-            ws: str = WS, home: str = HOME) -> str:
-    d = PolicyApprover().decide(ApprovalRequest(command, task, r, cwd=ws, workspace=ws, home=home))
-    return d.decision
-
-
-def fc(path: str, op: str = "created", where: str = "untracked", **kw) -> FileChange:
-    return FileChange(path=path, op=op, type=kw.pop("type", "file"), where=where, **kw)
-
 
 def test_git_state_lost_commits_and_uncommitted_work():
     lost = GitLoss(commits=2, refs=["refs/heads/wip"], content_kept=False)

@@ -9,16 +9,16 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from caper.report.build import TableDelta
+from caper.report.build import Report, TableDelta
 from caper.report.content import RunTree, inspect
 from caper.report.secrets import Redactor
 from helpers.trees import git
-from test_policy import HOME, WS, fc, report, verdict
+from helpers.policy import WS, fc, report, verdict
 
 TASK = "configure git for the project"
 
 
-def _git_config(*keys: str, ws: str = WS) -> "Report":  # noqa: F821
+def _git_config(*keys: str, ws: str = WS) -> Report:
     return report(fc(".git/config", "modified", "git-internal", keys=list(keys)), ws=ws)
 
 

@@ -3,7 +3,6 @@ failure, after a crash), and find the journals no live commit holds."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat

@@ -7,6 +7,8 @@ import sqlite3
 from pathlib import Path
 
 from caper.config import Config
+from caper.judge import ApprovalRequest
+from caper.judge.policy import PolicyApprover
 from caper.report.build import (FileChange, GitLoss, OutputSummary, Processes, Report, RunEnd,
                                 Stream)
 from caper.transaction import run
@@ -59,3 +61,14 @@ def report(*changes: FileChange, git: GitLoss | None = None, network=(), ws=WS) 
                   counts={}, changes=list(changes), git=git, network=list(network),
                   output=OutputSummary(stdout=Stream(bytes=0), stderr=Stream(bytes=0)),
                   processes=Processes(started=1))
+
+
+def verdict(r: Report, command: str = "./tool.sh", task: str | None = "fix the bug",
+            ws: str = WS, home: str = HOME) -> str:
+    """The policy's decision on a Report made by hand, as `caper run` asks it."""
+    d = PolicyApprover().decide(ApprovalRequest(command, task, r, cwd=ws, workspace=ws, home=home))
+    return d.decision
+
+
+def fc(path: str, op: str = "created", where: str = "untracked", **kw) -> FileChange:
+    return FileChange(path=path, op=op, type=kw.pop("type", "file"), where=where, **kw)
