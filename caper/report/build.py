@@ -847,7 +847,8 @@ def _draft(facts: RunFacts) -> _Draft:
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     included = configkeys.git_included(
-        os.path.join(facts.workspace, ".git") if view.is_git else None, facts.home)
+        os.path.join(facts.workspace, ".git") if view.is_git else None, facts.home,
+        facts.workspace)
     uncertain: dict[str, int] = dict(an.uncertain)
     if facts.result.stats.shm_bytes:
         uncertain[SHM_DISCARDED] = facts.result.stats.shm_bytes
@@ -931,7 +932,7 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
                                     rows_lost=t.lost)
                          for t in d.tables]
-        fc.keys = _config_keys(fc, loc)
+        fc.keys = _config_keys(fc, loc, facts.workspace)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
@@ -1004,7 +1005,7 @@ def _git_shown(g: GitLoss, path, clean, commits: int) -> GitLoss:
         "index_unreadable": clean(g.index_unreadable) if g.index_unreadable else None})
 
 
-def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
+def _config_keys(fc: FileChange, loc: RunTree, workspace: str) -> list[str] | None:
     """The keys a changed config file of a known format gained (configkeys)."""
     fmt = "git" if fc.git_config else configkeys.format_of(fc.path)
     if fmt is None or fc.type != "file" or fc.op in ("deleted", "meta"):
@@ -1017,7 +1018,7 @@ def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
     if fc.op != "created":
         b = read_blob("/", (fc.renamed_from or fc.path).lstrip("/"), MAX_DIFF_BYTES)
         old = b.data if b is not None and b.complete else None
-    return configkeys.changed_keys(fmt, old, new.data)
+    return configkeys.changed_keys(fmt, old, new.data, workspace)
 
 
 def _namers(d: _Draft, lim: Limits):
