@@ -42,8 +42,9 @@ from caper.sandbox.aliases import Aliases
 from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.sandbox.netproxy import ProxyRequest
 from caper.fs.mountinfo import below
+from caper.report import stores
 from caper.report.secrets import Protected, Redactor
-from caper.report.workspace import GIT_ROUTINE, PathView, history_values
+from caper.report.workspace import GIT_ROUTINE, TEMP_DIRS, PathView, history_values
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
@@ -573,6 +574,7 @@ class _Analysis:
         self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
         self.git_named: dict[str, str] = {}                 # credential a git command named -> kind
+        self.git_config_reads: set[str] = set()             # token-holding configs git read for itself
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -619,6 +621,9 @@ class _Analysis:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
                 cred = self.credential(facts.protected, e.real, e.path)
+                if cred and cred[1] == stores.GIT_CONFIG and self._gits_own(e, facts.workspace):
+                    self.git_config_reads.add(cred[0])   # its values are still found in output
+                    cred = None
                 if cred:
                     self.protected.append((e, cred[1], cred[0]))
                 if e.ok and (cred or view.inside(e.path)):
@@ -669,6 +674,28 @@ class _Analysis:
 
     def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
         return self.aliases.credential(protected.kind, *names)
+
+    def _gits_own(self, e: Event, workspace: str) -> bool:
+        """The open is an installed git reading its configuration for itself,
+        as every git command does: the process is git (or its HTTP transport),
+        not one in the workspace, a temp dir or a file the run wrote; its
+        subcommand prints no configuration (`config`, `remote`, `ls-remote`,
+        `credential`, `var`, an alias ... do) and no argument names a config
+        file (`git hash-object -w .git/config`, `git diff --no-index`)."""
+        exe = self.exe(e.pid, e.seq)
+        if exe is None:
+            return False
+        path, argv = exe
+        name = os.path.basename(path)
+        if not os.path.isabs(path) or path in self.writers or any(
+                below(x, d) for x in {path, os.path.realpath(path)}
+                for d in (workspace, *TEMP_DIRS)):
+            return False
+        if name in _GIT_TRANSPORTS:
+            return True
+        if name != "git" or any(os.path.basename(w).endswith("config") for w in argv[1:]):
+            return False
+        return _git_subcommand(argv) in _GIT_QUIET
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else the nearest
@@ -791,6 +818,40 @@ def _full_changes(d: "_Draft") -> list[FileChange]:
 _VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
 
 
+# git subcommands that read the configuration but print none of it (fetch,
+# clone and push print remote URLs without their credentials).
+_GIT_QUIET = frozenset("""
+    add am apply archive bisect blame branch bundle cat-file check-attr check-ignore checkout
+    cherry cherry-pick clean clone commit commit-tree count-objects describe diff diff-files
+    diff-index diff-tree fetch fetch-pack for-each-ref format-patch fsck gc grep hash-object
+    index-pack init log ls-files ls-tree maintenance merge merge-base mktree mv name-rev notes
+    pack-objects prune pull push range-diff read-tree rebase receive-pack reflog repack replace
+    reset restore rev-list rev-parse revert rm send-pack shortlog show show-branch show-ref
+    sparse-checkout stash status submodule switch symbolic-ref tag unpack-objects update-index
+    update-ref upload-pack verify-commit verify-pack verify-tag whatchanged worktree write-tree
+    """.split())
+_GIT_TRANSPORTS = frozenset({"git-remote-http", "git-remote-https", "git-remote-ftp",
+                             "git-remote-ftps"})
+# git's options that take the next word as their value.
+_GIT_VALUED = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path",
+                         "--config-env", "--super-prefix", "--list-cmds", "--attr-source"})
+
+
+def _git_subcommand(argv: list[str]) -> str | None:
+    """The subcommand of a git command line: the first word after git's own
+    options (`git -C d -c k=v --no-pager status` is status)."""
+    i = 1
+    while i < len(argv):
+        w = argv[i]
+        if w in _GIT_VALUED:
+            i += 2
+        elif w.startswith("-"):
+            i += 1
+        else:
+            return w
+    return None
+
+
 def _git_named(argv: list[str], workspace: str, protected: Protected) -> list[tuple[str, str]]:
     """(path, kind) of each credential location a git command line names:
     a word, or the path of a `REV:PATH` word, taken below the workspace."""
@@ -832,7 +893,9 @@ def _draft(facts: RunFacts) -> _Draft:
     # by its name or by what the run's links and renames made it: reporting
     # the change reads the host's version even if the run never did.
     for e, kind, cred in an.protected:
-        redactor.add_values(facts.tree.credential_values(cred), kind)
+        redactor.add_values(facts.tree.credential_values(cred, kind), kind)
+    for cred in an.git_config_reads:   # git's own read: a value in the output is still a read
+        redactor.add_values(facts.tree.credential_values(cred, stores.GIT_CONFIG), stores.GIT_CONFIG)
     for cred, kind in an.git_named.items():   # and every version the repository keeps
         redactor.add_values(history_values(facts.workspace, os.path.relpath(cred, facts.workspace)),
                             kind)
@@ -843,7 +906,7 @@ def _draft(facts: RunFacts) -> _Draft:
         if cred:
             credentials.add(c.path)
             for p in {c.path, cred[0]}:
-                redactor.add_values(loc.credential_values(p), cred[1])
+                redactor.add_values(loc.credential_values(p, cred[1]), cred[1])
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     included = configkeys.git_included(
@@ -944,7 +1007,7 @@ def _draft(facts: RunFacts) -> _Draft:
             kind = "copied:" + sorted(secrets[name])[0]
             an.protected.append((e, kind, name))
             an.procs[e.pid].reads.append((e.seq, name))
-            redactor.add_values(loc.credential_values(name), kind)
+            redactor.add_values(loc.credential_values(name, kind), kind)
 
     protected_reads = []
     for e, kind, cred in an.protected:
