@@ -15,7 +15,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -690,6 +693,34 @@ static void hold_affinity(struct tracer *t, struct proc *p, const __u64 *a)
     deny(p->tid, CPU_COUNT(&want) ? 0 : EINVAL);
 }
 
+/* Whether a lock on the tracee's descriptor fd would be taken on a host
+ * inode: locks belong to the inode (flock's and OFD locks to the open file,
+ * of that inode), so a sandboxed command holding one would hold off host
+ * processes and other runs that lock the same file. A file seen through a
+ * read-only bind of a host mount (a read-only or held mount, a top-level
+ * file rootless) is the host's inode; so is a device node bound from the
+ * host's /dev (devpts is the sandbox's own instance). Overlay files are the
+ * overlay's own inodes, whatever layer holds them. A descriptor that cannot
+ * be looked at is answered by the kernel (EBADF). Not covered: another
+ * thread sharing the descriptor table may replace fd between this look and
+ * the call. */
+static int host_lock(pid_t tid, int fd)
+{
+    char at[64];
+    snprintf(at, sizeof at, "/proc/%d/fd/%d", (int)tid, fd);
+    int o = open(at, O_PATH | O_CLOEXEC);
+    if (o < 0)
+        return 0;
+    struct statfs sfs;
+    struct stat st;
+    int host = fstatfs(o, &sfs) < 0 || fstat(o, &st) < 0 ||   /* cannot tell: refuse */
+               ((sfs.f_flags & ST_RDONLY) && sfs.f_type != OVERLAYFS_SUPER_MAGIC) ||
+               ((S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) &&
+                sfs.f_type != DEVPTS_SUPER_MAGIC);
+    close(o);
+    return host;
+}
+
 static void on_seccomp(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -724,6 +755,11 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     case DEC_FALLOCATE:
         if (!falloc_ok(t, p, (int)a[1], a[3]))
             refuse(t, p, &si, CAPER_REFUSE_DISK_BUDGET, ENOSPC);
+        return;
+    case DEC_LOCK:
+        /* flock(fd, LOCK_UN) releases what it holds: let it through */
+        if (!(s->nr == SYS_flock && (a[1] & LOCK_UN)) && host_lock(p->tid, (int)a[0]))
+            refuse(t, p, &si, CAPER_REFUSE_HOST_LOCK, ENOLCK);
         return;
     case DEC_CWD:
         forget_cwds(t);
