@@ -491,6 +491,27 @@ def test_world_writable_new_entries_are_shown_and_blocked(ws, tmp_path):
     assert outcome.committed, outcome.reason
 
 
+WIDENED = "echo more >> tool && chmod 666 tool && chmod 777 dir"
+
+
+def _widened(root: Path) -> None:
+    (root / "tool").write_text("x\n")
+    (root / "tool").chmod(0o644)
+    (root / "dir").mkdir()
+    (root / "dir").chmod(0o755)
+
+
+def test_a_file_written_and_made_world_writable_is_judged(ws, tmp_path):
+    """A content change and a chmod in one run: until round 3 the change was
+    `modified` with no detail, the widened mode unseen, and committed."""
+    _widened(ws)
+    outcome = run(WIDENED, cwd=str(ws), approver="policy", state_dir=str(tmp_path / "state"))
+    details = {c.path: c.detail for c in outcome.report.changes}
+    assert details["tool"] == "mode 0644->0666" and details["dir"] == "mode 0755->0777", details
+    assert not outcome.committed and "0644 -> 0666" in outcome.reason, outcome.reason
+    assert (ws / "tool").stat().st_mode & 0o777 == 0o644
+
+
 @needs_root
 def test_file_capabilities_are_shown_and_blocked(ws, tmp_path):
     import shutil
@@ -592,3 +613,17 @@ def test_world_writable_new_entries_are_shown_and_blocked_rootless():
         assert os.listdir(ws) == []
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_file_written_and_made_world_writable_in_a_btrfs_workspace_is_judged(btrfs_ws):
+    state = str(btrfs_ws.parent / "state")
+    _widened(btrfs_ws)
+    try:
+        outcome = run(WIDENED, cwd=str(btrfs_ws), approver="policy", state_dir=state)
+        details = {c.path: c.detail for c in outcome.report.changes}
+        assert details["tool"] == "mode 0644->0666" and details["dir"] == "mode 0755->0777", \
+            details
+        assert not outcome.committed and (btrfs_ws / "tool").stat().st_mode & 0o777 == 0o644
+    finally:
+        (btrfs_ws / "tool").unlink()
+        (btrfs_ws / "dir").rmdir()

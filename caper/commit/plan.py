@@ -658,9 +658,9 @@ class _UpperWalk:
         finally:
             os.close(uo)
             os.close(ho)
-        if not same_content:
-            return MODIFIED, "", old_m, new_m
         details = meta_diff(old_m, new_m)
+        if not same_content:     # and what a chmod in the same run changed, judged as a meta's
+            return MODIFIED, "; ".join(details), old_m, new_m
         if ust.st_mtime_ns != hst.st_mtime_ns:
             details.append("mtime")
         if not details and ust.st_nlink == 1:

@@ -523,7 +523,7 @@ class _Judge:
             # A hard link is one file under two names: a write through the
             # project's name is a write of the other, as through a symlink.
             self.link(path, full, self.absolute(other))
-        if op == "meta" and c.detail:
+        if op in ("meta", "modified") and c.detail:
             self.mode(path, full, c.detail, where)
             self.owner(path, full, c.detail)
         if c.tables:

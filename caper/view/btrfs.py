@@ -68,7 +68,7 @@ from typing import Iterable
 
 from caper.fs import mountinfo
 from caper.changes import Change, file_type
-from caper.commit.fsops import new_grants, privileges
+from caper.commit.fsops import meta_diff, meta_of, new_grants, privileges
 from caper.errors import BtrfsConflict, BtrfsError, ForgedJournal
 from caper.commit.journal import SET_ASIDE, Journal, step
 from caper.state import KEPT_S
@@ -539,7 +539,11 @@ class BtrfsSnapshot:
                 out.append(Change(p, "replaced", file_type(new.st_mode), file_type(old.st_mode),
                                   given, privileges=granted))
             else:
-                out.append(Change(p, "modified", file_type(new.st_mode), privileges=granted))
+                # what a chmod, chown or setfacl changed, judged as the overlay's meta
+                detail = "" if stat.S_ISLNK(new.st_mode) else "; ".join(
+                    meta_diff(meta_of(p, old), meta_of(runs, new)))
+                out.append(Change(p, "modified", file_type(new.st_mode), detail=detail,
+                                  privileges=granted))
         return [replace(c, entries=held[c.path]) if c.path in held else c for c in out]
 
     def _deleted_above(self, path: str, held: dict[str, int]) -> str | None:
