@@ -1327,6 +1327,8 @@ LOCKS = ("import errno, fcntl, os, struct, sys\n"
          "tryit('setlk', lambda: fcntl.fcntl(fd, fcntl.F_SETLK, rd))\n"
          "tryit('ofd_setlk', lambda: fcntl.fcntl(fd, 37, rd))\n"
          "tryit('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, rd))\n"
+         "if sys.argv[2] == 'host':\n"
+         "    tryit('lease', lambda: fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK))\n"
          "tryit('unlock', lambda: fcntl.flock(fd, fcntl.LOCK_UN))\n")
 
 
@@ -1377,8 +1379,8 @@ def test_a_lock_on_a_host_inode_is_refused_and_reported(read_only_mount, tmp_pat
     sandboxed flock/fcntl lock was the host's (until round 3: EAGAIN against
     the lock the host holds here; held by the command, it would stop host
     processes and other runs that lock the file). Now ENOLCK, reported as
-    refused (host_lock), and the run unsure; so on a device node bound from
-    the host's /dev. A file of the overlay, the sandbox's own inode, locks as
+    refused (host_lock), and the run unsure; so is a lease, and so on a device
+    node bound from the host's /dev. A file of the overlay, the sandbox's own inode, locks as
     before; F_GETLK and unlocking pass."""
     import fcntl
     lock = read_only_mount / "lock"
@@ -1396,7 +1398,8 @@ def test_a_lock_on_a_host_inode_is_refused_and_reported(read_only_mount, tmp_pat
                 os.chown(p, NOBODY, NOBODY) if rootless else None
             got, refused = _locks(ws, state, target, rootless)
             assert got == {"host.flock": "ENOLCK", "host.setlk": "ENOLCK",
-                           "host.ofd_setlk": "ENOLCK", "host.getlk": "OK", "host.unlock": "OK",
+                           "host.ofd_setlk": "ENOLCK", "host.getlk": "OK", "host.lease": "ENOLCK",
+                           "host.unlock": "OK",
                            "own.flock": "OK", "own.setlk": "OK", "own.ofd_setlk": "OK",
                            "own.getlk": "OK", "own.unlock": "OK"}, (target, got)
             assert {(r["syscall"], r["reason"]) for r in refused} == {
