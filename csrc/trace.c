@@ -1195,6 +1195,36 @@ static void take_executed_program(struct proc *p, struct pending *pd, int interp
     }
 }
 
+/* Whether the environment of the image just executed configures git, as
+ * its command line does not show: GIT_CONFIG_COUNT/KEY/VALUE,
+ * GIT_CONFIG_PARAMETERS, GIT_CONFIG_GLOBAL ... set keys (commit.template =
+ * .git/config makes git read its own configuration as data), GIT_DIR and
+ * GIT_COMMON_DIR another repository's. Names only are looked at; an
+ * environment that cannot be read counts as configuring. */
+static int git_env(pid_t tid)
+{
+    static const char *const names[] = { "GIT_CONFIG", "GIT_DIR=", "GIT_COMMON_DIR=" };
+    enum { CAP = 4 << 20 };   /* past the kernel's limit for argv and environment together */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char *buf = fd < 0 ? NULL : malloc(CAP);
+    size_t len = 0;
+    ssize_t n = -1;
+    while (buf && len < CAP && (n = read(fd, buf + len, CAP - len)) > 0)
+        len += (size_t)n;
+    if (fd >= 0)
+        close(fd);
+    int found = !buf || n < 0 || len == CAP;
+    for (size_t start = 0; !found && start < len; start += strnlen(buf + start, len - start) + 1)
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+            if (len - start >= strlen(names[k]) &&
+                memcmp(buf + start, names[k], strlen(names[k])) == 0)
+                found = 1;
+    free(buf);
+    return found;
+}
+
 static void on_exec(struct tracer *t, struct proc *leader)
 {
     unsigned long former = 0;
@@ -1217,6 +1247,8 @@ static void on_exec(struct tracer *t, struct proc *leader)
     if (leader->in_call && leader->pend->ev.h.kind == CAPER_EV_EXEC) {
         int interpreted = take_executed_argv(t, leader, leader->pend);
         take_executed_program(leader, leader->pend, interpreted);
+        if (git_env(leader->tid))
+            leader->pend->ev.h.info |= CAPER_INFO_GIT_ENV;
     }
 }
 

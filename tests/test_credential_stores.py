@@ -89,6 +89,30 @@ def test_git_reading_its_own_configuration_is_no_credential_read(tmp_path):
     assert out.withheld and GH not in out.report.card()
 
 
+# git takes the config for a commit template; the message file goes, and
+# `fold -w1` prints the message one character a line, past any redaction.
+COMMIT = ("export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=b GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=b; "
+          "{env} GIT_EDITOR=true git {opt} commit -q --allow-empty --allow-empty-message "
+          "--cleanup=verbatim; rm .git/COMMIT_EDITMSG; git log -1 --format=%B | fold -w1")
+
+
+@pytest.mark.parametrize("env, opt", [
+    ("", "-c commit.template=t"),
+    ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=commit.template GIT_CONFIG_VALUE_0=.git/config", "")])
+def test_git_told_to_read_its_configuration_as_data_reads_a_credential(tmp_path, env, opt):
+    """git configured by `-c`, or by GIT_CONFIG_* in its environment (which
+    its command line does not show: the tracer looks at the environment's
+    names at each exec), to read the config as data: that read is a
+    credential read, and the blocked run gives nothing back."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ws = _repo(tmp_path, f"https://user:{GH}@github.com/o/r.git")
+    (ws / "t").symlink_to(".git/config")
+    out = _go(COMMIT.format(env=env, opt=opt), ws, home)
+    assert "git-config-token" in out.report.read_credentials, out.report.card()
+    _sealed(out, GH)
+
+
 def test_an_extraheader_and_a_store_file_are_credentials(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -575,6 +575,7 @@ class _Analysis:
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
         self.git_named: dict[str, str] = {}                 # credential a git command named -> kind
         self.git_config_reads: set[str] = set()             # token-holding configs git read for itself
+        self.git_env: set[int] = set()                      # execs whose environment configures git
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -604,6 +605,8 @@ class _Analysis:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
+            if e.info & Info.GIT_ENV:
+                self.git_env.add(e.seq)
             # git reads a tracked (or once tracked) credential from its object
             # store, which no credential pattern covers: naming one is reading it.
             if os.path.basename(e.path or "") == "git":
@@ -678,14 +681,20 @@ class _Analysis:
     def _gits_own(self, e: Event, workspace: str) -> bool:
         """The open is an installed git reading its configuration for itself,
         as every git command does: the process is git (or its HTTP transport),
-        not one in the workspace, a temp dir or a file the run wrote; its
+        not one in the workspace, a temp dir or a file the run wrote; it opens
+        the file by its own name (`config`, `.gitconfig`: not a link to it
+        given for data); nothing configures it past what the files say (no
+        `-c`, `--config-env`, no GIT_CONFIG_*, GIT_DIR in its environment:
+        `commit.template=.git/config` reads the config as data); its
         subcommand prints no configuration (`config`, `remote`, `ls-remote`,
-        `credential`, `var`, an alias ... do) and no argument names a config
-        file (`git hash-object -w .git/config`, `git diff --no-index`)."""
-        exe = self.exe(e.pid, e.seq)
-        if exe is None:
+        `credential`, `var`, an alias ... do) nor reads files it is pointed
+        at (`hash-object`, `--no-index`), and no argument names a config file
+        (`git commit -F .git/config`)."""
+        at = self._exec_at(e.pid, e.seq)
+        if at is None or at[0] in self.git_env or \
+                os.path.basename(e.path) not in ("config", ".gitconfig"):
             return False
-        path, argv = exe
+        _, path, argv = at
         name = os.path.basename(path)
         if not os.path.isabs(path) or path in self.writers or any(
                 below(x, d) for x in {path, os.path.realpath(path)}
@@ -693,9 +702,12 @@ class _Analysis:
             return False
         if name in _GIT_TRANSPORTS:
             return True
-        if name != "git" or any(os.path.basename(w).endswith("config") for w in argv[1:]):
+        at = _git_subcommand(argv)
+        if name != "git" or at is None or argv[at] not in _GIT_QUIET or any(
+                os.path.basename(w).endswith("config") or w == "--no-index" for w in argv[1:]):
             return False
-        return _git_subcommand(argv) in _GIT_QUIET
+        return not any(w in ("-c", "--config-env") or w.startswith("--config-env=")
+                       for w in argv[1:at])
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else the nearest
@@ -709,13 +721,18 @@ class _Analysis:
     def exe(self, pid: int, seq: int) -> tuple[str, list[str]] | None:
         """The program pid was running at seq (inherited from its parent if it
         had not exec'd yet)."""
+        at = self._exec_at(pid, seq)
+        return (at[1], at[2]) if at else None
+
+    def _exec_at(self, pid: int, seq: int) -> tuple[int, str, list[str]] | None:
+        """(seq, path, argv) of the exec whose image pid was running at seq."""
         seen = set()
         while pid in self.procs and pid not in seen:
             seen.add(pid)
             p = self.procs[pid]
             for s, path, argv in reversed(p.execs):
                 if s < seq:
-                    return path, argv
+                    return s, path, argv
             if p.ppid is None:
                 return None
             pid, seq = p.ppid, p.start_seq
@@ -823,8 +840,8 @@ _VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
 _GIT_QUIET = frozenset("""
     add am apply archive bisect blame branch bundle cat-file check-attr check-ignore checkout
     cherry cherry-pick clean clone commit commit-tree count-objects describe diff diff-files
-    diff-index diff-tree fetch fetch-pack for-each-ref format-patch fsck gc grep hash-object
-    index-pack init log ls-files ls-tree maintenance merge merge-base mktree mv name-rev notes
+    diff-index diff-tree fetch fetch-pack for-each-ref format-patch fsck gc grep index-pack
+    init log ls-files ls-tree maintenance merge merge-base mktree mv name-rev notes
     pack-objects prune pull push range-diff read-tree rebase receive-pack reflog repack replace
     reset restore rev-list rev-parse revert rm send-pack shortlog show show-branch show-ref
     sparse-checkout stash status submodule switch symbolic-ref tag unpack-objects update-index
@@ -837,9 +854,9 @@ _GIT_VALUED = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", 
                          "--config-env", "--super-prefix", "--list-cmds", "--attr-source"})
 
 
-def _git_subcommand(argv: list[str]) -> str | None:
-    """The subcommand of a git command line: the first word after git's own
-    options (`git -C d -c k=v --no-pager status` is status)."""
+def _git_subcommand(argv: list[str]) -> int | None:
+    """Where the subcommand of a git command line is: the first word after
+    git's own options (`git -C d -c k=v --no-pager status` is status)."""
     i = 1
     while i < len(argv):
         w = argv[i]
@@ -848,7 +865,7 @@ def _git_subcommand(argv: list[str]) -> str | None:
         elif w.startswith("-"):
             i += 1
         else:
-            return w
+            return i
     return None
 
 
