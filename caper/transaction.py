@@ -25,6 +25,7 @@ from caper.judge.session import TAINT_KIND, open_sessions
 from caper.report.build import Report, RunFacts, build, notes
 from caper.report.content import RunTree
 from caper.report.secrets import ProtectedPattern, default_patterns, protected_for
+from caper.report.stores import stores
 from caper.report.workspace import find_workspace
 from caper.request import RunRequest
 from caper.sandbox.events import End, Output, RunResult
@@ -234,8 +235,11 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
         # caper's own config may hold the approver's key: reading it is a credential read.
         config_file = config_path(env)
         own_config = (ProtectedPattern(os.path.realpath(config_file), "caper-config"),)
+        # Files that are credential stores by what they hold now (a token in .git/config).
+        by_content = stores(home, workspace, (os.environ if env is None else env).get(
+            "XDG_CONFIG_HOME"))
         protected = protected_for(default_patterns() + tuple(config.protected_patterns())
-                                  + tainted + own_config, home, workspace)
+                                  + tainted + own_config + by_content, home, workspace)
         try:
             t = time.perf_counter()
             proxy = Proxy(allow, is_credential=lambda p: protected.kind(p) is not None) \

@@ -48,8 +48,12 @@ enum caper_refusal {
     CAPER_REFUSE_HOST_SOCKET = 3, /* connect() to a unix socket no sandbox process bound */
     CAPER_REFUSE_NAMESPACE   = 4, /* clone/unshare asking for new namespaces, or
                                      clone(CLONE_UNTRACED), which would leave the tracer */
-    CAPER_REFUSE_DISK_BUDGET = 5  /* fallocate() past what the upper layers may still take
+    CAPER_REFUSE_DISK_BUDGET = 5, /* fallocate() past what the upper layers may still take
                                      (failed with ENOSPC, as a full filesystem would) */
+    CAPER_REFUSE_HOST_LOCK   = 6  /* flock()/fcntl() lock or lease on a file the sandbox
+                                     shares with the host: a read-only bind of a host
+                                     mount, a device node bound from the host's /dev
+                                     (failed with ENOLCK) */
 };
 
 /* Address families in network events (CAPER_EV_CONNECT/SENDTO/BIND.flags). */
@@ -124,8 +128,11 @@ enum caper_info {
                                        one); arg1 is its st_rdev */
     CAPER_INFO_ARGV_CHANGED   = 64, /* exec: the argv the kernel ran (the event's) is not
                                        the one read when the call was checked */
-    CAPER_INFO_SOURCE_CHANGED = 128 /* link/rename: what the new name holds after the call
+    CAPER_INFO_SOURCE_CHANGED = 128, /* link/rename: what the new name holds after the call
                                        is not the source the tracer saw at the check */
+    CAPER_INFO_GIT_ENV        = 256 /* exec: the new image's environment configures git
+                                       (GIT_CONFIG*, GIT_DIR, GIT_COMMON_DIR), which its
+                                       argv does not show; or it could not be read */
 };
 
 /* caper_config.flags */

@@ -42,7 +42,8 @@ enum decode {
     DEC_REFUSE,       /* refuse with EPERM and report */
     DEC_REFUSE_NS,    /* clone/unshare with namespace flags: refuse and report */
     DEC_FALLOCATE,    /* fallocate: refused (ENOSPC) past the run's disk budget */
-    DEC_AFFINITY      /* sched_setaffinity: held inside caper's CPU pin, as a cpuset would */
+    DEC_AFFINITY,     /* sched_setaffinity: held inside caper's CPU pin, as a cpuset would */
+    DEC_LOCK          /* flock, fcntl's lock commands: refused (ENOLCK) on a host inode */
 };
 
 /* What the seccomp filter does before the tracer sees anything. */
@@ -55,8 +56,9 @@ enum filter {
     FL_ENOSYS,           /* fail with ENOSYS without stopping (clone3: libc falls back) */
     FL_FAMILY,           /* allow when arg is a family a network namespace holds, else
                             EAFNOSUPPORT without stopping */
-    FL_PREALLOC          /* an ioctl request that preallocates space (the ioctl doors to
+    FL_PREALLOC,         /* an ioctl request that preallocates space (the ioctl doors to
                             fallocate): EOPNOTSUPP without stopping, else allow */
+    FL_LOCK_CMD          /* an fcntl command that takes a lock or a lease: stop, else allow */
 };
 
 struct sysent {

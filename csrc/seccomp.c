@@ -74,6 +74,10 @@ static const uint32_t PREALLOC_IOCTLS[] = {
     0x40305839,               /* FS_IOC_ZERO_RANGE */
 };
 #define N_PREALLOC ((int)(sizeof PREALLOC_IOCTLS / sizeof *PREALLOC_IOCTLS))
+/* fcntl commands that take a lock or a lease (F_GETLK and the rest pass):
+ * F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE. */
+static const uint32_t LOCK_CMDS[] = { 6, 7, 37, 38, 1024 };
+#define N_LOCK_CMDS ((int)(sizeof LOCK_CMDS / sizeof *LOCK_CMDS))
 
 static int entry_len(const struct sysent *e)
 {
@@ -83,6 +87,7 @@ static int entry_len(const struct sysent *e)
     case FL_SKIP_IF_NULL:  return 6;  /* ld lo; jeq; ld hi; jeq; ret allow; ret trace */
     case FL_FAMILY:        return 3 + N_FAMILIES;  /* ld; jeq each; ret errno; ret allow */
     case FL_PREALLOC:      return 3 + N_PREALLOC;  /* ld; jeq each; ret allow; ret errno */
+    case FL_LOCK_CMD:      return 3 + N_LOCK_CMDS; /* ld; jeq each; ret allow; ret trace */
     default:               return 1;
     }
 }
@@ -129,6 +134,13 @@ static int emit_entry(struct prog *p, const struct sysent *e, uint32_t index)
             r |= JEQ(PREALLOC_IOCTLS[i], (uint8_t)(N_PREALLOC - i), 0);
         r |= RET(SECCOMP_RET_ALLOW);
         r |= RET(SECCOMP_RET_ERRNO | EOPNOTSUPP);
+        break;
+    case FL_LOCK_CMD:
+        r |= LD(OFF_ARG_LO(e->filter_arg));   /* the command is an unsigned int */
+        for (int i = 0; i < N_LOCK_CMDS; i++)
+            r |= JEQ(LOCK_CMDS[i], (uint8_t)(N_LOCK_CMDS - i), 0);
+        r |= RET(SECCOMP_RET_ALLOW);
+        r |= RET(trace);
         break;
     default:
         r |= RET(trace);
@@ -186,6 +198,8 @@ static const char *filter_name(const struct sysent *e)
     case FL_TRACE_IF_FLAG: return "trace if arg & v, else allow";
     case FL_ENOSYS:        return "errno ENOSYS";
     case FL_FAMILY:        return "allow if arg is AF_UNIX/INET/INET6/NETLINK, else errno EAFNOSUPPORT";
+    case FL_PREALLOC:      return "errno EOPNOTSUPP if arg is a preallocating ioctl, else allow";
+    case FL_LOCK_CMD:      return "trace if arg is F_SETLK/F_SETLKW/F_OFD_SETLK/F_OFD_SETLKW/F_SETLEASE, else allow";
     default:               return "trace";
     }
 }

@@ -112,6 +112,14 @@ const struct sysent caper_sysent[] = {
     /* ...and so would the ioctls that preallocate (FS_IOC_RESVSP64, ZERO_RANGE):
      * refused in the filter, other ioctls pass unstopped. */
     { SYS_ioctl, "ioctl", 0, DEC_REFUSE, FL_PREALLOC, 1, 0, 0, N, N, N, N, N, N, N, N, 0 },
+    /* Locks are per inode: one taken through a read-only bind of a host mount
+     * (or on a device node bound from the host's /dev) is the host's, and
+     * would hold off host processes and other runs. Overlay files are the
+     * overlay's own inodes. fcntl stops only for its lock and lease commands. */
+    { SYS_flock, "flock", CAPER_EV_REFUSED, DEC_LOCK, FL_TRACE, N, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
+    { SYS_fcntl, "fcntl", CAPER_EV_REFUSED, DEC_LOCK, FL_LOCK_CMD, 1, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
     /* The sandbox shares the tracer's CPU: a wider mask must not undo that. */
     { SYS_sched_setaffinity, "sched_setaffinity", 0, DEC_AFFINITY, FL_TRACE, N, 0, 0,
       N, N, N, N, N, N, N, N, 0 },

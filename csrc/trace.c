@@ -15,7 +15,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -690,6 +693,34 @@ static void hold_affinity(struct tracer *t, struct proc *p, const __u64 *a)
     deny(p->tid, CPU_COUNT(&want) ? 0 : EINVAL);
 }
 
+/* Whether a lock on the tracee's descriptor fd would be taken on a host
+ * inode: locks belong to the inode (flock's and OFD locks to the open file,
+ * of that inode), so a sandboxed command holding one would hold off host
+ * processes and other runs that lock the same file. A file seen through a
+ * read-only bind of a host mount (a read-only or held mount, a top-level
+ * file rootless) is the host's inode; so is a device node bound from the
+ * host's /dev (devpts is the sandbox's own instance). Overlay files are the
+ * overlay's own inodes, whatever layer holds them. A descriptor that cannot
+ * be looked at is answered by the kernel (EBADF). Not covered: another
+ * thread sharing the descriptor table may replace fd between this look and
+ * the call. */
+static int host_lock(pid_t tid, int fd)
+{
+    char at[64];
+    snprintf(at, sizeof at, "/proc/%d/fd/%d", (int)tid, fd);
+    int o = open(at, O_PATH | O_CLOEXEC);
+    if (o < 0)
+        return 0;
+    struct statfs sfs;
+    struct stat st;
+    int host = fstatfs(o, &sfs) < 0 || fstat(o, &st) < 0 ||   /* cannot tell: refuse */
+               ((sfs.f_flags & ST_RDONLY) && sfs.f_type != OVERLAYFS_SUPER_MAGIC) ||
+               ((S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) &&
+                sfs.f_type != DEVPTS_SUPER_MAGIC);
+    close(o);
+    return host;
+}
+
 static void on_seccomp(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -724,6 +755,11 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     case DEC_FALLOCATE:
         if (!falloc_ok(t, p, (int)a[1], a[3]))
             refuse(t, p, &si, CAPER_REFUSE_DISK_BUDGET, ENOSPC);
+        return;
+    case DEC_LOCK:
+        /* flock(fd, LOCK_UN) releases what it holds: let it through */
+        if (!(s->nr == SYS_flock && (a[1] & LOCK_UN)) && host_lock(p->tid, (int)a[0]))
+            refuse(t, p, &si, CAPER_REFUSE_HOST_LOCK, ENOLCK);
         return;
     case DEC_CWD:
         forget_cwds(t);
@@ -1161,6 +1197,36 @@ static void take_executed_program(struct proc *p, struct pending *pd, int interp
     }
 }
 
+/* Whether the environment of the image just executed configures git, as
+ * its command line does not show: GIT_CONFIG_COUNT/KEY/VALUE,
+ * GIT_CONFIG_PARAMETERS, GIT_CONFIG_GLOBAL ... set keys (commit.template =
+ * .git/config makes git read its own configuration as data), GIT_DIR and
+ * GIT_COMMON_DIR another repository's. Names only are looked at; an
+ * environment that cannot be read counts as configuring. */
+static int git_env(pid_t tid)
+{
+    static const char *const names[] = { "GIT_CONFIG", "GIT_DIR=", "GIT_COMMON_DIR=" };
+    enum { CAP = 4 << 20 };   /* past the kernel's limit for argv and environment together */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char *buf = fd < 0 ? NULL : malloc(CAP);
+    size_t len = 0;
+    ssize_t n = -1;
+    while (buf && len < CAP && (n = read(fd, buf + len, CAP - len)) > 0)
+        len += (size_t)n;
+    if (fd >= 0)
+        close(fd);
+    int found = !buf || n < 0 || len == CAP;
+    for (size_t start = 0; !found && start < len; start += strnlen(buf + start, len - start) + 1)
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+            if (len - start >= strlen(names[k]) &&
+                memcmp(buf + start, names[k], strlen(names[k])) == 0)
+                found = 1;
+    free(buf);
+    return found;
+}
+
 static void on_exec(struct tracer *t, struct proc *leader)
 {
     unsigned long former = 0;
@@ -1183,6 +1249,8 @@ static void on_exec(struct tracer *t, struct proc *leader)
     if (leader->in_call && leader->pend->ev.h.kind == CAPER_EV_EXEC) {
         int interpreted = take_executed_argv(t, leader, leader->pend);
         take_executed_program(leader, leader->pend, interpreted);
+        if (git_env(leader->tid))
+            leader->pend->ev.h.info |= CAPER_INFO_GIT_ENV;
     }
 }
 

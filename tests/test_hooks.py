@@ -256,3 +256,48 @@ def test_a_hook_that_cannot_start_blocks(tmp_path):
                                                                 str(tmp_path / "gone"))
     p = subprocess.run(["bash", "-c", command], input=b"{}", capture_output=True)
     assert p.returncode == 2
+
+
+HOST_SIDE = ["PYTHONPATH=. caper commit 0123456789abcdef",
+             "env PYTHONPATH=. caper commit 0123456789abcdef",
+             "PYTHONSTARTUP=./x.py LD_PRELOAD=./x.so caper recover",
+             "PYTHONPATH=. python3 -m caper discard 0123456789abcdef",
+             "./caper recover", "caper serve"]
+
+
+def test_host_side_caper_commands_the_agent_writes_run_only_in_the_sandbox(project, tmp_path):
+    """A caper command the agent writes with variables before it (PYTHONPATH=.
+    would import a caper/ the workspace holds), or by another path, or one
+    that is not `caper commit <id>`, is never handed back as it was: it runs
+    in caper's sandbox, where caper's state is not even visible. Only
+    `caper commit <id>` leaves the sandbox, as caper's own canonical command
+    and only through the human's prompt."""
+    state = str(tmp_path / "state")
+    os.makedirs(state, mode=0o700)
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+    head = hooks.caper_command()
+    for command in HOST_SIDE:
+        hook = hook_input("claude-code", command, project, tmp_path / "none")
+        out = json.loads(hooks.answer(hooks.AGENTS["claude-code"], hook, env, state))
+        given = out["hookSpecificOutput"]["updatedInput"]["command"]
+        argv = shlex.split(given)
+        assert argv[:len(head) + 1] == head + ["run"] and argv[-2:] == ["-c", command], command
+    # `caper commit <id>` by another path: caper's own commit is what would be
+    # asked for; here there is no such held run, so nothing runs at all
+    hook = hook_input("claude-code", "/tmp/elsewhere/caper commit 0123456789abcdef", project,
+                      tmp_path / "none")
+    out = json.loads(hooks.answer(hooks.AGENTS["claude-code"], hook, env, state))
+    assert out["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "no held run" in out["hookSpecificOutput"]["permissionDecisionReason"]
+    assert "updatedInput" not in out["hookSpecificOutput"]
+    # Codex: the hook's own wrapped command with a variable before it is another
+    # command, wrapped again (its -c is the whole sneaky text)
+    from caper.front.tasks import new_call
+    call = new_call(state, "sess-1", "make", TASK, "transcript")
+    wrapped = hooks.wrap("make", "sess-1", call)
+    for sneaky in ("PYTHONPATH=. " + wrapped, "env PYTHONPATH=. " + wrapped):
+        hook = hook_input("codex", sneaky, project, tmp_path / "none")
+        out = json.loads(hooks.answer(hooks.AGENTS["codex"], hook, env, state))
+        assert out["hookSpecificOutput"]["permissionDecision"] == "deny", sneaky
+        again = shlex.split(out["hookSpecificOutput"]["permissionDecisionReason"].split("\n")[-1])
+        assert again[:len(head) + 1] == head + ["run"] and again[-2:] == ["-c", sneaky]

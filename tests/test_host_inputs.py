@@ -91,26 +91,33 @@ def test_a_caper_package_in_the_workspace_is_not_imported(tmp_path):
     assert bare.stdout.strip() == "{}" and marker.exists()    # the attack, without -P
 
 
-@pytest.mark.parametrize("path_entry", ["", "."])
+@pytest.mark.parametrize("path_entry", ["", ".", "{ws}/.venv/bin"])
 @pytest.mark.parametrize("gated", [False, True])
 def test_a_git_in_the_workspace_is_not_run(tmp_path, path_entry, gated):
-    """PATH holds an empty or "." entry and the workspace has an executable
-    ./git: caper's report step runs the real git, by absolute path, and the
-    report still knows tracked from untracked."""
+    """PATH holds an empty or "." entry, or a directory of the workspace (an
+    activated .venv), and the workspace has an executable git there: caper's
+    report step runs the real git, by absolute path, and the report still
+    knows tracked from untracked and the keys a run set in .git/config (until
+    round 3 the config parser, `git config --file -`, ran the .venv's git)."""
     ws = git_project(tmp_path / "ws", {"tracked.txt": "t\n"})
     marker = tmp_path / "ran"
-    (ws / "git").write_text(f"#!/bin/sh\necho ran > {marker}\nexit 0\n")
-    (ws / "git").chmod(0o755)
-    env = base_env(tmp_path, PATH=f"{path_entry}:{os.environ['PATH']}")
+    for planted in (ws / "git", ws / ".venv" / "bin" / "git"):
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        planted.write_text(f"#!/bin/sh\necho ran > {marker}\nexit 0\n")
+        planted.chmod(0o755)
+    env = base_env(tmp_path, PATH=f"{path_entry.format(ws=ws)}:{os.environ['PATH']}")
     if gated:
         env.pop("CAPER_NO_GATE")
     try:
-        p = cli("run", "--json", "--approver", "block", "-c", "echo x >> tracked.txt",
+        p = cli("run", "--json", "--approver", "block", "-c",
+                "echo x >> tracked.txt; printf '[user]\\n\\tname = x\\n' >> .git/config",
                 cwd=ws, env=env)
         doc = json.loads(p.stdout)
         [change] = [c for c in doc["report"]["changes"] if c["path"] == "tracked.txt"]
         assert change["where"] == "tracked" and not marker.exists(), p.stderr
         assert "git-status-unknown" not in doc["report"].get("uncertain", [])
+        [config] = [c for c in doc["report"]["changes"] if c["path"] == ".git/config"]
+        assert config["keys"] == ["user.name=x"], config
     finally:
         subprocess.run([sys.executable, "-c", "import sys, signal, os; "
                         "[os.kill(int(l.split()[3]), signal.SIGTERM) for l in "

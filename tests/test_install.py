@@ -67,6 +67,35 @@ def test_the_wheel_holds_every_package_and_the_native_core(venv):
     assert p.returncode == 0 and p.stdout.startswith("caper 0.")
 
 
+PLANTS = {"caper/__init__.py": "open('PLANTED', 'w').write('caper')\n",
+          "sitecustomize.py": "open('PLANTED', 'w').write('sitecustomize')\n",
+          "startup.py": "open('PLANTED', 'w').write('startup')\n"}
+
+
+@pytest.mark.slow
+def test_the_caper_command_imports_nothing_from_the_workspace(venv, tmp_path):
+    """A caper/ package or sitecustomize.py a run left in the workspace is not
+    imported by the installed `caper` command, whatever the user's shell sets
+    (PYTHONPATH=., PYTHONSTARTUP, PYTHONSAFEPATH unset); through a symlink to
+    it (pipx, ~/bin) too. Until round 3 pip's generated console script started
+    Python without -E: `PYTHONPATH=. caper commit ID` in the workspace ran the
+    planted package on the host."""
+    ws = tmp_path / "ws"
+    for name, text in PLANTS.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    link = tmp_path / "bin" / "caper"
+    link.parent.mkdir()
+    link.symlink_to(venv / "bin" / "caper")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CAPER_NO_GATE": "1",
+           "PYTHONPATH": ".", "PYTHONSTARTUP": str(ws / "startup.py"), "PYTHONINSPECT": ""}
+    for command in (venv / "bin" / "caper", link):
+        p = subprocess.run([str(command), "--version"], env=env, cwd=ws, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.startswith("caper 0."), p.stderr
+        assert not (ws / "PLANTED").exists(), (ws / "PLANTED").read_text()
+
+
 @pytest.mark.slow
 def test_a_hook_given_bad_input_denies_cleanly(venv):
     p = _caper(venv, "hook", "claude-code", stdin="{not json")

@@ -1312,3 +1312,98 @@ def test_the_program_an_exec_ran_is_the_one_the_report_names(tmp_path, cfixture)
     assert not any(e.path == "/usr/bin/true" and e.info & Info.ARGV_CHANGED for e in execs)
     changed = [e for e in execs if e.info & Info.ARGV_CHANGED]
     assert changed and all(e.path == real for e in changed), [(e.path, e.info) for e in execs]
+
+
+# Each lock call a command may make on the file argv[1]: "TAG.name=RESULT" lines.
+LOCKS = ("import errno, fcntl, os, struct, sys\n"
+         "def tryit(name, call):\n"
+         "    try:\n"
+         "        call(); print(f'{sys.argv[2]}.{name}=OK')\n"
+         "    except OSError as e:\n"
+         "        print(f'{sys.argv[2]}.{name}={errno.errorcode[e.errno]}')\n"
+         "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+         "rd = struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0)\n"
+         "tryit('flock', lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))\n"
+         "tryit('setlk', lambda: fcntl.fcntl(fd, fcntl.F_SETLK, rd))\n"
+         "tryit('ofd_setlk', lambda: fcntl.fcntl(fd, 37, rd))\n"
+         "tryit('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, rd))\n"
+         "if sys.argv[2] == 'host':\n"
+         "    tryit('lease', lambda: fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK))\n"
+         "tryit('unlock', lambda: fcntl.flock(fd, fcntl.LOCK_UN))\n")
+
+
+@pytest.fixture
+def read_only_mount():
+    """A read-only tmpfs of the host's holding a file `lock` (root only); the
+    sandbox sees it through a read-only bind: the host's inode."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only filesystem needs root")
+    point = Path(tempfile.mkdtemp(prefix="caper-rolock-"))
+    point.chmod(0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(point)],
+                   check=True)
+    try:
+        (point / "lock").write_text("x\n")
+        (point / "lock").chmod(0o644)
+        subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True)
+        yield point
+    finally:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+        point.rmdir()
+
+
+def _locks(ws: Path, state: Path, target: str, rootless: bool) -> tuple[dict, list]:
+    """The lock calls on target and on a file of the workspace (the
+    overlay's), in one real run: their results and the refused calls."""
+    import json
+    (ws / "locks.py").write_text(LOCKS)
+    command = f"python3 locks.py {target} host; python3 locks.py locks.py own"
+    if rootless:
+        out = run_as_nobody(ws, command, "policy", state)
+        text, refused = out["stdout"], json.loads(out["report"])["processes"]["refused"]
+        reason = out["reason"]
+    else:
+        from caper.transaction import run
+        o = run(command, cwd=str(ws), workspace=str(ws), approver="policy",
+                state_dir=str(state), env={**os.environ, "HOME": str(state)})
+        text = o.stdout.text().decode()
+        refused = [r.model_dump() for r in o.report.processes.refused]
+        reason = o.reason
+    assert "flock (host_lock), which caper refused" in reason, reason
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line), refused
+
+
+@pytest.mark.parametrize("rootless", [False, True])
+def test_a_lock_on_a_host_inode_is_refused_and_reported(read_only_mount, tmp_path, rootless):
+    """Locks belong to the inode: through a read-only bind of a host mount a
+    sandboxed flock/fcntl lock was the host's (until round 3: EAGAIN against
+    the lock the host holds here; held by the command, it would stop host
+    processes and other runs that lock the file). Now ENOLCK, reported as
+    refused (host_lock), and the run unsure; so is a lease, and so on a device
+    node bound from the host's /dev. A file of the overlay, the sandbox's own inode, locks as
+    before; F_GETLK and unlocking pass."""
+    import fcntl
+    lock = read_only_mount / "lock"
+    holder = os.open(lock, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)       # the host's own lock
+    base = Path(tempfile.mkdtemp(prefix="caper-rolock-ws-"))
+    try:
+        if rootless:
+            need_rootless_venv()
+        base.chmod(0o755)
+        for target in (str(lock), "/dev/null"):
+            ws, state = base / f"ws{len(target)}", base / f"state{len(target)}"
+            for p in (ws, state):
+                p.mkdir()
+                os.chown(p, NOBODY, NOBODY) if rootless else None
+            got, refused = _locks(ws, state, target, rootless)
+            assert got == {"host.flock": "ENOLCK", "host.setlk": "ENOLCK",
+                           "host.ofd_setlk": "ENOLCK", "host.getlk": "OK", "host.lease": "ENOLCK",
+                           "host.unlock": "OK",
+                           "own.flock": "OK", "own.setlk": "OK", "own.ofd_setlk": "OK",
+                           "own.getlk": "OK", "own.unlock": "OK"}, (target, got)
+            assert {(r["syscall"], r["reason"]) for r in refused} == {
+                ("flock", "host_lock"), ("fcntl", "host_lock")}, refused
+    finally:
+        os.close(holder)
+        shutil.rmtree(base, ignore_errors=True)

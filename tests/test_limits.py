@@ -457,6 +457,60 @@ def test_setuid_and_setgid_files_are_shown_and_blocked(ws, tmp_path):
     assert not (ws / "tool").stat().st_mode & 0o4000
 
 
+# Entries every user may write: a world-writable directory without the
+# sticky bit (anyone may also delete or replace what it holds), a file made
+# 0666 by install -m or under umask 0. A sticky 1777 directory (/tmp's mode)
+# is flagged too: anyone may still plant entries in it.
+WORLD_WRITABLE = ("mkdir -m 777 shared && install -m 666 /dev/null f && (umask 0; touch g) && "
+                  "mkdir -m 1777 drop && mkdir -m 755 fine && touch fine/ok && ln -s f link")
+WORLD_WRITTEN = {"shared", "f", "g", "drop"}
+
+
+def _world_writable(outcome) -> set:
+    return {c.path for c in outcome.report.changes if "write for every user" in (c.detail or "")}
+
+
+def test_world_writable_new_entries_are_shown_and_blocked(ws, tmp_path):
+    """Until round 3 `mkdir -m 777 shared` and `install -m 666` were committed
+    without a word: another user of the machine could then rewrite them."""
+    state = str(tmp_path / "state")
+    outcome = run(WORLD_WRITABLE, cwd=str(ws), approver="policy", state_dir=state)
+    assert outcome.exit_code == 0, outcome.stderr.text()
+    assert _world_writable(outcome) == WORLD_WRITTEN
+    assert "write for every user (mode 0777)" in outcome.report.card()
+    assert not outcome.committed and "permissions for other users" in outcome.reason
+    assert os.listdir(ws) == []
+    # asked for, and declared by the command: the human (or LLM) decides
+    outcome = run("mkdir -m 777 shared", cwd=str(ws), approver="policy", state_dir=state,
+                  task="make a shared directory writable for everyone: fix its permissions")
+    assert not outcome.committed and "shared" in outcome.reason
+    # an entry made 0755 / 0644 is no widening: ordinary work commits
+    outcome = run("mkdir -m 755 fine && touch fine/ok", cwd=str(ws), approver="policy",
+                  state_dir=state)
+    assert outcome.committed, outcome.reason
+
+
+WIDENED = "echo more >> tool && chmod 666 tool && chmod 777 dir"
+
+
+def _widened(root: Path) -> None:
+    (root / "tool").write_text("x\n")
+    (root / "tool").chmod(0o644)
+    (root / "dir").mkdir()
+    (root / "dir").chmod(0o755)
+
+
+def test_a_file_written_and_made_world_writable_is_judged(ws, tmp_path):
+    """A content change and a chmod in one run: until round 3 the change was
+    `modified` with no detail, the widened mode unseen, and committed."""
+    _widened(ws)
+    outcome = run(WIDENED, cwd=str(ws), approver="policy", state_dir=str(tmp_path / "state"))
+    details = {c.path: c.detail for c in outcome.report.changes}
+    assert details["tool"] == "mode 0644->0666" and details["dir"] == "mode 0755->0777", details
+    assert not outcome.committed and "0644 -> 0666" in outcome.reason, outcome.reason
+    assert (ws / "tool").stat().st_mode & 0o777 == 0o644
+
+
 @needs_root
 def test_file_capabilities_are_shown_and_blocked(ws, tmp_path):
     import shutil
@@ -533,3 +587,42 @@ def test_setuid_in_a_btrfs_workspace_is_shown_and_blocked(btrfs_ws):
     outcome = run(PRIVILEGED, cwd=str(btrfs_ws), approver="policy", state_dir=state)
     assert _privileged(outcome) == {"u": ["setuid"], "g": ["setgid"]}
     assert not outcome.committed and os.listdir(btrfs_ws) == []
+
+
+def test_world_writable_new_entries_in_a_btrfs_workspace_are_shown_and_blocked(btrfs_ws):
+    state = str(btrfs_ws.parent / "state")
+    outcome = run(WORLD_WRITABLE, cwd=str(btrfs_ws), approver="policy", state_dir=state)
+    assert _world_writable(outcome) == WORLD_WRITTEN
+    assert not outcome.committed and os.listdir(btrfs_ws) == []
+
+
+def test_world_writable_new_entries_are_shown_and_blocked_rootless():
+    import shutil
+    import tempfile
+    need_rootless_venv()
+    base = tempfile.mkdtemp(prefix="caper-limits-")    # pytest's tmp_path is root's only
+    try:
+        os.chmod(base, 0o755)
+        ws, state = Path(base, "ws"), Path(base, "state")
+        for p in (ws, state):
+            p.mkdir()
+            os.chown(p, NOBODY, NOBODY)
+        out = run_as_nobody(ws, WORLD_WRITABLE, "policy", state)
+        assert not out["committed"] and "write for every user" in out["reason"], out
+        assert os.listdir(ws) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_file_written_and_made_world_writable_in_a_btrfs_workspace_is_judged(btrfs_ws):
+    state = str(btrfs_ws.parent / "state")
+    _widened(btrfs_ws)
+    try:
+        outcome = run(WIDENED, cwd=str(btrfs_ws), approver="policy", state_dir=state)
+        details = {c.path: c.detail for c in outcome.report.changes}
+        assert details["tool"] == "mode 0644->0666" and details["dir"] == "mode 0755->0777", \
+            details
+        assert not outcome.committed and (btrfs_ws / "tool").stat().st_mode & 0o777 == 0o644
+    finally:
+        (btrfs_ws / "tool").unlink()
+        (btrfs_ws / "dir").rmdir()

@@ -329,6 +329,23 @@ def grants(xattrs: dict[str, bytes]) -> list[str]:
     return out
 
 
+def everyone_writes(st: os.stat_result) -> list[str]:
+    """A mode that lets every user of the machine write the entry: a file or
+    directory with o+w (a sticky directory too: anyone may still plant
+    entries in it). Symlinks' modes mean nothing."""
+    if stat.S_ISLNK(st.st_mode) or not st.st_mode & stat.S_IWOTH:
+        return []
+    return [f"write for every user (mode {stat.S_IMODE(st.st_mode):04o})"]
+
+
+def new_grants(path_or_fd, st: os.stat_result) -> str:
+    """A new entry's detail: what it grants other users and what runs it,
+    its ACL entries and security.* xattrs (`grants`) and a mode everyone may
+    write through; empty when nothing."""
+    given = grants(managed_xattrs(path_or_fd)) + everyone_writes(st)
+    return "grants " + ", ".join(given) if given else ""
+
+
 def meta_diff(old: dict, new: dict) -> list[str]:
     out = []
     if old["mode"] != new["mode"]:

@@ -14,9 +14,9 @@ from typing import Iterable, Sequence
 from caper.changes import CREATED, DELETED, META, MODIFIED, REPLACED, Change, Layer, file_type
 from caper.commit.ctimes import changed_since
 from caper.commit.fsops import (
-    MAX_TREE_DEPTH, DirFds, depth_ok, fs_error, grants, is_whiteout, lstat, managed_xattrs,
-    meta_diff, meta_of, mount_points, obj_fd, open_root, overlay_xattrs, privileges, proc_path, same_data,
-    scandir,
+    MAX_TREE_DEPTH, DirFds, depth_ok, fs_error, is_whiteout, lstat,
+    meta_diff, meta_of, mount_points, new_grants, obj_fd, open_root, overlay_xattrs, privileges,
+    proc_path, same_data, scandir,
 )
 from caper.errors import CommitError
 from caper.fs import mountinfo
@@ -461,17 +461,16 @@ class _UpperWalk:
         return privileges_of(lp.up, u, ust)
 
     def _link_detail(self, lp: LayerPlan, u: tuple, ust: os.stat_result) -> str:
-        """A new entry's detail: a symlink's target; what its ACLs and
-        security.* xattrs grant, which commit carries over with it."""
+        """A new entry's detail: a symlink's target; what its ACLs,
+        security.* xattrs and mode grant, which commit carries over with it."""
         if stat.S_ISLNK(ust.st_mode):
             return "-> " + os.readlink(u[-1], dir_fd=lp.up.fd(u[:-1]))
         fd = obj_fd(lp.up.fd(u[:-1]), u[-1]) if u else None
         try:
-            given = grants(managed_xattrs(proc_path(fd) if fd is not None else lp.up.path(u)))
+            return new_grants(proc_path(fd) if fd is not None else lp.up.path(u), ust)
         finally:
             if fd is not None:
                 os.close(fd)
-        return "grants " + ", ".join(given) if given else ""
 
     def _unit(self, lp, op, u, hrel, name, hst, ust=None, tree=None) -> Unit:
         unit = Unit(op, lp.index, hrel, name, u, None if hst is None else hst.st_ino, tree)
@@ -659,9 +658,9 @@ class _UpperWalk:
         finally:
             os.close(uo)
             os.close(ho)
-        if not same_content:
-            return MODIFIED, "", old_m, new_m
         details = meta_diff(old_m, new_m)
+        if not same_content:     # and what a chmod in the same run changed, judged as a meta's
+            return MODIFIED, "; ".join(details), old_m, new_m
         if ust.st_mtime_ns != hst.st_mtime_ns:
             details.append("mtime")
         if not details and ust.st_nlink == 1:

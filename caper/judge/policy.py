@@ -155,7 +155,7 @@ def configured_hook_dirs(workspace: str, home: str | None) -> tuple[str, ...]:
     out = []
     for cfg, base in ((os.path.join(workspace, ".git", "config"), workspace),
                       (os.path.join(home, ".gitconfig") if home else "", home or "")):
-        for v in _git_config_values(cfg, "core.hookspath", *_stamp(cfg)):
+        for v in _git_config_values(cfg, "core.hookspath", workspace, *_stamp(cfg)):
             v = home.rstrip("/") + v[1:] if v.startswith("~/") and home else v
             out.append(os.path.normpath(os.path.join(base, v)))
     return tuple(dict.fromkeys(out))
@@ -170,9 +170,10 @@ def _stamp(path: str) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _git_config_values(path: str, key: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+def _git_config_values(path: str, key: str, workspace: str, mtime_ns: int,
+                       size: int) -> tuple[str, ...]:
     """A config file's values of key, read again only when the file changed."""
-    return tuple(configkeys.git_values(path, key)) if path and size >= 0 else ()
+    return tuple(configkeys.git_values(path, key, workspace)) if path and size >= 0 else ()
 
 
 def _own_config_globs(own_config: str, xdg_config: str, persistence: list[str]) -> list[str]:
@@ -532,7 +533,7 @@ class _Judge:
             # A hard link is one file under two names: a write through the
             # project's name is a write of the other, as through a symlink.
             self.link(path, full, self.absolute(other))
-        if op == "meta" and c.detail:
+        if op in ("meta", "modified") and c.detail:
             self.mode(path, full, c.detail, where)
             self.owner(path, full, c.detail)
         if c.tables:

@@ -43,8 +43,9 @@ from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, Run
 from caper.sandbox.netdns import DnsQuery
 from caper.sandbox.netproxy import NetRecord, ProxyRequest
 from caper.fs.mountinfo import below
+from caper.report import stores
 from caper.report.secrets import Protected, Redactor
-from caper.report.workspace import GIT_ROUTINE, PathView, history_values
+from caper.report.workspace import GIT_ROUTINE, TEMP_DIRS, PathView, history_values
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
@@ -583,6 +584,8 @@ class _Analysis:
         self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
         self.git_named: dict[str, str] = {}                 # credential a git command named -> kind
+        self.git_config_reads: set[str] = set()             # token-holding configs git read for itself
+        self.git_env: set[int] = set()                      # execs whose environment configures git
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -612,6 +615,8 @@ class _Analysis:
             p.ppid, p.start_seq, p.shares_vm = e.ppid or None, e.seq, bool(e.arg0 & _CLONE_VM)
         elif k == Kind.EXEC and e.ok:
             p.execs.append((e.seq, e.path or "", e.argv or []))
+            if e.info & Info.GIT_ENV:
+                self.git_env.add(e.seq)
             # git reads a tracked (or once tracked) credential from its object
             # store, which no credential pattern covers: naming one is reading it.
             if os.path.basename(e.path or "") == "git":
@@ -629,6 +634,9 @@ class _Analysis:
                 self.writers[e.path] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
                 cred = self.credential(facts.protected, e.real, e.path)
+                if cred and cred[1] == stores.GIT_CONFIG and self._gits_own(e, facts.workspace):
+                    self.git_config_reads.add(cred[0])   # its values are still found in output
+                    cred = None
                 if cred:
                     self.protected.append((e, cred[1], cred[0]))
                 if e.ok and (cred or view.inside(e.path)):
@@ -683,6 +691,37 @@ class _Analysis:
     def credential(self, protected: Protected, *names: str | None) -> tuple[str, str] | None:
         return self.aliases.credential(protected.kind, *names)
 
+    def _gits_own(self, e: Event, workspace: str) -> bool:
+        """The open is an installed git reading its configuration for itself,
+        as every git command does: the process is git (or its HTTP transport),
+        not one in the workspace, a temp dir or a file the run wrote; it opens
+        the file by its own name (`config`, `.gitconfig`: not a link to it
+        given for data); nothing configures it past what the files say (no
+        `-c`, `--config-env`, no GIT_CONFIG_*, GIT_DIR in its environment:
+        `commit.template=.git/config` reads the config as data); its
+        subcommand prints no configuration (`config`, `remote`, `ls-remote`,
+        `credential`, `var`, an alias ... do) nor reads files it is pointed
+        at (`hash-object`, `--no-index`), and no argument names a config file
+        (`git commit -F .git/config`)."""
+        at = self._exec_at(e.pid, e.seq)
+        if at is None or at[0] in self.git_env or \
+                os.path.basename(e.path) not in ("config", ".gitconfig"):
+            return False
+        _, path, argv = at
+        name = os.path.basename(path)
+        if not os.path.isabs(path) or path in self.writers or any(
+                below(x, d) for x in {path, os.path.realpath(path)}
+                for d in (workspace, *TEMP_DIRS)):
+            return False
+        if name in _GIT_TRANSPORTS:
+            return True
+        at = _git_subcommand(argv)
+        if name != "git" or at is None or argv[at] not in _GIT_QUIET or any(
+                os.path.basename(w).endswith("config") or w == "--no-index" for w in argv[1:]):
+            return False
+        return not any(w in ("-c", "--config-env") or w.startswith("--config-env=")
+                       for w in argv[1:at])
+
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else the nearest
         directory above it (a directory built elsewhere and renamed into place)."""
@@ -695,13 +734,18 @@ class _Analysis:
     def exe(self, pid: int, seq: int) -> tuple[str, list[str]] | None:
         """The program pid was running at seq (inherited from its parent if it
         had not exec'd yet)."""
+        at = self._exec_at(pid, seq)
+        return (at[1], at[2]) if at else None
+
+    def _exec_at(self, pid: int, seq: int) -> tuple[int, str, list[str]] | None:
+        """(seq, path, argv) of the exec whose image pid was running at seq."""
         seen = set()
         while pid in self.procs and pid not in seen:
             seen.add(pid)
             p = self.procs[pid]
             for s, path, argv in reversed(p.execs):
                 if s < seq:
-                    return path, argv
+                    return s, path, argv
             if p.ppid is None:
                 return None
             pid, seq = p.ppid, p.start_seq
@@ -811,6 +855,40 @@ def _full_changes(d: "_Draft") -> list[FileChange]:
 _VIA = {"open": "as", "link": "linked as", "rename": "renamed to"}
 
 
+# git subcommands that read the configuration but print none of it (fetch,
+# clone and push print remote URLs without their credentials).
+_GIT_QUIET = frozenset("""
+    add am apply archive bisect blame branch bundle cat-file check-attr check-ignore checkout
+    cherry cherry-pick clean clone commit commit-tree count-objects describe diff diff-files
+    diff-index diff-tree fetch fetch-pack for-each-ref format-patch fsck gc grep index-pack
+    init log ls-files ls-tree maintenance merge merge-base mktree mv name-rev notes
+    pack-objects prune pull push range-diff read-tree rebase receive-pack reflog repack replace
+    reset restore rev-list rev-parse revert rm send-pack shortlog show show-branch show-ref
+    sparse-checkout stash status submodule switch symbolic-ref tag unpack-objects update-index
+    update-ref upload-pack verify-commit verify-pack verify-tag whatchanged worktree write-tree
+    """.split())
+_GIT_TRANSPORTS = frozenset({"git-remote-http", "git-remote-https", "git-remote-ftp",
+                             "git-remote-ftps"})
+# git's options that take the next word as their value.
+_GIT_VALUED = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path",
+                         "--config-env", "--super-prefix", "--list-cmds", "--attr-source"})
+
+
+def _git_subcommand(argv: list[str]) -> int | None:
+    """Where the subcommand of a git command line is: the first word after
+    git's own options (`git -C d -c k=v --no-pager status` is status)."""
+    i = 1
+    while i < len(argv):
+        w = argv[i]
+        if w in _GIT_VALUED:
+            i += 2
+        elif w.startswith("-"):
+            i += 1
+        else:
+            return i
+    return None
+
+
 def _git_named(argv: list[str], workspace: str, protected: Protected) -> list[tuple[str, str]]:
     """(path, kind) of each credential location a git command line names:
     a word, or the path of a `REV:PATH` word, taken below the workspace."""
@@ -852,7 +930,9 @@ def _draft(facts: RunFacts) -> _Draft:
     # by its name or by what the run's links and renames made it: reporting
     # the change reads the host's version even if the run never did.
     for e, kind, cred in an.protected:
-        redactor.add_values(facts.tree.credential_values(cred), kind)
+        redactor.add_values(facts.tree.credential_values(cred, kind), kind)
+    for cred in an.git_config_reads:   # git's own read: a value in the output is still a read
+        redactor.add_values(facts.tree.credential_values(cred, stores.GIT_CONFIG), stores.GIT_CONFIG)
     for cred, kind in an.git_named.items():   # and every version the repository keeps
         redactor.add_values(history_values(facts.workspace, os.path.relpath(cred, facts.workspace)),
                             kind)
@@ -863,11 +943,12 @@ def _draft(facts: RunFacts) -> _Draft:
         if cred:
             credentials.add(c.path)
             for p in {c.path, cred[0]}:
-                redactor.add_values(loc.credential_values(p), cred[1])
+                redactor.add_values(loc.credential_values(p, cred[1]), cred[1])
 
     view.learn([(c.path, c.ftype == "dir") for c in facts.changes])
     included = configkeys.git_included(
-        os.path.join(facts.workspace, ".git") if view.is_git else None, facts.home)
+        os.path.join(facts.workspace, ".git") if view.is_git else None, facts.home,
+        facts.workspace)
     uncertain: dict[str, int] = dict(an.uncertain)
     if facts.result.stats.shm_bytes:
         uncertain[SHM_DISCARDED] = facts.result.stats.shm_bytes
@@ -951,7 +1032,7 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
                                     rows_lost=t.lost, rows_changed=t.changed)
                          for t in d.tables]
-        fc.keys = _config_keys(fc, loc)
+        fc.keys = _config_keys(fc, loc, facts.workspace)
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
@@ -963,7 +1044,7 @@ def _draft(facts: RunFacts) -> _Draft:
             kind = "copied:" + sorted(secrets[name])[0]
             an.protected.append((e, kind, name))
             an.procs[e.pid].reads.append((e.seq, name))
-            redactor.add_values(loc.credential_values(name), kind)
+            redactor.add_values(loc.credential_values(name, kind), kind)
 
     protected_reads = []
     for e, kind, cred in an.protected:
@@ -1024,7 +1105,7 @@ def _git_shown(g: GitLoss, path, clean, commits: int) -> GitLoss:
         "index_unreadable": clean(g.index_unreadable) if g.index_unreadable else None})
 
 
-def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
+def _config_keys(fc: FileChange, loc: RunTree, workspace: str) -> list[str] | None:
     """The keys a changed config file of a known format gained (configkeys)."""
     fmt = "git" if fc.git_config else configkeys.format_of(fc.path)
     if fmt is None or fc.type != "file" or fc.op in ("deleted", "meta"):
@@ -1037,7 +1118,7 @@ def _config_keys(fc: FileChange, loc: RunTree) -> list[str] | None:
     if fc.op != "created":
         b = read_blob("/", (fc.renamed_from or fc.path).lstrip("/"), MAX_DIFF_BYTES)
         old = b.data if b is not None and b.complete else None
-    return configkeys.changed_keys(fmt, old, new.data)
+    return configkeys.changed_keys(fmt, old, new.data, workspace)
 
 
 def _namers(d: _Draft, lim: Limits):

@@ -48,7 +48,7 @@ def format_of(path: str) -> str | None:
     return None
 
 
-def git_included(git_dir: str | None, home: str | None) -> set[str]:
+def git_included(git_dir: str | None, home: str | None, workspace: str | None) -> set[str]:
     """The files git's configuration pulls in by include.path or
     includeIf.*.path, at any depth, from the repository's .git/config and the
     user's ~/.gitconfig and ~/.config/git/config: each is git configuration,
@@ -68,7 +68,7 @@ def git_included(git_dir: str | None, home: str | None) -> set[str]:
             continue
         if b"include" not in data.lower():
             continue        # most configs include nothing: no git process for them
-        for key, value in _pairs("git", data) or ():
+        for key, value in _pairs("git", data, workspace) or ():
             if not value or not (key == "include.path" or
                                  key.startswith("includeif.") and key.endswith(".path")):
                 continue
@@ -81,11 +81,11 @@ def git_included(git_dir: str | None, home: str | None) -> set[str]:
     return seen
 
 
-def changed_keys(fmt: str, old: bytes | None, new: bytes) -> list[str] | None:
+def changed_keys(fmt: str, old: bytes | None, new: bytes, workspace: str | None) -> list[str] | None:
     """`key=value` for each pair in new that old did not have; None when new
     cannot be parsed (the policy then judges the file by its role alone)."""
-    before = _pairs(fmt, old) if old else set()
-    after = _pairs(fmt, new)
+    before = _pairs(fmt, old, workspace) if old else set()
+    after = _pairs(fmt, new, workspace)
     if after is None:
         return None
     added = sorted(after - (before or set()))
@@ -95,20 +95,25 @@ def changed_keys(fmt: str, old: bytes | None, new: bytes) -> list[str] | None:
     return out
 
 
-def _pairs(fmt: str, data: bytes) -> set[tuple[str, str]] | None:
+def _pairs(fmt: str, data: bytes, workspace: str | None) -> set[tuple[str, str]] | None:
     if len(data) > MAX_CONFIG_BYTES:
         return None
     try:
-        return {"git": _git, "npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
+        if fmt == "git":
+            return _git(data, workspace)
+        return {"npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
                 "vscode": _json, "package": _json}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 
 
-def _git(data: bytes) -> set[tuple[str, str]]:
+def _git(data: bytes, workspace: str | None) -> set[tuple[str, str]]:
     # --no-includes: the keys of this file, not of what it pulls in (include.path is a key).
-    path = safe_path(os.environ.get("PATH"))
-    git = find_program("git", path)
+    # git by absolute path from a PATH without the workspace (an activated
+    # .venv/bin there may hold a `git` an earlier run committed).
+    avoid = (workspace,) if workspace else ()
+    path = safe_path(os.environ.get("PATH"), avoid=avoid)
+    git = find_program("git", path, avoid=avoid)
     if git is None:
         raise OSError(f"git not found in {path}")
     p = subprocess.run([git, "config", "--file", "-", "--list", "-z", "--no-includes"],
@@ -197,7 +202,7 @@ def _yaml(data: bytes) -> set[tuple[str, str]]:
     return out
 
 
-def git_values(path: str, key: str) -> list[str]:
+def git_values(path: str, key: str, workspace: str | None) -> list[str]:
     """The values of key (lowercase, dotted) in the git config file at path;
     none when it is missing, too big or does not parse."""
     try:
@@ -205,5 +210,5 @@ def git_values(path: str, key: str) -> list[str]:
             data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError:
         return []
-    pairs = _pairs("git", data) or set()
+    pairs = _pairs("git", data, workspace) or set()
     return sorted(v for k, v in pairs if k == key)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from caper.fs.mountinfo import below
 from caper.report.secrets import MAX_SECRET_FILE, Redactor, holds_no_secret, key_of, values_in
+from caper.report.stores import BY_CONTENT, secret_values
 from caper.fs.syscalls import open_regular
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
@@ -59,19 +60,21 @@ class RunTree:
                 return root, os.path.relpath(path, prefix) if path != prefix else "."
         return None
 
-    def credential_values(self, path: str) -> list[str]:
+    def credential_values(self, path: str, kind: str) -> list[str]:
         """Secret values of the credential file at path: those of its run
         version and of the host's (a run that overwrote or deleted it without
         reading it still makes caper read the host's to report the change),
         each opened without following any symlink (path comes from the
         command: what it names must not be looked up in caper's own view of
-        the filesystem)."""
+        the filesystem). A store known by its content (caper.report.stores)
+        gives only its secrets, not every value of its settings."""
         where = self.locate(path)
         found: list[str] = []
         for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
             blob = read_blob(root, rel, MAX_SECRET_FILE + 1)
             if blob is not None:
-                found += values_in(blob.data)
+                found += secret_values(kind, blob.data) if kind in BY_CONTENT \
+                    else values_in(blob.data)
         return list(dict.fromkeys(found))
 
     def settings_only(self, path: str) -> bool:

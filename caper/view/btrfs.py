@@ -68,7 +68,7 @@ from typing import Iterable
 
 from caper.fs import mountinfo
 from caper.changes import Change, file_type
-from caper.commit.fsops import privileges
+from caper.commit.fsops import meta_diff, meta_of, new_grants, privileges
 from caper.errors import BtrfsConflict, BtrfsError, ForgedJournal
 from caper.commit.journal import SET_ASIDE, Journal, step
 from caper.state import KEPT_S
@@ -527,17 +527,23 @@ class BtrfsSnapshot:
             if new is not None:
                 runs = os.path.join(self.path, rel)
                 granted = privileges(runs, new) if stat.S_ISREG(new.st_mode) else ()
+                given = "" if stat.S_ISLNK(new.st_mode) else new_grants(runs, new)
             if old is None:
-                out.append(Change(p, "created", file_type(new.st_mode), privileges=granted))
+                out.append(Change(p, "created", file_type(new.st_mode), detail=given,
+                                  privileges=granted))
             elif new is None:
                 out.append(Change(p, "deleted", file_type(old.st_mode)))
                 if stat.S_ISDIR(old.st_mode):
                     held[p] = 0
             elif stat.S_IFMT(old.st_mode) != stat.S_IFMT(new.st_mode):
                 out.append(Change(p, "replaced", file_type(new.st_mode), file_type(old.st_mode),
-                                  privileges=granted))
+                                  given, privileges=granted))
             else:
-                out.append(Change(p, "modified", file_type(new.st_mode), privileges=granted))
+                # what a chmod, chown or setfacl changed, judged as the overlay's meta
+                detail = "" if stat.S_ISLNK(new.st_mode) else "; ".join(
+                    meta_diff(meta_of(p, old), meta_of(runs, new)))
+                out.append(Change(p, "modified", file_type(new.st_mode), detail=detail,
+                                  privileges=granted))
         return [replace(c, entries=held[c.path]) if c.path in held else c for c in out]
 
     def _deleted_above(self, path: str, held: dict[str, int]) -> str | None:

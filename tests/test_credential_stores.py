@@ -1,0 +1,173 @@
+"""Files that are credential stores by what they hold, not by their name
+(adversarial round 3): a token in a git remote URL (`https://user:ghp_...@`,
+`https://oauth2:glpat-...@`) or an `http.extraheader` in `.git/config`,
+`~/.gitconfig`; the file `credential.helper = store --file F` names, and
+git's XDG store; an `env` block holding API keys in Claude Code's
+`~/.claude/settings.json` or the workspace's `.claude/settings.local.json`.
+A blocked run that reads one gives back no byte of its output, as for any
+credential. git reading its own configuration, as every git command does,
+is not a credential read unless the command names the file or asks git to
+print its configuration; a value that then reaches the output is found
+there and seals it all the same. Real runs, root and rootless."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from caper.transaction import run
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.trees import git_project
+
+GH = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+GL = "glpat-" + "Zy9Xw8Vu7Ts6Rq5Po4Nm"
+BASIC = base64.b64encode(b"x-access-token:hunter2-Plain-Secret").decode()
+PLAIN = "plainServiceTokenValue-71c3"      # no token shape: found by its key
+
+
+def _repo(tmp_path: Path, url: str) -> Path:
+    ws = git_project(tmp_path / "ws", {"README": "hi\n"})
+    subprocess.run(["git", "-C", str(ws), "remote", "add", "origin", url], check=True)
+    return ws
+
+
+def _go(command: str, ws: Path, home: Path, approver: str = "block", task: str | None = None):
+    return run(command, cwd=str(ws), workspace=str(ws), approver=approver, task=task,
+               env={**os.environ, "HOME": str(home)}, state_dir=str(home.parent / "state"))
+
+
+def _sealed(out, *secrets: str) -> None:
+    """The agent's view of the run (sealed: sizes only) holds no form of the
+    secrets; the approver's full report holds none verbatim."""
+    sealed = out.report.sealed()
+    doc = sealed.to_json() + sealed.card()
+    assert not any(s in out.report.card() for s in secrets)
+    assert out.withheld and out.stdout.head == out.stdout.tail == b"", out.stdout.text()
+    for s in secrets:
+        for form in (s, base64.b64encode(s.encode()).decode()[:16], s[::-1]):
+            assert form not in doc
+
+
+@pytest.mark.parametrize("url, token", [
+    (f"https://user:{GH}@github.com/o/r.git", GH),
+    (f"https://oauth2:{GL}@gitlab.example.com/o/r.git", GL)])
+def test_a_token_in_a_remote_url_is_a_credential(tmp_path, url, token):
+    home = tmp_path / "home"
+    home.mkdir()
+    ws = _repo(tmp_path, url)
+    out = _go("base64 -w0 .git/config; rev .git/config", ws, home)
+    assert "git-config-token" in out.report.read_credentials, out.report.card()
+    _sealed(out, token)
+    # asking git to print it is reading it
+    out = _go("git remote get-url origin | base64 -w0; git config --list | rev", ws, home)
+    assert "git-config-token" in out.report.read_credentials
+    _sealed(out, token)
+    # git copying the file into its object store by name, then printing the object encoded
+    out = _go("git cat-file -p $(git hash-object -w .git/config) | base64 -w0", ws, home)
+    assert "git-config-token" in out.report.read_credentials
+    _sealed(out, token)
+
+
+def test_git_reading_its_own_configuration_is_no_credential_read(tmp_path):
+    """`git status`, `git log`, `git diff` read .git/config on every call: the
+    run is judged as any other, its output given back when blocked."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ws = _repo(tmp_path, f"https://user:{GH}@github.com/o/r.git")
+    out = _go("git status --short; git log --oneline; git diff; git branch -a", ws, home,
+              approver="policy")
+    assert out.report.read_credentials == [] and not out.withheld, out.report.card()
+    assert out.committed, out.reason
+    # the value in the output (git diff --no-index of the file) is still found
+    out = _go("git diff --no-index /dev/null .git/config", ws, home)
+    assert out.withheld and GH not in out.report.card()
+
+
+# git takes the config for a commit template; the message file goes, and
+# `fold -w1` prints the message one character a line, past any redaction.
+COMMIT = ("export GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=b GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=b; "
+          "{env} GIT_EDITOR=true git {opt} commit -q --allow-empty --allow-empty-message "
+          "--cleanup=verbatim; rm .git/COMMIT_EDITMSG; git log -1 --format=%B | fold -w1")
+
+
+@pytest.mark.parametrize("env, opt", [
+    ("", "-c commit.template=t"),
+    ("GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=commit.template GIT_CONFIG_VALUE_0=.git/config", "")])
+def test_git_told_to_read_its_configuration_as_data_reads_a_credential(tmp_path, env, opt):
+    """git configured by `-c`, or by GIT_CONFIG_* in its environment (which
+    its command line does not show: the tracer looks at the environment's
+    names at each exec), to read the config as data: that read is a
+    credential read, and the blocked run gives nothing back."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ws = _repo(tmp_path, f"https://user:{GH}@github.com/o/r.git")
+    (ws / "t").symlink_to(".git/config")
+    out = _go(COMMIT.format(env=env, opt=opt), ws, home)
+    assert "git-config-token" in out.report.read_credentials, out.report.card()
+    _sealed(out, GH)
+
+
+def test_an_extraheader_and_a_store_file_are_credentials(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    store = home / "my-creds"
+    store.write_text(f"https://user:{PLAIN}@git.example.com\n")
+    (home / ".gitconfig").write_text(
+        f'[http "https://git.example.com/"]\n\textraheader = Authorization: Basic {BASIC}\n'
+        f'[credential]\n\thelper = store --file {store}\n')
+    xdg = home / ".config" / "git"
+    xdg.mkdir(parents=True)
+    (xdg / "credentials").write_text(f"https://u:{PLAIN}x@host.example\n")
+    ws = git_project(tmp_path / "ws", {"README": "hi\n"})
+    for name, secret, kind in ((home / ".gitconfig", BASIC, "git-config-token"),
+                               (store, PLAIN, "git-credentials"),
+                               (xdg / "credentials", PLAIN + "x", "git-credentials")):
+        out = _go(f"rev {name}; base64 -w0 {name}", ws, home)
+        assert kind in out.report.read_credentials, (name, out.report.card())
+        _sealed(out, secret)
+
+
+def test_an_agents_settings_with_keys_in_env_are_credentials(tmp_path):
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".claude" / "settings.json").write_text(json.dumps(
+        {"env": {"ANTHROPIC_API_KEY": "sk-ant-" + "k" * 30}, "permissions": {"allow": []}}))
+    ws = git_project(tmp_path / "ws", {"README": "hi\n"})
+    (ws / ".claude").mkdir()
+    (ws / ".claude" / "settings.local.json").write_text(json.dumps(
+        {"env": {"MY_SERVICE_TOKEN": PLAIN, "DEBUG": "1"}}))
+    for name, secret in ((home / ".claude" / "settings.json", "sk-ant-" + "k" * 30),
+                         (ws / ".claude" / "settings.local.json", PLAIN)):
+        out = _go(f"rev {name}", ws, home)
+        assert "agent-settings-env" in out.report.read_credentials, out.report.card()
+        _sealed(out, secret)
+    # settings holding no key are no credential: a blocked run's output comes back
+    (ws / ".claude" / "settings.local.json").write_text(json.dumps({"env": {"DEBUG": "1"}}))
+    out = _go("cat .claude/settings.local.json", ws, home)
+    assert out.report.read_credentials == [] and b"DEBUG" in out.stdout.text()
+
+
+def test_a_token_in_a_remote_url_is_a_credential_rootless():
+    need_rootless_venv()
+    base = tempfile.mkdtemp(prefix="caper-stores-")
+    try:
+        os.chmod(base, 0o755)
+        ws, state = Path(base, "ws"), Path(base, "state")
+        git_project(ws, {"README": "hi\n"})
+        subprocess.run(["git", "-C", str(ws), "remote", "add", "origin",
+                        f"https://user:{GH}@github.com/o/r.git"], check=True)
+        state.mkdir()
+        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(ws), str(state)], check=True)
+        out = run_as_nobody(ws, "cat .git/config", "block", state)
+        # Sizes only: the read was recognised as a credential's (else `cat` shows it).
+        assert GH not in json.dumps(out) and "bytes omitted" in out["stdout"], out
+        out = run_as_nobody(ws, "git status --short; echo done", "block", state)
+        assert "done" in out["stdout"], out
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
