@@ -65,11 +65,11 @@ class Aliases:
     def credential(self, kind: Callable[[str], str | None],
                    *names: str | None) -> tuple[str, str] | None:
         """(path, kind) of the first of names that is a credential location,
-        by itself or by what the run's links and renames made it; None if
-        none is."""
+        by what the run's links and renames made it (the oldest name first:
+        it says where the credential came from) or by itself; None if none is."""
         seen = set()
         for name in names:
-            for p in self.names(name) if name else ():
+            for p in reversed(self.names(name)) if name else ():
                 k = None if p in seen else kind(p)
                 if k:
                     return p, k
