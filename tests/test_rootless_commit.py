@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from caper.commit.stage import journal_at
 from helpers.rootless import NOBODY, ROOTLESS_VENV, as_nobody, need_rootless_venv, source_root
 
 
@@ -157,15 +158,16 @@ def test_recover_exits_non_zero_when_it_cannot_recover_and_other_work_goes_on(pa
     touches the journal's paths is refused."""
     ws, state = pair["caper"], pair["state"]
     jdir = state / "journal"
-    jdir.mkdir()
     journal = {"version": 1, "id": "0123456789ab", "phase": "staged",
                "layers": [{"mount_point": str(ws), "upper": str(tmp_path / "gone"), "dev": 1}],
                "units": [{"op": "create", "layer": 0, "parent": [], "name": "stuck",
                           "upper": ["stuck"], "host_ino": None, "stage": ".caper-0123456789ab-0",
                           "staged_ino": 1}],
                "metas": [], "times": []}
-    (jdir / "0123456789ab.json").write_text(json.dumps(journal))
-    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(jdir)], check=True)
+    jdir.mkdir()
+    journal_at(str(state), "0123456789ab").write(journal)      # under the state's record key
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(jdir), str(state / "tasks")],
+                   check=True)
     p = as_nobody(ROOTLESS_VENV, "-m", "caper", "recover", "--state-dir", str(state),
                   cwd=source_root(), env={**_env(pair["home"]), "PYTHONPATH": str(source_root())})
     assert p.returncode == 1, p.stdout + p.stderr
