@@ -8,6 +8,11 @@ environment), so `state_dir()` accepts it only when nobody else can write
 there: the directory and each directory above it belong to the caller or to
 root and are not writable by others or another group (unless sticky, like
 /tmp), and the directory itself has no group or other access at all.
+
+Every state directory caper makes or accepts holds MARKER: a run's commit
+never changes anything at or below a directory that holds one (the same
+user's other state directories, which caper does not know of and so cannot
+hide: caper.commit.plan), and never makes one.
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ ROOT_STATE_DIR = "/var/lib/caper"   # root's default
 
 
 RECORD_KEY = os.path.join("tasks", "key")
+# In every state directory caper makes or accepts (state_dir()).
+MARKER = "CAPER-STATE"
+MARKER_TEXT = b"caper state directory: no run of caper changes what is in it\n"
 
 
 def record_key(state: str) -> bytes:
@@ -121,8 +129,26 @@ def state_dir(path: str | None = None) -> str:
                               f"{stat.S_IMODE(pst.st_mode):04o}), who could swap the state "
                               f"directory; choose one elsewhere (CAPER_STATE_DIR)", step="state")
         if parent == "/":
+            _mark(real)
             return real
         parent = os.path.dirname(parent)
+
+
+def _mark(real: str) -> None:
+    """Write MARKER into the state directory real, if it is not there."""
+    path = os.path.join(real, MARKER)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise ConfigError(f"state directory {real}: open({MARKER}): {e.strerror}", step="state",
+                          err=e.errno) from e
+    try:
+        os.write(fd, MARKER_TEXT)
+    finally:
+        os.close(fd)
 
 
 def inside(state: str, path: object) -> str:
