@@ -135,8 +135,19 @@ def state_dir(path: str | None = None) -> str:
 
 
 def _mark(real: str) -> None:
-    """Write MARKER into the state directory real, if it is not there."""
+    """Write MARKER into the state directory real, if it is not there. One
+    that holds a record key but no marker is refused, unless it is a default
+    one (hidden from every run): a run could have made it, key and records
+    MAC'd under it, for a later caper to take as its state."""
     path = os.path.join(real, MARKER)
+    if not os.path.lexists(path) and os.path.lexists(os.path.join(real, RECORD_KEY)) \
+            and real not in {os.path.realpath(d) for d in (ROOT_STATE_DIR,
+                                                            _user_state_dir(os.environ))}:
+        raise ConfigError(f"state directory {real} holds a record key ({RECORD_KEY}) but no "
+                          f"{MARKER}: caper did not make it, and a run could have planted its "
+                          f"records; choose a new directory (CAPER_STATE_DIR), or, if it is "
+                          f"the state of a caper from before the marker, add it: printf "
+                          f"'{MARKER_TEXT.decode().strip()}\\n' > {path}", step="state")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)

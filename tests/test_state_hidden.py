@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from caper.errors import ConfigError
 from helpers.btrfs import MKFS_BTRFS, why_not_btrfs
 from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 from helpers.trees import git_project, tree
@@ -159,6 +160,16 @@ def test_a_run_changes_no_other_state_directory_of_the_same_user(tmp_path):
         settle()                         # the discarded scratch is gone before the next look
         return {"committed": out.committed, "reason": out.reason}
     _other_state_dir_scenario(run, tmp_path)
+    # A state directory yet to be made, planted whole by a run (its key, records
+    # MAC'd under it) is committed (nothing marks it), but no caper takes it as its
+    # state; nor can a run mark one.
+    ws, s3 = tmp_path / "ws", tmp_path / "s3"
+    assert run(_plant(s3), ws, tmp_path / "s1")["committed"]
+    with pytest.raises(ConfigError, match="holds a record key .* but no CAPER-STATE"):
+        run("true", ws, s3)
+    assert not (s3 / "CAPER-STATE").exists() and not (s3 / "runs").exists()
+    out = run(f"rm -rf {s3}; mkdir -m 700 {s3}; echo m > {s3}/CAPER-STATE", ws, tmp_path / "s1")
+    assert not out["committed"] and "marker" in out["reason"], out
 
 
 def test_a_rootless_run_changes_no_other_state_directory_of_the_same_user():
