@@ -32,7 +32,7 @@ ROOT_STATE_DIR = "/var/lib/caper"   # root's default
 
 
 RECORD_KEY = os.path.join("tasks", "key")
-# In every state directory caper makes or accepts (state_dir()).
+# In every state directory caper makes or accepts (state_dir(), record_key()).
 MARKER = "CAPER-STATE"
 MARKER_TEXT = b"caper state directory: no run of caper changes what is in it\n"
 
@@ -45,6 +45,7 @@ def record_key(state: str) -> bytes:
     path = os.path.join(state, RECORD_KEY)
     if not os.path.lexists(path):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        _write_marker(state)      # a directory with a key is a state directory
         tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
@@ -148,13 +149,18 @@ def _mark(real: str) -> None:
                           f"records; choose a new directory (CAPER_STATE_DIR), or, if it is "
                           f"the state of a caper from before the marker, add it: printf "
                           f"'{MARKER_TEXT.decode().strip()}\\n' > {path}", step="state")
+    _write_marker(real)
+
+
+def _write_marker(state: str) -> None:
+    path = os.path.join(state, MARKER)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
     except FileExistsError:
         return
     except OSError as e:
-        raise ConfigError(f"state directory {real}: open({MARKER}): {e.strerror}", step="state",
+        raise ConfigError(f"state directory {state}: open({MARKER}): {e.strerror}", step="state",
                           err=e.errno) from e
     try:
         os.write(fd, MARKER_TEXT)
