@@ -4,6 +4,7 @@
     on_unsure = "block"          # what auto does when policy is unsure and no LLM
                                  # is configured: block | allow | ask
     keep_quota_mb = 1024         # held and kept runs, all together, at most this
+    keep_quota_inodes_pct = 10   # and at most this share of the state filesystem's inodes
 
     [report]
     # More credential locations, on top of caper/data/protected.toml.
@@ -174,6 +175,9 @@ class Config(_Strict):
     # Held runs and conflicting runs' kept versions, all together, at most
     # this size: beyond it a run is not held (or not kept), and says so.
     keep_quota_mb: float = Field(default=1024, ge=0)
+    # ... and at most this share (percent) of the state filesystem's inodes:
+    # empty files take no space but an inode each.
+    keep_quota_inodes_pct: float = Field(default=10, ge=0, le=100)
     report: ReportConfig = ReportConfig()
     policy: dict = {}
     llm: LlmConfig = LlmConfig()

@@ -8,6 +8,11 @@ environment), so `state_dir()` accepts it only when nobody else can write
 there: the directory and each directory above it belong to the caller or to
 root and are not writable by others or another group (unless sticky, like
 /tmp), and the directory itself has no group or other access at all.
+
+Every state directory caper makes or accepts holds MARKER: a run's commit
+never changes anything at or below a directory that holds one (the same
+user's other state directories, which caper does not know of and so cannot
+hide: caper.commit.plan), and never makes one.
 """
 from __future__ import annotations
 
@@ -27,6 +32,9 @@ ROOT_STATE_DIR = "/var/lib/caper"   # root's default
 
 
 RECORD_KEY = os.path.join("tasks", "key")
+# In every state directory caper makes or accepts (state_dir(), record_key()).
+MARKER = "CAPER-STATE"
+MARKER_TEXT = b"caper state directory: no run of caper changes what is in it\n"
 
 
 def record_key(state: str) -> bytes:
@@ -37,6 +45,7 @@ def record_key(state: str) -> bytes:
     path = os.path.join(state, RECORD_KEY)
     if not os.path.lexists(path):
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        _write_marker(state)      # a directory with a key is a state directory
         tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
@@ -121,8 +130,42 @@ def state_dir(path: str | None = None) -> str:
                               f"{stat.S_IMODE(pst.st_mode):04o}), who could swap the state "
                               f"directory; choose one elsewhere (CAPER_STATE_DIR)", step="state")
         if parent == "/":
+            _mark(real)
             return real
         parent = os.path.dirname(parent)
+
+
+def _mark(real: str) -> None:
+    """Write MARKER into the state directory real, if it is not there. One
+    that holds a record key but no marker is refused, unless it is a default
+    one (hidden from every run): a run could have made it, key and records
+    MAC'd under it, for a later caper to take as its state."""
+    path = os.path.join(real, MARKER)
+    if not os.path.lexists(path) and os.path.lexists(os.path.join(real, RECORD_KEY)) \
+            and real not in {os.path.realpath(d) for d in (ROOT_STATE_DIR,
+                                                            _user_state_dir(os.environ))}:
+        raise ConfigError(f"state directory {real} holds a record key ({RECORD_KEY}) but no "
+                          f"{MARKER}: caper did not make it, and a run could have planted its "
+                          f"records; choose a new directory (CAPER_STATE_DIR), or, if it is "
+                          f"the state of a caper from before the marker, add it: printf "
+                          f"'{MARKER_TEXT.decode().strip()}\\n' > {path}", step="state")
+    _write_marker(real)
+
+
+def _write_marker(state: str) -> None:
+    path = os.path.join(state, MARKER)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise ConfigError(f"state directory {state}: open({MARKER}): {e.strerror}", step="state",
+                          err=e.errno) from e
+    try:
+        os.write(fd, MARKER_TEXT)
+    finally:
+        os.close(fd)
 
 
 def inside(state: str, path: object) -> str:

@@ -312,7 +312,8 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                     decision = _not_committed(e, workspace_swapped, f"the run's version is kept "
                                               f"as the snapshot {kept} for {KEPT_S // 86400} days")
                 except CommitConflict as e:
-                    full = over_keep_quota(state_dir, snap.scratch, config.keep_quota_mb)
+                    full = over_keep_quota(state_dir, snap.scratch, config.keep_quota_mb,
+                                           config.keep_quota_inodes_pct)
                     kept = None if full else snap.scratch
                     decision = _not_committed(e, workspace_swapped, f"the run's version is not "
                                               f"kept: {full}" if full else f"the run's version "
@@ -328,8 +329,8 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                 except CommitError as e:  # undone: nothing changed
                     decision = _not_committed(e, workspace_swapped)
             held = None
-            full = decision.ask and not bsnap and over_keep_quota(state_dir, snap.scratch,
-                                                                  config.keep_quota_mb)
+            full = decision.ask and not bsnap and over_keep_quota(
+                state_dir, snap.scratch, config.keep_quota_mb, config.keep_quota_inodes_pct)
             if full:   # held runs must not starve other sessions of space
                 decision = replace(decision, decision="block", ask=False,
                                    reason=f"{decision.reason} Not held for a human: {full}.")

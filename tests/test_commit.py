@@ -503,6 +503,37 @@ def test_excluded_dir_replaced_by_file_is_refused(env):
     assert snapshot(env.host) == before
 
 
+@pytest.mark.parametrize("action, options", [
+    ("echo k > s2/tasks/key", ""),                   # CASE(*, state-dir): a write inside
+    ("chmod 711 s2", ""),                            # at the directory itself
+    ("rm -rf s2", ""),                               # CASE(whiteout, state-dir)
+    ("rm -rf w", ""),                                # a tree holding one
+    ("rm -rf s2; echo f > s2", ""),                  # replaced by a file
+    ("mv s2 s3", NATIVE),                            # CASE(moved-dir, state-dir)
+    ("mv s2 s3; mkdir -p s2/journal; echo j > s2/journal/j", NATIVE),
+    ("mkdir s4; echo x > s4/CAPER-STATE", ""),       # a new marker
+])
+def test_nothing_is_committed_into_another_caper_state_directory(tmp_path, action, options):
+    """A state directory caper does not know of (the same user's other
+    CAPER_STATE_DIR) is known on the host by its marker: a change at or
+    below it, a tree removed with it, its rename and a new marker are refused,
+    and the host is left as it was."""
+    env = Env(tmp_path)
+    env.build({"s2/CAPER-STATE": "m", "s2/tasks/key": "k0", "w/s2/CAPER-STATE": "m", "top": "t"})
+    env.run(f"{action}; echo t2 > top", options=options)
+    before = snapshot(env.host)
+    with pytest.raises(CommitError, match="state directory"):
+        env.commit()
+    assert snapshot(env.host) == before
+
+
+def test_a_change_beside_another_caper_state_directory_is_committed(env):
+    env.build({"s2/CAPER-STATE": "m", "s2/tasks/key": "k0", "top": "t"})
+    env.run("echo t2 > top; mkdir n; echo x > n/f")
+    env.commit()
+    env.check_committed()
+
+
 def test_plan_changes_is_read_only(env):
     env.build({"a": "1", "d/b": "2"})
     env.run("echo 2 > a; rm -rf d; mkdir n")

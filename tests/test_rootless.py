@@ -287,7 +287,7 @@ class Unsure:
         return Decision("unsure", "not sure", approver="test")
 
 out = run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver=Unsure(), on_unsure="ask",
-          state_dir=sys.argv[4], config=Config(keep_quota_mb=8), env=dict(os.environ))
+          state_dir=sys.argv[4], config=Config(**json.loads(sys.argv[5])), env=dict(os.environ))
 print(json.dumps({"held": out.held, "reason": out.reason}))
 """
 
@@ -308,13 +308,39 @@ def test_a_rootless_run_that_closes_what_it_wrote_is_not_held_past_the_quota(clo
     for d in (base, ws):
         os.chown(d, NOBODY, NOBODY)
     cmd = "mkdir d; head -c 16777216 /dev/urandom > d/big" + ("; chmod 000 d" if closed else "")
-    p = as_nobody(ROOTLESS_VENV, "-c", HOLD_AS_NOBODY, str(source_root()), str(ws), cmd,
-                  str(base / "state"), timeout=120, cwd="/",
-                  env={"PATH": "/usr/bin:/bin", "HOME": str(base)})
-    assert p.returncode == 0, p.stderr[-3000:]
-    out = json.loads(p.stdout)
+    out = _hold_as_nobody(ws, cmd, base / "state", {"keep_quota_mb": 8})
     assert out["held"] is None and "Not held for a human" in out["reason"], out
     assert ("cannot measure" if closed else "quota of 8 MiB") in out["reason"], out
+
+
+def _hold_as_nobody(ws: Path, cmd: str, state: Path, config: dict) -> dict:
+    """An unsure run of cmd by uid 65534 that asks for a human: held or not, and why."""
+    p = as_nobody(ROOTLESS_VENV, "-c", HOLD_AS_NOBODY, str(source_root()), str(ws), cmd,
+                  str(state), json.dumps(config), timeout=120, cwd="/",
+                  env={"PATH": "/usr/bin:/bin", "HOME": str(ws.parent)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
+
+
+def test_a_rootless_run_past_the_inode_quota_is_not_held():
+    """adv4a F5, rootless: empty files take no block but an inode each; a
+    held run counts them against keep_quota_inodes_pct (here 2,000 inodes of
+    the state filesystem) and is not held past it."""
+    need_rootless_venv()
+    base = Path(tempfile.mkdtemp(prefix="caper-rootless-inodes-"))
+    atexit.register(shutil.rmtree, base, True)
+    ws = base / "ws"
+    ws.mkdir()
+    for d in (base, ws):
+        os.chown(d, NOBODY, NOBODY)
+    pct = 100 * 2000 / os.statvfs(base).f_files
+    out = _hold_as_nobody(ws, "mkdir many; cd many; seq 3000 | xargs touch", base / "state",
+                          {"keep_quota_inodes_pct": pct})
+    assert out["held"] is None and "Not held for a human" in out["reason"], out
+    assert "quota of 2000 for them" in out["reason"] and "inodes" in out["reason"], out
+    out = _hold_as_nobody(ws, "mkdir few; cd few; seq 300 | xargs touch", base / "state",
+                          {"keep_quota_inodes_pct": pct})
+    assert out["held"], out
 
 
 def test_rootless_policy_blocks_links_into_persistence():

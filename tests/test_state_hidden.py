@@ -1,6 +1,8 @@
 """caper's state directory is invisible to the command under every path: a
 bind mount of a directory above it, a bind mount of it, one of a directory
 below it, and the caller's default state directory when the run uses another.
+A state directory caper does not know of (the same user's other one) is not
+hidden, and no run's commit changes it: it holds caper's marker.
 
 Each case runs in a private mount namespace (`unshare -m`) made for the test,
 so the bind mounts touch nothing outside it and vanish with it."""
@@ -11,11 +13,15 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from pathlib import Path
 
 import pytest
+from caper.errors import ConfigError
 from helpers.btrfs import MKFS_BTRFS, why_not_btrfs
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.trees import git_project, tree
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,3 +114,74 @@ def test_the_state_directory_is_hidden_through_a_btrfs_top_level_mounted_elsewhe
     assert out["committed"] and not out["planted"], out
     assert "caper-private-record" not in out["stdout"] and "marker" not in out["stdout"], out
     assert "Read-only file system" in out["stderr"], out
+
+
+def _plant(other: Path) -> str:
+    """A command that writes another state directory's record key and a journal."""
+    return (f"mkdir -p {other}/tasks {other}/journal; echo QQQQ > {other}/tasks/key; "
+            f"echo '{{}}' > {other}/journal/c0c0c0c0c0c0.json")
+
+
+def _other_state_dir_scenario(run, base: Path) -> None:
+    """run(command, ws, state) -> the outcome's fields. The adversarial
+    round's repro (adv4b 17): a run under s1 plants s2's key and a journal;
+    then a workspace holding the run's own state directory and another one."""
+    ws, s1, s2 = base / "ws", base / "s1", base / "s2"
+    run("true", ws, s2)                                 # s2 is a state directory
+    assert (s2 / "CAPER-STATE").is_file()
+    before = tree(s2)
+    out = run(_plant(s2) + "; echo edit > README", ws, s1)
+    assert not out["committed"] and "a caper state directory" in out["reason"], out
+    assert tree(s2) == before and (ws / "README").read_text() == "hi\n"
+    # The workspace holds the run's own state directory (hidden) and another one:
+    # a run beside them is committed, neither changes.
+    own, other = ws / ".caper-state", ws / "other-state"
+    run("true", ws, other)
+    run("true", ws, own)
+    own_before, other_before = tree(own), tree(other)
+    out = run(f"echo edit > README; echo x > {own}/planted; true", ws, own)
+    assert out["committed"], out
+    assert (ws / "README").read_text() == "edit\n" and tree(own).keys() >= own_before.keys()
+    assert not (own / "planted").exists() and tree(other) == other_before
+    out = run(f"echo again > README; rm -rf {other}", ws, own)
+    assert not out["committed"] and "a caper state directory" in out["reason"], out
+    assert tree(other) == other_before and (ws / "README").read_text() == "edit\n"
+
+
+def test_a_run_changes_no_other_state_directory_of_the_same_user(tmp_path):
+    from caper.transaction import run as caper_run
+    from caper.view.overlay import settle
+    git_project(tmp_path / "ws", {"README": "hi\n"})
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}
+
+    def run(command: str, ws: Path, state: Path) -> dict:
+        out = caper_run(command, cwd=str(ws), workspace=str(ws), approver="allow",
+                        state_dir=str(state), env=env)
+        settle()                         # the discarded scratch is gone before the next look
+        return {"committed": out.committed, "reason": out.reason}
+    _other_state_dir_scenario(run, tmp_path)
+    # A state directory yet to be made, planted whole by a run (its key, records
+    # MAC'd under it) is committed (nothing marks it), but no caper takes it as its
+    # state; nor can a run mark one.
+    ws, s3 = tmp_path / "ws", tmp_path / "s3"
+    assert run(_plant(s3), ws, tmp_path / "s1")["committed"]
+    with pytest.raises(ConfigError, match="holds a record key .* but no CAPER-STATE"):
+        run("true", ws, s3)
+    assert not (s3 / "CAPER-STATE").exists() and not (s3 / "runs").exists()
+    out = run(f"rm -rf {s3}; mkdir -m 700 {s3}; echo m > {s3}/CAPER-STATE", ws, tmp_path / "s1")
+    assert not out["committed"] and "marker" in out["reason"], out
+
+
+def test_a_rootless_run_changes_no_other_state_directory_of_the_same_user():
+    need_rootless_venv()
+    base = Path(tempfile.mkdtemp(prefix="caper-other-state-"))
+    try:
+        git_project(base / "ws", {"README": "hi\n"})
+        for d, _, files in os.walk(base):
+            for p in [d, *(os.path.join(d, f) for f in files)]:
+                os.chown(p, NOBODY, NOBODY)
+        _other_state_dir_scenario(
+            lambda command, ws, state: run_as_nobody(ws, command, "allow", state, home=base),
+            base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -3,7 +3,8 @@ into a unit (one host path swapped atomically: create, replace, delete; or a
 hard-linked file rewritten in place), a directory the run renamed (an
 overlay redirect) into a move, a metadata change in place, or directory
 times; with the host paths whose ctime says the host changed them during the
-run (conflicts)."""
+run (conflicts). Nothing at or below another caper state directory (one that
+holds caper.state.MARKER on the host) is ever planned."""
 from __future__ import annotations
 
 import os
@@ -21,6 +22,7 @@ from caper.commit.fsops import (
 from caper.errors import CommitError
 from caper.fs import mountinfo
 from caper.fs.syscalls import open_by_handle, open_regular
+from caper.state import MARKER
 
 COMPARE_MAX = 1 << 20             # bytes compared to tell a meta-only change from a write
 
@@ -135,6 +137,7 @@ class LayerPlan:
         # linked host inodes at a name the upper names (written, replaced, deleted) -> that name
         self.seen_linked: dict[int, tuple[tuple, str]] = {}
         self.pending_links: list[tuple] = []       # see _UpperWalk._linked
+        self.state_dirs: list[str] = []            # host dirs the walk met holding MARKER
 
     def source(self, rel: tuple) -> tuple | None:
         """Where the host entry that the run saw at `rel` is before the
@@ -248,16 +251,35 @@ class _UpperWalk:
             for lp in self.plan.layers:
                 root = lp.host.lstat((), ".")
                 self.plan.times.append(TimesChange(lp.index, (), (root.st_atime_ns, root.st_mtime_ns), None))
+                start = len(self.plan.changes)
                 self._find_moves(lp)
                 self._walk(lp, (), (), opaque=False)
                 self._settle_links(lp)
                 self._index_rewrites(lp)
+                self._no_state_changes(lp, self.plan.changes[start:])
         except BaseException:
             self.plan.close()
             raise
         return self.plan
 
     # -- helpers
+    @staticmethod
+    def _no_state_changes(lp: LayerPlan, changes: Sequence[Change]) -> None:
+        """CASE(*, state-dir): caper's state directories that caper does not
+        know of (the same user's other CAPER_STATE_DIR: a script's, CI's),
+        so does not hide, are known by their MARKER on the host: a change at
+        or below one is refused, and so is a new or changed MARKER (a run
+        never makes a state directory)."""
+        for c in changes:
+            if os.path.basename(c.path) == MARKER:
+                raise CommitError(f"{c.path}: the run made or changed caper's state directory "
+                                  "marker; a run never makes a state directory, refusing",
+                                  step="plan")
+            for d in lp.state_dirs:
+                if mountinfo.below(c.path, d):
+                    raise CommitError(f"{c.path}: inside {d}, a caper state directory (it holds "
+                                      f"{MARKER}); a run never changes one, refusing", step="plan")
+
     def _conflict(self, hp: str, st: os.stat_result) -> None:
         # CASE(*, changed-on-host): ctime at/after the snapshot (caper.commit.ctimes)
         if self.since is not None and changed_since(st.st_ctime_ns, self.since):
@@ -339,6 +361,10 @@ class _UpperWalk:
         if sst.st_dev != lp.dev:
             raise CommitError(f"{sp}: {lp.boundary(sp)}; refusing to rename it", step="plan")
         lp.check_mount(sp, below=True)
+        if lp.host.lstat(src, MARKER) is not None:
+            # CASE(moved-dir, state-dir): caper's state is never moved by a run
+            raise CommitError(f"{sp}: a caper state directory (it holds {MARKER}); the run "
+                              "renamed it, refusing", step="plan")
         for p in (sp, dp):
             if lp.excluded(p) or lp.excluded_below(p):
                 raise CommitError(f"{p}: the run renamed a directory from or to here, which holds "
@@ -381,6 +407,9 @@ class _UpperWalk:
         """Upper dir `urel` over the host dir `hrel` (which exists).  `opaque`:
         the host's entries are hidden (this dir or one above is opaque)."""
         depth_ok(lp.host, hrel)
+        src = lp.source(hrel)
+        if src is not None and lp.host.lstat(src, MARKER) is not None:
+            lp.state_dirs.append(lp.host.path(hrel))      # see _no_state_changes
         with scandir(lp.up.fd(urel)) as it:
             names = sorted(e.name for e in it)
         kept: set[str] = set()
@@ -797,6 +826,10 @@ class _UpperWalk:
             count = 0
             with scandir(fd) as it:
                 names = [e.name for e in it]
+            if MARKER in names:
+                # CASE(whiteout, state-dir): a tree holding caper's state is never removed
+                raise CommitError(f"{where}: a caper state directory (it holds {MARKER}); the run "
+                                  "deletes or replaces it, refusing", step="plan")
             for n in names:
                 st = lstat(n, dir_fd=fd)
                 p = where + "/" + n

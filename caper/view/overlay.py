@@ -27,6 +27,7 @@ from caper.changes import Layer
 from caper.commit.fsops import rmtree_at
 from caper.errors import CaperError, ConfigError, SetupError
 from caper.sandbox._native import lib
+from caper.sandbox.limits import DiskGuard
 from caper.sandbox.trace import TRACER_THREAD, Mount
 
 # Filesystems whose contents are kernel state, not files: /proc, /sys and
@@ -600,13 +601,19 @@ def expire_kept(state_dir: str, max_age_s: float) -> list[str]:
     return out
 
 
-def tree_bytes(path: str) -> int | None:
-    """The disk space a tree takes (allocated blocks; not following links),
-    or None if it holds a directory caper cannot read: one the run closed
-    (chmod 000) after writing into it, rootless, where caper has no power to
-    look past permissions. Overlay work dirs (the kernel's, mode 000
-    rootless, never visible to the run) are not asked."""
-    total = 0
+@dataclass(frozen=True, slots=True)
+class TreeUsage:
+    bytes: int          # allocated blocks
+    inodes: int         # entries (an empty file or a directory takes no block, but an inode)
+
+
+def tree_usage(path: str) -> TreeUsage | None:
+    """What a tree takes on disk (not following links), or None if it holds
+    a directory caper cannot read: one the run closed (chmod 000) after
+    writing into it, rootless, where caper has no power to look past
+    permissions. Overlay work dirs (the kernel's, mode 000 rootless, never
+    visible to the run) are not asked."""
+    total = count = 0
     stack = [path]
     while stack:
         d = stack.pop()
@@ -615,6 +622,7 @@ def tree_bytes(path: str) -> int | None:
                 for e in it:
                     st = e.stat(follow_symlinks=False)
                     total += st.st_blocks * 512
+                    count += 1
                     if e.is_dir(follow_symlinks=False) and not (   # <scratch>/layerN/work
                             e.name == "work" and os.path.dirname(d) == path and
                             re.fullmatch(r"layer\d+", os.path.basename(d))):
@@ -623,32 +631,53 @@ def tree_bytes(path: str) -> int | None:
             continue
         except PermissionError:
             return None
-    return total
+    return TreeUsage(total, count)
 
 
-def over_keep_quota(state_dir: str, scratch: str, quota_mb: float) -> str | None:
+def over_keep_quota(state_dir: str, scratch: str, quota_mb: float,
+                    quota_inodes_pct: float) -> str | None:
     """Why scratch may not be kept for later (held, or a conflict's version):
-    with the runs already kept it would pass the quota; None if it fits."""
+    with the runs already kept it would pass the quota, in bytes or in
+    inodes (a share of the state filesystem's, where it has a fixed number);
+    or the state filesystem is short of either already, so that later runs
+    would hit their disk floor (caper.sandbox.limits.DiskGuard). None if it
+    fits."""
     runs = os.path.join(state_dir, "runs")
     try:
         kept = [os.path.join(runs, n.removesuffix(".kept")) for n in os.listdir(runs)
                 if n.endswith(".kept")]
     except FileNotFoundError:
         kept = []
-    sizes = [tree_bytes(k) for k in kept if k != scratch]
-    size = tree_bytes(scratch)
-    if size is None:
+    usages = [tree_usage(k) for k in kept if k != scratch]
+    usage = tree_usage(scratch)
+    if usage is None:
         return ("it holds a directory it closed (no read or search permission for caper), so "
                 "caper cannot measure what it takes against the quota for kept runs")
-    if None in sizes:
+    if None in usages:
         return ("a kept run holds a directory caper cannot measure, so the quota for kept "
                 "runs cannot be checked (`caper discard ID` frees a held run)")
-    used = sum(sizes)
-    if used + size <= quota_mb * (1 << 20):
-        return None
-    return (f"it takes {size / (1 << 20):.1f} MiB, and the {len(kept)} held and kept runs "
-            f"already take {used / (1 << 20):.1f} MiB of caper's quota of {quota_mb:g} MiB "
-            f"for them (keep_quota_mb in config.toml; `caper discard ID` frees a held run)")
+    free = "`caper discard ID` frees a held run"
+    used = sum(u.bytes for u in usages)
+    if used + usage.bytes > quota_mb * (1 << 20):
+        return (f"it takes {usage.bytes / (1 << 20):.1f} MiB, and the {len(kept)} held and kept "
+                f"runs already take {used / (1 << 20):.1f} MiB of caper's quota of "
+                f"{quota_mb:g} MiB for them (keep_quota_mb in config.toml; {free})")
+    v = os.statvfs(state_dir)
+    limit = round(v.f_files * quota_inodes_pct / 100)
+    used_inodes = sum(u.inodes for u in usages)
+    if v.f_files and used_inodes + usage.inodes > limit:
+        return (f"it holds {usage.inodes} files and directories, and the {len(kept)} held and "
+                f"kept runs already hold {used_inodes}, of caper's quota of {limit} for them "
+                f"({quota_inodes_pct:g}% of the state filesystem's {v.f_files} inodes: "
+                f"keep_quota_inodes_pct in config.toml; {free})")
+    guard = DiskGuard.for_state_dir(state_dir)
+    if v.f_favail < 2 * guard.min_inodes or v.f_bavail * v.f_frsize < 2 * guard.min_free:
+        return (f"the state filesystem has {v.f_favail} inodes and "
+                f"{v.f_bavail * v.f_frsize / (1 << 20):.0f} MiB left, less than twice the "
+                f"floor every run keeps ({guard.min_inodes} inodes, "
+                f"{guard.min_free / (1 << 20):.0f} MiB): keeping it would starve later runs "
+                f"({free})")
+    return None
 
 
 def _unlink(path: str) -> None:

@@ -10,5 +10,5 @@ class Unsure:
     name = "test"
 
     def decide(self, request):
-        paths = [c.path for c in request.report.changes]
+        paths = [c.path for c in request.report.changes] or ["the run"]   # none listed: too many
         return Decision("unsure", f"not sure about {paths[0]}", approver="test")
