@@ -2,6 +2,8 @@
 values a credential file holds, and that each token shape is replaced."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from caper.report.secrets import Protected, ProtectedPattern, Redactor, default_patterns, values_in
@@ -210,3 +212,22 @@ def test_a_home_behind_a_symlink_is_protected_by_its_real_path_too(tmp_path):
     p = Protected(default_patterns(), str(link), "/w", homes=[])
     assert p.kind(f"{link}/.aws/credentials") == "aws-credentials"
     assert p.kind(f"{real}/.aws/credentials") == "aws-credentials"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to bind-mount")
+def test_a_home_mounted_at_another_path_is_protected_there_too(tmp_path):
+    """Round 5: a home bound elsewhere (/home at /srv/home, a container's
+    -v /home:/host/home) showed its keys at a path that was no credential
+    location; every mount alias of a home counts (mountinfo.aliases)."""
+    import subprocess
+    from caper.report.secrets import protected_for
+    home, alias = tmp_path / "home", tmp_path / "alias"
+    (home / ".aws").mkdir(parents=True)
+    alias.mkdir()
+    subprocess.run(["mount", "--bind", str(home), str(alias)], check=True)
+    try:
+        p = protected_for(default_patterns(), str(home), str(tmp_path / "ws"))
+        assert p.kind(f"{alias}/.aws/credentials") == "aws-credentials"
+        assert p.kind(f"{home}/.aws/credentials") == "aws-credentials"
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)

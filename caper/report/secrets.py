@@ -77,30 +77,46 @@ def account_homes() -> tuple[str, ...]:
     return tuple(sorted(h for h in homes if h != "/" and not re.fullmatch(HOMES_RX, h)))
 
 
-def _resolved_homes_rx() -> list[str]:
-    """HOMES_RX's places where they are symlinks: their real paths."""
-    out = []
-    for place, rx in (("/root", ""), ("/home", "/[^/]+")):
-        real = os.path.realpath(place)
-        if real != place:
-            out.append(re.escape(real) + rx)
-    return out
+def _mount_forms(path: str, entries) -> list[str]:
+    """path's real path and the other paths the mount table shows it at (a
+    bind mount of /home at /srv/home, a btrfs pool's top level)."""
+    from caper.fs import mountinfo
+    real = os.path.realpath(path)
+    try:
+        return [real] + (mountinfo.aliases(real, entries) if entries and os.path.isdir(real)
+                         else [])
+    except (OSError, ValueError):   # gone meanwhile, or not in the table: as resolved
+        return [real]
+
+
+def home_forms(home: str | None, homes: "Sequence[str]", entries=None
+               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(homes, place patterns): the run's home and every account's, each as
+    written, resolved and at each of its mount aliases; HOMES_RX's places
+    (/root, /home/*) where they resolve or are mounted elsewhere."""
+    forms = {f.rstrip("/") for h in ([home] if home else []) + list(homes)
+             for f in (h, *_mount_forms(h, entries))}
+    places = {re.escape(f.rstrip("/")) + rx for place, rx in (("/root", ""), ("/home", "/[^/]+"))
+              for f in _mount_forms(place, entries) if f != place}
+    return tuple(sorted(forms, key=len, reverse=True)), tuple(sorted(places))
 
 
 class Protected:
     """Which paths are credential locations, and of what kind. A `~/`
     pattern holds in the run's home and in every account's (`homes`, by
-    default account_homes(), and HOMES_RX)."""
+    default account_homes(), and HOMES_RX), in each of their forms
+    (home_forms; `forms` gives them ready, mount aliases included)."""
 
     def __init__(self, patterns: "Sequence[ProtectedPattern]", home: str | None,
-                 workspace: str | None = None, homes: "Sequence[str] | None" = None):
+                 workspace: str | None = None, homes: "Sequence[str] | None" = None,
+                 forms: "tuple[tuple[str, ...], tuple[str, ...]] | None" = None):
         # Each home as written and as resolved: the tracer names a file by the
         # path the command used and by its real one, and a home may be a
         # symlink or below one (/home -> /data/home).
-        homes = sorted({form.rstrip("/") for h in ([home] if home else [])
-                        + list(account_homes() if homes is None else homes)
-                        for form in (h, os.path.realpath(h))}, key=len, reverse=True)
-        home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX, *_resolved_homes_rx()]) + ")"
+        if forms is None:
+            forms = home_forms(home, account_homes() if homes is None else homes)
+        homes, places = forms
+        home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX, *places]) + ")"
         rules: list[tuple[str, str]] = []
         for p in patterns:
             glob = p.path
@@ -131,13 +147,18 @@ def protected_for(patterns: tuple[ProtectedPattern, ...], home: str | None,
                   workspace: str | None) -> Protected:
     """Protected, compiled once per configuration and set of accounts (an
     agent runs many commands)."""
-    return _compiled(patterns, home, workspace, account_homes())
+    from caper.fs import mountinfo
+    try:
+        entries = mountinfo.read()
+    except (OSError, ValueError):
+        entries = None
+    return _compiled(patterns, home, workspace, home_forms(home, account_homes(), entries))
 
 
 @functools.lru_cache(maxsize=32)
 def _compiled(patterns: tuple[ProtectedPattern, ...], home: str | None, workspace: str | None,
-              homes: tuple[str, ...]) -> Protected:
-    return Protected(patterns, home, workspace, homes)
+              forms: tuple[tuple[str, ...], tuple[str, ...]]) -> Protected:
+    return Protected(patterns, home, workspace, forms=forms)
 
 
 # Token shapes: (kind, pattern, anchors). The whole match is replaced. A
