@@ -242,7 +242,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                                   + tainted + own_config + by_content, home, workspace)
         try:
             t = time.perf_counter()
-            proxy = Proxy(allow, is_credential=lambda p: protected.kind(p) is not None) \
+            proxy = Proxy(allow, credentials=protected) \
                 if allow else None
             command_env = config.command_env(os.environ if env is None else env)
             try:

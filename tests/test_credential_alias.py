@@ -252,3 +252,16 @@ def test_a_link_whose_source_name_changed_after_the_check_counts_as_a_credential
              repo, tmp_path)
     assert out.withheld, out.report.card()
     assert SECRET[::-1] not in json.dumps(out.to_json()) + out.card()
+
+
+def test_a_credential_directory_moved_through_a_symlinked_name_is_a_credential_read(
+        repo, tmp_path, key_home):
+    """Round 5: `mv ~/.ssh ~/L/s` with L a symlink the run made kept the new
+    name as written; the open of its real path ~/dd/s/... was no credential
+    read and a blocked run returned the key. Moving a directory that holds
+    credentials (Protected.held_below) is a read of them, wherever it goes."""
+    out = go("mkdir ~/dd && ln -s ~/dd ~/L && mv ~/.ssh ~/L/s && rev ~/dd/s/id_ed25519",
+             repo, tmp_path, home=key_home, approver="policy")
+    assert "ssh-private-key" in out.report.read_credentials, out.report.card()
+    assert not out.committed and out.withheld
+    assert SSH_SECRET[::-1] not in out.card() + out.stdout.text().decode()

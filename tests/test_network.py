@@ -160,13 +160,18 @@ def test_a_credential_piped_from_another_process_does_not_leave(registry, ws, ho
 
 
 @pytest.mark.parametrize("move", ["mv ~/.aws ~/x", "cd ~ && mv .aws y && mv y x && cd - >/dev/null",
-                                  "mv ~ ~/../h2 && mkdir ~ && mv ~/../h2 ~/hh && ln -s hh/.aws ~/x"])
+                                  "mv ~ ~/../h2 && mkdir ~ && mv ~/../h2 ~/hh && ln -s hh/.aws ~/x",
+                                  # round 5: the new name through a symlink the run made
+                                  "mkdir ~/dd && ln -s ~/dd ~/L && mv ~/.aws ~/L/aw && "
+                                  "ln -s dd/aw ~/x"])
 def test_a_credential_read_by_a_name_a_rename_above_it_gave_does_not_leave(
         registry, ws, home, tmp_path, move):
     """Round 4: the proxy asked only of an open's own name whether it was a
     credential; renaming the directory above one (or home itself) gave it a
     name the proxy did not know, and curl sent the AWS key to the allowed
-    host. It follows the run's renames back, as the report does."""
+    host. It follows the run's renames back, as the report does, and a
+    directory holding a credential moved anywhere taints the run (round 5:
+    a new name through a symlink was kept as written, and missed)."""
     (home / ".aws").mkdir()
     (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = "
                                                "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY\n")

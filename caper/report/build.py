@@ -660,7 +660,10 @@ class _Analysis:
                     self.protected.append((e, SOURCE_CHANGED, e.path2))
                     p.reads.append((e.seq, e.path2))
                 for names in Aliases.sources(e):
-                    cred = self.credential(facts.protected, *names)
+                    # A directory holding one (~/.aws, a home) moves them all,
+                    # whatever the new name resolves to.
+                    cred = self.credential(facts.protected, *names) or next(
+                        filter(None, (facts.protected.held_below(n) for n in names if n)), None)
                     if cred:
                         self.protected.append((e, cred[1], cred[0]))
                         p.reads.append((e.seq, cred[0]))

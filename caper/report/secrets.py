@@ -116,31 +116,85 @@ class Protected:
         if forms is None:
             forms = home_forms(home, account_homes() if homes is None else homes)
         homes, places = forms
+        self._homes = homes
         home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX, *places]) + ")"
         rules: list[tuple[str, str]] = []
+        rooted: list[tuple[str, str]] = []   # the ~ and absolute ones, for held_below
+        # For held_below: each ~ or absolute pattern's path below its root
+        # with globs made one name ("x"), and the directories on the way.
+        self._tails: list[str] = []
+        dirs: set[str] = set()
         for p in patterns:
             glob = p.path
+            if glob.startswith("~/") or glob.startswith("/"):
+                tail = "/".join("x" if any(c in part for c in "*?[") else part
+                                for part in glob[2 if glob[0] == "~" else 1:].split("/"))
+                self._tails.append(tail)
+                parts = tail.split("/")[:-1]
+                dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
             if glob.startswith("~/"):
                 rules.append((home_rx + glob_regex(glob[1:]), p.kind))
+                rooted.append((home_rx + glob_regex(glob[1:]), p.kind))
                 continue
+            if glob.startswith("/"):
+                rooted.append((glob_regex(glob), p.kind))
             if "/" in glob and not glob.startswith("/"):
                 if not workspace:
                     continue
                 glob = workspace.rstrip("/") + "/" + glob
             rx = glob_regex(glob) if "/" in glob else "(?:.*/)?" + glob_regex(glob)
             rules.append((rx, p.kind))
-        # One alternation, tried in the rules' order: the first rule that
-        # matches names the kind (~2.5x faster than a regex per rule; every
-        # file a run opens is asked).
-        self._kinds = [k for _, k in rules]
-        self._rx = re.compile("(?:" + "|".join(f"(?P<r{i}>{rx})" for i, (rx, _) in enumerate(rules))
-                              + r")\Z", re.S) if rules else None
+        sub = "|".join(map(re.escape, sorted(dirs, key=len, reverse=True)))
+        self._holders = re.compile(f"(?:{home_rx}|)(?:/(?:{sub}))?" if sub else
+                                   f"(?:{home_rx})", re.S)
+        self._kinds, self._rx = _alternation(rules)
+        self._rooted_kinds, self._rooted_rx = _alternation(rooted)
+
+    def held_below(self, directory: str) -> tuple[str, str] | None:
+        """(path, kind) of a credential location below directory, if it holds
+        one by the patterns (`~/.aws`, a home, `/etc/ssl`, a directory above
+        a home): moving or linking it gives every credential there a new
+        name. None for any other directory (a quick reject first: the run
+        renames many)."""
+        d = directory.rstrip("/") or "/"
+        above = [h for h in (*self._homes, "/home/x", "/root")   # x: any name, HOMES_RX
+                 if h.startswith(d.rstrip("/") + "/")]
+        if not above and not self._holders.fullmatch(d):
+            return None
+        for root in above or [d]:
+            held = self._held(root)
+            if held:
+                return held
+        return None
+
+    def _held(self, d: str) -> tuple[str, str] | None:
+        for tail in self._tails:
+            parts = tail.split("/")
+            for i in range(len(parts)):
+                candidate = f"{d.rstrip('/')}/{'/'.join(parts[i:])}"
+                k = _first(self._rooted_rx, self._rooted_kinds, candidate)
+                if k:
+                    return candidate, k
+        return None
 
     def kind(self, path: str) -> str | None:
         """The kind of credential at path; None where none is, or where the
         first matching rule's kind is empty (an exception to a later rule)."""
-        m = self._rx.match(path) if self._rx else None
-        return self._kinds[int(m.lastgroup[1:])] or None if m else None
+        return _first(self._rx, self._kinds, path)
+
+
+def _alternation(rules: list[tuple[str, str]]) -> tuple[list[str], "re.Pattern | None"]:
+    # One alternation, tried in the rules' order: the first rule that
+    # matches names the kind (~2.5x faster than a regex per rule; every
+    # file a run opens is asked).
+    return [k for _, k in rules], re.compile(
+        "(?:" + "|".join(f"(?P<r{i}>{rx})" for i, (rx, _) in enumerate(rules)) + r")\Z",
+        re.S) if rules else None
+
+
+def _first(rx: "re.Pattern | None", kinds: list[str], path: str) -> str | None:
+    m = rx.match(path) if rx else None
+    return kinds[int(m.lastgroup[1:])] or None if m else None
 
 
 def protected_for(patterns: tuple[ProtectedPattern, ...], home: str | None,

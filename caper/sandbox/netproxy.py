@@ -154,12 +154,21 @@ class ProxyRequest:
     seq: int | None = None         # its connect event
 
 
+class CredentialPlaces(Protocol):
+    """Which paths are credentials (caper.report.secrets.Protected)."""
+
+    def kind(self, path: str) -> str | None: ...
+
+    def held_below(self, directory: str) -> tuple[str, str] | None: ...
+
+
 class _Knowledge:
     """The tracer's events as they arrive: who connected through which socket,
     and which credentials the run has read."""
 
-    def __init__(self, is_credential: Callable[[str], bool], served: set[tuple[str, int]]):
-        self._kind = lambda path: "credential" if is_credential(path) else None
+    def __init__(self, places: "CredentialPlaces", served: set[tuple[str, int]]):
+        self._kind = places.kind
+        self._holds = places.held_below
         self._aliases = Aliases()
         self._served = served                             # (address, port) caper binds
         self._sockets: dict[int, tuple[int, int]] = {}    # socket inode -> (pid, seq)
@@ -181,7 +190,8 @@ class _Knowledge:
                 # reads it. A source that changed after the tracer's check
                 # may have been one.
                 for names in Aliases.sources(e):
-                    cred = self._aliases.credential(self._kind, *names)
+                    cred = self._aliases.credential(self._kind, *names) or next(
+                        filter(None, map(self._holds, filter(None, names))), None)
                     if cred:
                         self._credentials[cred[0]] = None
                 if e.info & Info.SOURCE_CHANGED:
@@ -233,7 +243,7 @@ class Proxy:
     """The proxy of one run. Give it (as ProxyEnd) to caper.sandbox.trace.Trace,
     start() it before the trace, close() it after: the NetRecord."""
 
-    def __init__(self, allow: Allowlist, *, is_credential: Callable[[str], bool],
+    def __init__(self, allow: Allowlist, *, credentials: "CredentialPlaces",
                  port: int = PROXY_PORT, resolv_conf: str | None = None):
         if not allow:
             raise ConfigError("a proxy without allowed hosts would refuse everything: run "
@@ -247,7 +257,7 @@ class Proxy:
                           + tuple(Endpoint(r.address, p, route=r)
                                   for r in self.routes for p in r.ports))
         self._served = frozenset((e.address, e.port) for e in self.endpoints)
-        self._know = _Knowledge(is_credential, set(self._served))
+        self._know = _Knowledge(credentials, set(self._served))
         # fd goes to the sandbox's init, which sends the sockets back on it.
         self._ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._theirs = theirs
