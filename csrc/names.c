@@ -11,12 +11,53 @@
 #include "internal.h"
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/fs.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+/* Whether raw goes through the tracee's own /proc/self or thread-self (its
+ * /proc a procfs): the tracer's lookup finds no "self" there (it is not in
+ * the sandbox's pid namespace) and follows no magic link, so such a name is
+ * refused, not answered ENOENT; but see own_fd_name. */
+static int through_own_proc(pid_t tid, const char *raw)
+{
+    if (strncmp(raw, "/proc/self", 10) != 0 && strncmp(raw, "/proc/thread-self", 17) != 0)
+        return 0;
+    const char *rest = raw + (raw[6] == 's' ? 10 : 17);
+    if (*rest != '\0' && *rest != '/')
+        return 0;
+    int refused, proc = tracee_open(tid, AT_FDCWD, "/proc", 0, &refused);
+    struct statfs sf;
+    int is_proc = proc >= 0 && fstatfs(proc, &sf) == 0 && sf.f_type == PROC_SUPER_MAGIC;
+    if (proc >= 0)
+        close(proc);
+    return is_proc;
+}
+
+/* The descriptor a source of "/proc/self/fd/N" (or thread-self) names, the
+ * way to give an O_TMPFILE file a name: N, or -1 for any other name. */
+static int own_fd_name(pid_t tid, const char *raw)
+{
+    int n = -1, end = 0;
+    if ((sscanf(raw, "/proc/self/fd/%9d%n", &n, &end) != 1 &&
+         sscanf(raw, "/proc/thread-self/fd/%9d%n", &n, &end) != 1) || raw[end] || n < 0)
+        return -1;
+    return through_own_proc(tid, raw) ? n : -1;
+}
+
+/* One of the tracee's descriptors: the same open file (pidfd_getfd), or for
+ * an O_PATH one (pidfd_getfd takes none) the object its /proc link lands on. */
+static int own_fd(pid_t tid, int n)
+{
+    int fd = tracee_fd(tid, (uint64_t)(unsigned)n);
+    if (fd < 0 && errno == EBADF && n >= 0)
+        fd = tracee_start(tid, n);
+    return fd < 0 ? -EBADF : fd;
+}
 
 /* The directory the last component of name is looked up in, opened (O_PATH),
  * and that component (*last points into name; trailing slashes kept: the
@@ -29,6 +70,10 @@ static int parent_of(pid_t tid, int dirfd, const char *name, const char **last, 
     size_t end = strlen(name);
     if (end == 0)
         return -ENOENT;
+    if (through_own_proc(tid, name)) {
+        *refused = 1;
+        return -EACCES;
+    }
     while (end > 0 && name[end - 1] == '/')
         end--;
     size_t start = end;
@@ -74,18 +119,24 @@ static void path_at(int fd, const char *last, char *out)
 
 /* linkat's source: the object the name leads to (a final symlink followed
  * only with AT_SYMLINK_FOLLOW); with AT_EMPTY_PATH and no name, the
- * descriptor itself: the same open file (pidfd_getfd), so the kernel's rule
- * on who may give it a name judges the file the tracee opened. */
-static int link_source(pid_t tid, const struct name_call *nc, int *refused)
+ * descriptor itself, so the kernel's rule on who may give it a name judges
+ * the file the tracee opened; "/proc/self/fd/N", descriptor N. *empty is set
+ * for a descriptor given by AT_EMPTY_PATH. */
+static int link_source(pid_t tid, const struct name_call *nc, int *empty, int *refused)
 {
-    *refused = 0;
+    *refused = *empty = 0;
     if (nc->raw[0][0] == '\0' && !(nc->flags & AT_EMPTY_PATH))
         return -ENOENT;
     if (nc->raw[0][0] == '\0') {
-        int fd = tracee_fd(tid, (uint64_t)(unsigned)nc->dirfd[0]);
-        if (fd < 0 && errno == EBADF && nc->dirfd[0] >= 0)
-            fd = tracee_start(tid, nc->dirfd[0]);   /* an O_PATH descriptor */
-        return fd < 0 ? -EBADF : fd;
+        *empty = 1;
+        return own_fd(tid, nc->dirfd[0]);
+    }
+    int n = (nc->flags & AT_SYMLINK_FOLLOW) ? own_fd_name(tid, nc->raw[0]) : -1;
+    if (n >= 0)
+        return own_fd(tid, n);
+    if (through_own_proc(tid, nc->raw[0])) {
+        *refused = 1;
+        return -EACCES;
     }
     return tracee_open(tid, nc->dirfd[0], nc->raw[0], (nc->flags & AT_SYMLINK_FOLLOW) != 0,
                        refused);
@@ -96,7 +147,7 @@ static int64_t do_link(pid_t tid, const struct name_call *nc, char paths[3][CAPE
 {
     if (nc->flags & ~(uint32_t)(AT_SYMLINK_FOLLOW | AT_EMPTY_PATH))
         return -EINVAL;
-    int src = link_source(tid, nc, refused);
+    int empty, src = link_source(tid, nc, &empty, refused);
     if (src < 0)
         return src;
     const char *last;
@@ -108,7 +159,7 @@ static int64_t do_link(pid_t tid, const struct name_call *nc, char paths[3][CAPE
     path_at(src, NULL, paths[2]);
     path_at(dir, last, paths[1]);
     int64_t r = 0;
-    if (nc->raw[0][0] == '\0') {
+    if (empty) {
         /* The tracee's own descriptor: the kernel checks who opened it. */
         if (linkat(src, "", dir, last, AT_EMPTY_PATH) < 0)
             r = -errno;
@@ -128,10 +179,6 @@ static int64_t do_link(pid_t tid, const struct name_call *nc, char paths[3][CAPE
 static int64_t do_rename(pid_t tid, const struct name_call *nc, char paths[3][CAPER_PATH_MAX],
                          int *refused)
 {
-    /* A whiteout takes CAP_MKNOD, which the command lacks (ns.c) and a root
-     * tracer has; invalid combinations are the kernel's to answer. */
-    if ((nc->flags & RENAME_WHITEOUT) && !(nc->flags & ~(RENAME_NOREPLACE | RENAME_WHITEOUT)))
-        return -EPERM;
     const char *last[2];
     int dir[2] = { -1, -1 };
     int64_t r = 0;
