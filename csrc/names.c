@@ -53,6 +53,10 @@ static int own_fd_name(pid_t tid, const char *raw)
  * an O_PATH one (pidfd_getfd takes none) the object its /proc link lands on. */
 static int own_fd(pid_t tid, int n)
 {
+    if (n == AT_FDCWD) {                     /* linkat(AT_FDCWD, "", AT_EMPTY_PATH): the cwd */
+        int fd = tracee_start(tid, n);
+        return fd < 0 ? -ESRCH : fd;
+    }
     int fd = tracee_fd(tid, (uint64_t)(unsigned)n);
     if (fd < 0 && errno == EBADF && n >= 0)
         fd = tracee_start(tid, n);
