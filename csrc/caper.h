@@ -128,8 +128,6 @@ enum caper_info {
                                        one); arg1 is its st_rdev */
     CAPER_INFO_ARGV_CHANGED   = 64, /* exec: the argv the kernel ran (the event's) is not
                                        the one read when the call was checked */
-    CAPER_INFO_SOURCE_CHANGED = 128, /* link/rename: what the new name holds after the call
-                                       is not the source the tracer saw at the check */
     CAPER_INFO_GIT_ENV        = 256 /* exec: the new image's environment configures git
                                        (GIT_CONFIG*, GIT_DIR, GIT_COMMON_DIR), which its
                                        argv does not show; or it could not be read */

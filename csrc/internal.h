@@ -209,6 +209,21 @@ int sock_connect_for(const struct bound_socks *b, pid_t tid, int sock, const str
 int64_t sock_send_for(const struct bound_socks *b, pid_t tid, int sock, const uint64_t *a,
                       int is_sendto, int stream, const struct sock_dest *d, int *refused);
 
+/* ---- acting for the tracee on names (names.c) --------------------------- */
+
+/* A link or rename (any form) the tracer does for a tracee. */
+struct name_call {
+    int is_link;
+    int dirfd[2];          /* the tracee's dirfds (AT_FDCWD: its cwd) */
+    const char *raw[2];    /* the names, as the tracer copied them */
+    uint32_t flags;        /* linkat's AT_*, renameat2's RENAME_* */
+};
+/* Does it for tid: 0 or -errno, the result the tracee gets. paths gets the
+ * source name (0), the new name (1) and what the source really is (2) as
+ * acted on ("" when unknown). *refused: a name could not be found safely. */
+int64_t name_call_for(pid_t tid, const struct name_call *nc, char paths[3][CAPER_PATH_MAX],
+                      int *refused);
+
 /* ---- paths (paths.c) ---------------------------------------------------- */
 
 /* Read a NUL-terminated string from the tracee, page by page. Returns its
@@ -224,6 +239,9 @@ ssize_t proc_link(pid_t tid, const char *what, char *buf, size_t cap);
  * when the name cannot be resolved safely (the call is then refused,
  * -EACCES). follow: follow a final symlink, as connect does. */
 int tracee_open(pid_t tid, int dirfd, const char *raw, int follow, int *refused);
+/* The directory tid's relative names start from (its cwd for AT_FDCWD, else
+ * the directory its dirfd is), opened O_PATH; -1 with errno set. */
+int tracee_start(pid_t tid, int dirfd);
 /* The path of the object tracee_open finds, with every symlink resolved, as
  * the host prints it (for a pivoted sandbox: its own view). Length, or -1
  * with errno set (ENOENT: the name does not exist; EACCES: unsafe to find). */

@@ -171,10 +171,42 @@ static int dir_in_root(pid_t tid, const char *which, int root, char *out)
     return 0;
 }
 
+/* The directory a relative name starts from: the tracee's cwd or its dirfd
+ * itself (opened through its /proc link, which the tracer may follow: it
+ * lands on that very directory, in the tracee's mounts), or -1. */
+int tracee_start(pid_t tid, int dirfd)
+{
+    char at[64];
+    if (dirfd == AT_FDCWD)
+        snprintf(at, sizeof at, "/proc/%d/cwd", (int)tid);
+    else
+        snprintf(at, sizeof at, "/proc/%d/fd/%d", (int)tid, dirfd);
+    return open(at, O_PATH | O_CLOEXEC);
+}
+
 int tracee_open(pid_t tid, int dirfd, const char *raw, int follow, int *refused)
 {
     char root_link[64], dir[CAPER_PATH_MAX], path[2 * CAPER_PATH_MAX + 2];
     *refused = 0;
+    if (raw[0] != '\0' && raw[0] != '/' && (dirfd == AT_FDCWD || dirfd >= 0)) {
+        /* A name that stays below the directory it starts from means the same
+         * to the tracer as to the kernel: looked up from that directory, with
+         * no '..' above it and no absolute symlink (RESOLVE_BENEATH answers
+         * EXDEV to both), no magic link (ELOOP). Those go the long way. */
+        int start = tracee_start(tid, dirfd);
+        if (start < 0 && errno == ENOENT && dirfd >= 0)
+            return -EBADF;   /* no such descriptor: the kernel's answer */
+        if (start >= 0) {
+            int fd = openat2_(start, raw, follow ? 0 : O_NOFOLLOW,
+                              RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+            int err = errno;
+            close(start);
+            if (fd >= 0)
+                return fd;
+            if (err != EXDEV && err != ELOOP && err != EAGAIN && err != ENOSYS && err != EINVAL)
+                return -err;
+        }
+    }
     snprintf(root_link, sizeof root_link, "/proc/%d/root", (int)tid);
     int root = open(root_link, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (root < 0)

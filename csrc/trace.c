@@ -65,8 +65,8 @@ struct pending {
     struct sock_dest dest;
     uint8_t dest_bad, quiet;
     uint8_t noise;   /* an open judged noise at its stop: confirmed at its exit, or reported */
-    /* link/rename: the source object the check saw (src_known 0: none);
-     * exec: the program checked (src_script: it starts with "#!"). */
+    /* exec: the program checked (src_known 0: none; src_script: it starts
+     * with "#!"). */
     uint8_t src_known, src_script;
     dev_t src_dev;
     ino_t src_ino;
@@ -200,25 +200,6 @@ static size_t resolve(struct proc *p, int dirfd, const char *rel, char *out, uin
     return path_join_normalize(b, rel, out, CAPER_PATH_MAX);
 }
 
-/* Open what a tracee's name names, inside its root (O_PATH), and remember
- * its identity as the call's source object (src_known, src_dev, src_ino).
- * Returns the descriptor, which the caller closes, or -1. */
-static int take_source(struct proc *p, struct pending *pd, int dirfd, const char *raw,
-                       int follow, struct stat *st)
-{
-    int refused, fd = tracee_open(p->tid, dirfd, raw, follow, &refused);
-    if (fd >= 0 && fstat(fd, st) < 0) {
-        close(fd);
-        return -1;
-    }
-    if (fd >= 0) {
-        pd->src_known = 1;
-        pd->src_dev = st->st_dev;
-        pd->src_ino = st->st_ino;
-    }
-    return fd;
-}
-
 /* Read and resolve a path argument into slot i of the pending event. */
 static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint64_t addr)
 {
@@ -234,24 +215,6 @@ static void take_path(struct proc *p, struct pending *pd, int i, int dirfd, uint
     pd->dirfd[i] = dirfd;
     pd->ev.n[i] = resolve(p, dirfd, raw, pd->s[i], &pd->ev.h.info);
     pd->ev.s[i] = pd->s[i];
-    uint32_t kind = pd->ev.h.kind;
-    if (i == 0 && (kind == CAPER_EV_RENAME || kind == CAPER_EV_LINK)) {
-        /* What the source really is (slot 2), every symlink resolved inside
-         * the sandbox: a rename or link of a credential by another name is a
-         * credential read. Taken now: after the call the name is gone. */
-        int follow = kind == CAPER_EV_LINK && (pd->ev.h.flags & AT_SYMLINK_FOLLOW);
-        ssize_t n = tracee_real_path(p->tid, dirfd, raw, follow, pd->s[2], CAPER_PATH_MAX);
-        if (n > 0) {
-            pd->ev.n[2] = (size_t)n;
-            pd->ev.s[2] = pd->s[2];
-        }
-        /* The kernel reads the name again: the object itself is checked
-         * against what the new name holds after the call (on_syscall_exit). */
-        struct stat st;
-        int fd = take_source(p, pd, dirfd, raw, follow, &st);
-        if (fd >= 0)
-            close(fd);
-    }
 }
 
 /* The program an exec names, as checked: its identity, and whether it is a
@@ -260,8 +223,15 @@ static void take_program(struct proc *p, struct pending *pd)
 {
     struct stat st;
     char head[2];
-    int fd = take_source(p, pd, pd->dirfd[0], pd->raw[0], 1, &st);
+    int refused, fd = tracee_open(p->tid, pd->dirfd[0], pd->raw[0], 1, &refused);
+    if (fd >= 0 && fstat(fd, &st) < 0) {
+        close(fd);
+        fd = -1;
+    }
     if (fd >= 0) {
+        pd->src_known = 1;
+        pd->src_dev = st.st_dev;
+        pd->src_ino = st.st_ino;
         char at[64];
         snprintf(at, sizeof at, "/proc/self/fd/%d", fd);
         /* Reopens the O_PATH descriptor itself; a regular file only (a FIFO's
@@ -721,6 +691,37 @@ static int host_lock(pid_t tid, int fd)
     return host;
 }
 
+/* A link or rename, done here, by the tracer, from its copy of the names
+ * (names.c): the kernel never reads them again, so the event's names are
+ * the ones used. The call itself is skipped and returns what this did. */
+static void act_on_names(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    struct caper_event *h = &pd->ev.h;
+    int refused = 0;
+    int64_t r;
+    if (!pd->ev.s[0] || !pd->ev.s[1]) {
+        r = -EFAULT;
+    } else if (h->info & CAPER_INFO_TRUNCATED) {
+        r = -ENAMETOOLONG;
+    } else {
+        struct name_call nc = { h->kind == CAPER_EV_LINK, { pd->dirfd[0], pd->dirfd[1] },
+                                { pd->raw[0], pd->raw[1] }, h->flags };
+        char acted[3][CAPER_PATH_MAX];
+        r = name_call_for(p->tid, &nc, acted, &refused);
+        for (int i = 0; i < 3; i++)
+            if (acted[i][0]) {       /* what was acted on; else the names as resolved */
+                pd->ev.n[i] = strlen(acted[i]);
+                memcpy(pd->s[i], acted[i], pd->ev.n[i] + 1);
+                pd->ev.s[i] = pd->s[i];
+            }
+    }
+    if (refused)
+        h->info |= CAPER_INFO_REFUSED;
+    h->result = r;
+    emit_folded(t, p, &pd->ev);
+    deny(p->tid, (int)-r);
+}
+
 static void on_seccomp(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -928,6 +929,10 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         deny(p->tid, (int)-r);
         return;
     }
+    if (s->kind == CAPER_EV_LINK || s->kind == CAPER_EV_RENAME) {
+        act_on_names(t, p, pd);
+        return;
+    }
     if (s->kind == CAPER_EV_BIND && h->flags == CAPER_AF_UNIX) {
         pd->unix_bind = 1;
         struct timespec now;
@@ -993,22 +998,6 @@ static uint32_t fd_access(pid_t tid, int64_t fd)
     return (uint32_t)(flags & (O_ACCMODE | O_PATH));
 }
 
-/* Whether the new name of a link or rename holds the source object its
- * check saw (a second thread may have rewritten the source name the kernel
- * read after the check: a credential linked under a decoy's name). */
-static int source_kept(struct proc *p, const struct pending *pd)
-{
-    if (!pd->src_known || !pd->ev.s[1])
-        return 0;
-    struct stat st;
-    int refused, fd = tracee_open(p->tid, pd->dirfd[1], pd->raw[1], 0, &refused);
-    int same = fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == pd->src_dev &&
-               st.st_ino == pd->src_ino;
-    if (fd >= 0)
-        close(fd);
-    return same;
-}
-
 static void on_syscall_exit(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -1043,9 +1032,6 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
             pd->ev.s[2] = pd->s[2];
         }
     }
-    if ((pd->ev.h.kind == CAPER_EV_LINK || pd->ev.h.kind == CAPER_EV_RENAME) && rv == 0 &&
-        !source_kept(p, pd))
-        pd->ev.h.info |= CAPER_INFO_SOURCE_CHANGED;
     if (pd->noise) {
         /* Noise only if nothing was opened, or what was is noise too. */
         if (rv < 0 || (pd->ev.s[2] && noise_match(t->c, pd->ev.s[2], pd->ev.n[2]) &&

@@ -239,19 +239,61 @@ def test_capers_own_config_is_a_credential(home, repo, tmp_path):
     assert out.withheld and key[::-1] not in json.dumps(out.to_json()) + out.card()
 
 
-def test_a_link_whose_source_name_changed_after_the_check_counts_as_a_credential_read(
-        repo, tmp_path, cfixture):
-    """link(name, "x") where a second thread rewrites name from a decoy to
-    .env the moment the tracer's read faults its page in: the tracer saw the
-    decoy, the kernel linked the credential. The new name holds another file
-    than the one checked, so the run counts as having read a credential: its
-    output (the secret, reversed) is withheld. Before, it was released."""
+# A link or rename whose names another thread rewrites from a decoy to .env
+# after the tracer read them: (fixture, its command line in the workspace).
+NAME_RACES = {
+    # the rewrite waits for the tracer's read to fault the names' page in
+    "page-fault": ("race_link_source", "{prog} 3000 {repo}/namepage; rm -f namepage"),
+    # the rewrite waits for the linking thread to leave its stop (round 4, F4):
+    # link(decoy, y) with y a link of decoy already, and rename(decoy,
+    # ydir/decoy) with ydir -> ".", so the new name holds the decoy after the
+    # call whichever names the kernel took
+    "link-resumed": ("race_link_names", "{prog} link 3000"),
+    "rename-resumed": ("race_link_names", "{prog} rename 3000"),
+}
+
+
+@pytest.mark.parametrize("race", NAME_RACES)
+def test_a_link_or_rename_acts_on_the_names_the_tracer_read(repo, tmp_path, cfixture, race):
+    """The tracer makes link and rename itself from its copy of the names, so
+    a second thread's rewrite of them, after the check and before the
+    kernel's copy, reaches nothing: .env is never linked or moved (the
+    fixture finds no `w` and says so), and a blocked run that read no
+    credential returns its output. Until round 4 the kernel linked or moved
+    .env to `w`, the report showed only the decoy, and the run returned the
+    secret (reversed); the page-fault form was caught only after the call."""
+    fixture, cmd = NAME_RACES[race]
     (repo / "dcoy").write_text("DECOY\n")
-    prog = cfixture("race_link_source", "-pthread")
-    out = go(f"{prog} 3000 {repo}/namepage && rm -f namepage; cat x | rev; rm -f x",
-             repo, tmp_path)
-    assert out.withheld, out.report.card()
-    assert SECRET[::-1] not in json.dumps(out.to_json()) + out.card()
+    prog = cfixture(fixture, "-pthread")
+    out = go(cmd.format(prog=prog, repo=repo), repo, tmp_path)
+    text = json.dumps(out.to_json()) + out.card()
+    assert SECRET[::-1] not in text and SECRET not in text, out.report.card()
+    assert not out.report.protected_reads, out.report.protected_reads
+    assert "no win in 3000 tries" in out.stderr.text().decode(), out.report.card()
+
+
+@pytest.mark.parametrize("op", ["link", "rename"])
+def test_rootless_a_link_or_rename_acts_on_the_names_the_tracer_read(cfixture, op):
+    """The round-4 race, caper run by an unprivileged user (a user namespace):
+    before, both forms won within a hundred tries and the blocked run returned
+    .env reversed."""
+    need_rootless_venv()
+    import shutil
+    import tempfile
+    ws, state = tempfile.mkdtemp(prefix="sec-tracer-ws-"), tempfile.mkdtemp(prefix="sec-tracer-st-")
+    try:
+        Path(ws, ".env").write_text(f"API_TOKEN={SECRET}\n")
+        shutil.copy(cfixture("race_link_names", "-pthread"), Path(ws, "race"))
+        for p in (ws, state, os.path.join(ws, ".env"), os.path.join(ws, "race")):
+            os.chown(p, NOBODY, NOBODY)
+        out = run_as_nobody(ws, f"./race {op} 3000", "block", state)
+        assert SECRET[::-1] not in json.dumps(out) and SECRET not in json.dumps(out), out
+        report = json.loads(out["report"])
+        assert out["exit"] == 1 and not report.get("protected_reads"), report
+        assert report["output"]["stderr"]["head"] == "no win in 3000 tries\n", report
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def test_a_credential_directory_moved_through_a_symlinked_name_is_a_credential_read(

@@ -16,7 +16,7 @@ import pytest
 
 from caper.sandbox._native import lib
 from caper.errors import STEP_ERRORS, ConfigError
-from caper.sandbox.events import End, Kind, Step, decode, DecodeError, HEADER_SIZE
+from caper.sandbox.events import End, Info, Kind, Step, decode, DecodeError, HEADER_SIZE
 from caper.sandbox.trace import Trace, baseline, trace
 from helpers.hostprocs import pids_with_cmdline
 
@@ -306,6 +306,29 @@ def test_o_tmpfile_is_traced_although_it_carries_the_directory_bit(tmp_path):
     assert r.exit_code == 0, r.stderr.text()
     tmpfile = [e for e in of_kind(events, Kind.OPEN) if e.flags & os.O_TMPFILE == os.O_TMPFILE]
     assert [e.path for e in tmpfile] == [str(tmp_path)] and tmpfile[0].ok
+
+
+def test_links_and_renames_the_tracer_makes_answer_as_the_kernel_does(tmp_path, cfixture):
+    """The tracer makes every link and rename itself (from its copy of the
+    names): each form, at each edge the fixture tries, gets the kernel's own
+    answer and leaves the same tree as a native run. The one exception is a
+    name through the command's own /proc/self (other than fd/N, the O_TMPFILE
+    idiom): the tracer follows no magic link, so it is refused (EACCES) and
+    reported so."""
+    prog = cfixture("link_rename_forms")
+    native, traced = tmp_path / "native", tmp_path / "traced"
+    native.mkdir()
+    traced.mkdir()
+    want = subprocess.run([prog], cwd=native, capture_output=True, text=True, check=True).stdout
+    events, r = run([prog], cwd=traced)
+    got = r.stdout.text().decode()
+    via_proc = "link via /proc/self/cwd"
+    assert [ln for ln in got.splitlines() if not ln.startswith(via_proc)] == \
+        [ln for ln in want.splitlines() if not ln.startswith(via_proc)]
+    assert f"{via_proc:<28} -1 Permission denied" in got.splitlines()
+    assert sorted(os.listdir(traced / "t")) == sorted(set(os.listdir(native / "t")) - {"pc"})
+    [refused] = [e for e in of_kind(events, Kind.LINK) if e.info & Info.REFUSED]
+    assert refused.path == "/proc/self/cwd/b" and refused.error == "EACCES"
 
 
 def test_the_sandbox_dies_with_caper(tmp_path):

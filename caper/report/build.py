@@ -86,10 +86,6 @@ _CORE_SIGNALS = frozenset(s.value for s in (
 # An exec's argv changed between the tracer's check and the kernel's copy
 # (another thread rewrote it): the report shows what the kernel ran.
 ARGV_CHANGED = "exec-arguments-changed-after-the-check"
-# A link or rename whose new name holds another object than the source caper
-# checked: its source name was rewritten after the check, so it may have been
-# a credential. Counted as reading one.
-SOURCE_CHANGED = "link-or-rename-source-changed-after-the-check"
 # Bytes the command left in /dev/shm: the sandbox's own tmpfs, dropped with it.
 SHM_DISCARDED = "bytes-left-in-dev-shm-discarded"
 # A write failed (EROFS, or ENOENT below a hidden mount) on a mount that is
@@ -117,8 +113,6 @@ NOTES = {
     CRASHES: "a process of the command crashed (SIGSEGV, SIGABRT or another signal that dumps "
              "core): the sandbox writes no core dump and starts no crash handler "
              "(RLIMIT_CORE = 1); natively the system's would have run.",
-    SOURCE_CHANGED: "a link or rename reached another file than the one caper checked (its "
-                    "name was rewritten meanwhile): counted as a credential read",
     ARGV_CHANGED: "a program's name or arguments were rewritten by another thread while caper "
                   "checked its exec: the report shows what the kernel ran (the new program "
                   "image, and the arguments read from it before it started); a native run "
@@ -654,11 +648,8 @@ class _Analysis:
             if k != Kind.SYMLINK and e.path:
                 # A credential linked or moved elsewhere (or a directory holding
                 # one) is read by that name from now on: the link or rename
-                # itself counts as reading it.
-                if e.info & Info.SOURCE_CHANGED:
-                    self.uncertain[SOURCE_CHANGED] += 1
-                    self.protected.append((e, SOURCE_CHANGED, e.path2))
-                    p.reads.append((e.seq, e.path2))
+                # itself counts as reading it. (The tracer made the call from
+                # the names it reports: no other source is possible.)
                 for names in Aliases.sources(e):
                     # A directory holding one (~/.aws, a home) moves them all,
                     # whatever the new name resolves to.

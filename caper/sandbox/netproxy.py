@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 from caper.errors import ConfigError
 from caper.sandbox import netdns
 from caper.sandbox.aliases import Aliases
-from caper.sandbox.events import Event, Family, Info, Kind
+from caper.sandbox.events import Event, Family, Kind
 from caper.sandbox.netdns import DnsQuery, Route
 
 PROXY_PORT = 3128
@@ -187,15 +187,12 @@ class _Knowledge:
             elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and e.path2:
                 # A credential by another name (or a directory holding one,
                 # which the aliases resolve at the open): reading that name
-                # reads it. A source that changed after the tracer's check
-                # may have been one.
+                # reads it. The tracer made the call from the names reported.
                 for names in Aliases.sources(e):
                     cred = self._aliases.credential(self._kind, *names) or next(
                         filter(None, map(self._holds, filter(None, names))), None)
                     if cred:
                         self._credentials[cred[0]] = None
-                if e.info & Info.SOURCE_CHANGED:
-                    self._credentials[e.path2] = None
                 self._aliases.take(e)
             elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
                     (e.path, e.arg0) in self._served:
