@@ -7,7 +7,9 @@ and a non-editable `pip install .` with `caper demo` from that venv.
 Four variants cover each choice at least twice: root without sudo and a
 normal user with sudo, /tmp on tmpfs and on ext4, with and without unusual
 mount trees (a chroot with its own proc/sys/cgroup/devpts mounts, a
-read-only bind, an overlay, one ext4 at two places, nested tmpfs).
+read-only bind, an overlay, one ext4 at two places, a squashfs, nested
+tmpfs, FUSE mounts of root's and of another user's that the other cannot
+even stat).
 
 Opt-in (CAPER_TEST_FRESH_HOST=1): it needs root, mmdebstrap and the network
 to the Debian mirror and PyPI, and takes minutes per variant."""
@@ -99,6 +101,8 @@ def test_fresh_host_installs_and_runs(variant, collected):
                 ("/mnt/data", "ext4"), ("/run/user/1000", "tmpfs"), ("/srv/nested/a/b", "tmpfs")}
         if shutil.which("mksquashfs"):
             want.add(("/snap/hello/1", "squashfs"))
+        if os.path.exists("/dev/fuse"):
+            want |= {("/srv/fuse", "fuse"), ("/run/user/1000/gvfs", "fuse")}
         assert want <= mounts, want - mounts
 
     for name in ("demo", "pip-install"):
