@@ -105,6 +105,11 @@ def test_fresh_host_installs_and_runs(variant, collected):
             want |= {("/srv/fuse", "fuse"), ("/run/user/1000/gvfs", "fuse")}
         assert want <= mounts, want - mounts
 
+    # A fresh host's set-up says nothing alarming (Debian 12's venv setuptools
+    # once warned "beta" at every bootstrap).
+    for noise in ("Warning:", "warnings.warn(", "unable to resolve host", "Traceback"):
+        assert noise not in out, [line for line in out.splitlines() if noise in line][:5]
+
     for name in ("demo", "pip-install"):
         text = _step(out, name)
         for line in DEMO_LINES:
