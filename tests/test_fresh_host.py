@@ -70,8 +70,9 @@ def _step(out: str, name: str) -> str:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fresh_host_installs_and_runs(variant, collected):
     args = VARIANTS[variant]
-    p = subprocess.run([str(SCRIPT), *args, "--tests", " ".join(TESTS)],
-                       capture_output=True, text=True, timeout=3600)
+    # timeout(1) sends SIGTERM, on which the script still ends its run and cleans up.
+    p = subprocess.run(["timeout", "3600", str(SCRIPT), *args, "--tests", " ".join(TESTS)],
+                       capture_output=True, text=True, timeout=3700)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-6000:]
     assert re.search(rf"^== fresh-host {variant}: 3 of 3 steps ok", out, re.M), out[-3000:]
