@@ -27,6 +27,14 @@ def python_command() -> list[str]:
             "from caper.front.cli import main; sys.exit(main())"]
 
 
+def _same_python(a: str, b: str) -> bool:
+    """One interpreter of one environment: python and python3 of a venv are
+    (bin/caper starts python3, the build ran python); another venv's python
+    resolves to the same binary but is not."""
+    return a == b or (os.path.dirname(a) == os.path.dirname(b)
+                      and os.path.realpath(a) == os.path.realpath(b))
+
+
 def caper_command() -> list[str]:
     """argv that runs this caper's CLI: the native client when it was built
     for this Python (it hands what the gate does not take to python_command),
@@ -36,6 +44,6 @@ def caper_command() -> list[str]:
             built_for = f.read().strip()
     except OSError:
         built_for = None
-    if built_for == sys.executable and os.access(CLIENT, os.X_OK):
+    if built_for and _same_python(built_for, sys.executable) and os.access(CLIENT, os.X_OK):
         return [CLIENT]
     return python_command()
