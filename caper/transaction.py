@@ -81,8 +81,7 @@ class RunOutcome:
             return self.reason
         what = (f"held for a human (`caper commit {self.held}` applies it, `caper discard "
                 f"{self.held}` drops it)" if self.held else "blocked, nothing was committed")
-        return (f"{what}; the reason of {self.approver or 'the approver'} is withheld: "
-                f"{SEALED_WHY} (credentials: {', '.join(self.report.read_credentials)})")
+        return f"{what}; the reason of {self.approver or 'the approver'} is withheld: {SEALED_WHY}"
 
     @property
     def agent_report(self) -> "Report | None":
@@ -349,11 +348,11 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                 (report.redacted_output("stdout"), report.redacted_output("stderr"))
             if not committed and report.read_credentials:
                 # Redaction is verbatim: once a credential was read, an encoded
-                # copy can be in any byte or name the run chose. A committed
-                # run returns its output as it was: its approver saw the read.
-                from caper.report.build import rounded
-                stdout, stderr = (Output(b"", b"", rounded(stdout.total)),
-                                  Output(b"", b"", rounded(stderr.total)))
+                # copy can be in any byte, name, size or time the run chose. A
+                # committed run returns its output as it was: its approver saw
+                # the read. (The call's own wall time still passes: see SECURITY.md.)
+                stdout, stderr = Output(b"", b"", 0), Output(b"", b"", 0)
+                timings = {}
             return RunOutcome(decision=decision.decision, reason=decision.reason,
                               exit_code=result.exit_code, stdout=stdout,
                               stderr=stderr, report=report, timings=timings,

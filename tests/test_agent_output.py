@@ -113,13 +113,11 @@ def test_a_blocked_run_that_read_a_credential_gives_back_no_output_and_no_chosen
     assert set(_leaks(out.report.card())) >= {"rev", "name"}   # the approver's report
     r = out.agent_report
     assert r.withheld and "withheld: the run read a credential" in r.card()
-    assert r.output.stdout.head is None and r.output.stdout.bytes == 512   # 360, rounded up
-    assert out.stdout.text() == b"\n[... 512 bytes omitted ...]\n"
-    assert r.changes == [] and [(a.op, a.files, a.under) for a in r.aggregates] == [
-        ("created", 2, WITHHELD)]
-    assert {(p.path, p.kind) for p in r.protected_reads} == {(WITHHELD, "aws-credentials")}
-    assert r.processes.execs == [] and r.counts["execs"].observed >= 8   # rounded up
-    assert "withheld" in out.agent_reason and "aws" in out.agent_reason
+    assert r.output.stdout.head is None and r.output.stdout.bytes == 0 and out.stdout.total == 0
+    assert r.changes == r.aggregates == r.protected_reads == [] and r.counts == {}
+    assert r.processes.execs == [] and r.end.how == WITHHELD
+    assert "withheld" in out.agent_reason and "aws" not in out.agent_reason
+    assert "timings" not in out.to_json() or not out.to_json()["timings"]
 
 
 # Each number and name here is one the run chose after it read a credential:
@@ -147,11 +145,11 @@ def test_a_sealed_report_carries_no_name_or_number_the_run_chose(repo, tmp_path,
         for chosen in ("picked-name", "src/m1.c", "Makefile", "gen/x", "4280393", "status 77",
                        '"exit_code": 77', f": {omitted}", "signal 12", '"signal": 12'):
             assert chosen not in agent_sees, (chosen, agent_sees)
-    assert {a.op: a.files for a in r.aggregates} == {"created": 512, "modified": 1, "meta": 1}
-    assert r.counts["changes"].observed == 512 and r.counts["signals"].observed == 1
-    assert r.end.exit_code is None and r.end.signal is None and r.processes.signals == []
-    assert all(int(u.split(": ")[1]) & (int(u.split(": ")[1]) - 1) == 0
-               for u in r.uncertain if ": " in u)                     # powers of two
+    # Round 5: sizes, counts, flags and kinds, even rounded, carried a byte a
+    # run (2^h bytes of stdout, 2^l of stderr): the sealed report is a constant.
+    other = go("cat ~/.aws/credentials >/dev/null; echo x; exit 3", repo, tmp_path / "2",
+               home=home)
+    assert other.withheld and other.agent_report.model_copy(update={"command": ""}) == r
 
 
 @pytest.mark.parametrize("door", ["cli", "gate"])

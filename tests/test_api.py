@@ -96,7 +96,7 @@ def test_mcp_server_through_a_real_client_session(project, tmp_path):
     assert ok.content[0].text == "exit status 0\nhello\n" and not ok.is_error
     assert (project / "greet.txt").read_text() == "hello\n"
     text = bad.content[0].text
-    assert bad.is_error and text.startswith("caper blocked this command") and "secret" in text
+    assert bad.is_error and text.startswith("caper blocked this command") and "credential" in text
     assert "tok-5f6e7d8c9b0a1f2e" not in text and "caper effect report" in text
     # No workspace, a relative one, the root directory, a missing one: refused, as errors.
     assert all(r.is_error and "did not run" in r.content[0].text for r in refused)

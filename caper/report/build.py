@@ -27,7 +27,7 @@ import os
 import re
 import signal
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
@@ -135,10 +135,9 @@ REPORT_LATE = "report-deadline-passed"   # uncertainty flag
 # In the agent's view of a run that read a credential and was not committed
 # (Report.sealed): what stands for each name the run chose, and why.
 WITHHELD = "<withheld>"
-SEALED_WHY = ("the run read a credential and was not committed: no byte of its output, no "
-              "name it chose or touched (files, programs, addresses, diffs) and no number it "
-              "set (exit status, signals, sizes) is given back, in any encoding; changes by op "
-              "only, counts and output sizes rounded up to a power of two")
+SEALED_WHY = ("the run read a credential and was not committed: nothing it chose after it "
+              "could read is given back (no output, name, number, size, count, flag or which "
+              "credential), in any encoding; the approver saw the whole report")
 _CHOSEN_OPS = ("created", "renamed", "replaced")   # a change whose name the run chose
 
 # --- the model --------------------------------------------------------------------------
@@ -362,62 +361,16 @@ class Report(_Model):
         """The report as the agent of a run that read a credential and was
         not committed gets it. Redaction matches values verbatim; base64,
         `rev`, one character per line, a file's name, which existing files
-        it touched (a codebook), an exit status or a signal's target pass
-        it. So nothing the run chose after it could read is given back: no
-        output byte, no name, no number it set; only how many changes of
-        each op, credential kinds, refusal reasons, and counts and sizes
-        rounded up to a power of two (the approver saw the whole report)."""
-        r = self.model_copy(deep=True)
-        r.withheld = SEALED_WHY
-        ops: Counter[str] = Counter()
-        for c in r.changes:
-            ops[c.op] += 1
-        for a in r.aggregates:
-            ops[a.op] += a.files
-        r.changes = []
-        r.aggregates = [Aggregate(under=WITHHELD, op=op, where=WITHHELD, files=rounded(n))
-                        for op, n in sorted(ops.items())]
-        r.counts = {k: Count(observed=rounded(c.observed), included=0,
-                             omitted=rounded(c.observed)) for k, c in r.counts.items()}
-        r.uncertain = sorted({_rounded_flag(u) for u in r.uncertain})
-        r.end = RunEnd(how=r.end.how, detail=WITHHELD if r.end.detail else None)
-        if r.git:
-            g = r.git
-            r.git = GitLoss(commits=rounded(g.commits), refs=[WITHHELD] if g.refs else [],
-                            content_kept=g.content_kept, stashes=rounded(g.stashes),
-                            reflog_only=rounded(g.reflog_only),
-                            uncommitted=[WITHHELD] if g.uncommitted else [],
-                            unknown=WITHHELD if g.unknown else None)
-        net: Counter[tuple] = Counter()
-        for n in r.network:
-            net[(n.call, n.family, n.protocol, n.result)] += n.count
-        r.network = [NetAttempt(call=call, family=family, protocol=protocol, address=WITHHELD,
-                                result=result, count=rounded(n), by=WITHHELD)
-                     for (call, family, protocol, result), n in sorted(net.items(), key=str)]
-        r.protected_reads = [ProtectedRead(path=WITHHELD, kind=kind, by=WITHHELD, op=op,
-                                           result=result)
-                             for kind, op, result in sorted({(p.kind, p.op, p.result)
-                                                             for p in r.protected_reads}, key=str)]
-        seen: dict[str, set[str]] = {}
-        for x in r.secrets:
-            seen.setdefault(x.where if x.where in ("stdout", "stderr", "argv") else WITHHELD,
-                            set()).update(x.kinds)
-        r.secrets = [SecretSeen(where=w, kinds=sorted(k)) for w, k in seen.items()]
-        r.end.detail = r.end.detail and WITHHELD
-        if r.git:    # commit subjects and the files they name are the run's words
-            r.git.added = [WITHHELD] * len(r.git.added)
-            r.git.index_unreadable = r.git.index_unreadable and WITHHELD
-        out = r.output
-        r.output = OutputSummary(**{name: Stream(bytes=n, omitted_bytes=n) for name, n in (
-            ("stdout", rounded(out.stdout.bytes)), ("stderr", rounded(out.stderr.bytes)))})
-        refused: Counter[str] = Counter()
-        for x in r.processes.refused:
-            refused[x.reason] += x.count
-        r.processes = Processes(
-            started=rounded(r.processes.started), execs=[], signals=[],
-            refused=[RefusedCall(syscall=WITHHELD, reason=why, by=WITHHELD, count=rounded(n))
-                     for why, n in sorted(refused.items())])
-        return r
+        it touched (a codebook), an exit status, a signal's target, a size
+        or a count, even rounded, which flags it raised, which credentials
+        it read: each carries bits the run chose after it could read. So
+        the agent gets a constant: the command (its own), the workspace,
+        and that the run was withheld (the approver saw the whole report)."""
+        return Report(command=self.command, workspace=self.workspace, backend=self.backend,
+                      end=RunEnd(how=WITHHELD), counts={}, withheld=SEALED_WHY,
+                      output=OutputSummary(**{name: Stream(bytes=0) for name in
+                                              ("stdout", "stderr")}),
+                      processes=Processes(started=0, execs=[], signals=[], refused=[]))
 
     def redacted_output(self, name: str) -> Output:
         """stdout or stderr as the report shows it: every secret redacted."""
@@ -1283,18 +1236,6 @@ def _asked(q: DnsQuery, an: "_Analysis", red: Redactor, lim: Limits, actor, argv
         by=actor(q.pid, q.seq) if q.pid is not None else "?",
         argv=argv(exe[1]) if exe else None,
         reason=None if q.allowed else "not an allowed name")
-
-
-def _rounded_flag(flag: str) -> str:
-    """An uncertainty flag `name: N` with N rounded up to a power of two."""
-    name, _, n = flag.partition(": ")
-    return f"{name}: {rounded(int(n))}" if n.isdigit() else flag
-
-
-def rounded(n: int) -> int:
-    """n rounded up to a power of two: a sealed run's output size carries a
-    few bits, not the exact number the run chose."""
-    return 1 << (n - 1).bit_length() if n else 0
 
 
 def notes(report: Report) -> tuple[str, ...]:
