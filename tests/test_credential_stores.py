@@ -171,3 +171,27 @@ def test_a_token_in_a_remote_url_is_a_credential_rootless():
         assert "done" in out["stdout"], out
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_credential_in_the_history_is_read_by_what_prints_the_history(tmp_path):
+    """Round 5: a .env committed once and untracked since lives on in
+    .git/objects; `git log -p --all | rev` opened only packs and objects, so
+    no credential was read and the key came back reversed. git printing
+    content from history, or another program reading the object store,
+    reads every credential location the history holds."""
+    ws = tmp_path / "ws"
+    git_project(ws, {"README": "hi\n", ".env": f"API_TOKEN={GH}\n"})
+    subprocess.run(["git", "-C", str(ws), "rm", "-q", "--cached", ".env"], check=True)
+    (ws / ".gitignore").write_text(".env\n")
+    subprocess.run(["git", "-C", str(ws), "add", ".gitignore"], check=True)
+    subprocess.run(["git", "-C", str(ws), "-c", "user.email=a@b", "-c", "user.name=a", "commit",
+                    "-qm", "untrack .env"], check=True)
+    (ws / ".env").unlink()
+    for command in ("git log -p --all | rev", "cat .git/objects/*/* | rev >/dev/null"):
+        out = run(command, cwd=str(ws), workspace=str(ws), approver="policy",
+                  state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
+        assert "dotenv" in out.report.read_credentials, (command, out.report.card())
+        assert not out.committed and out.withheld and GH[::-1] not in out.card()
+    out = run("git log --oneline", cwd=str(ws), workspace=str(ws), approver="policy",
+              state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
+    assert out.report.read_credentials == [] and out.committed, out.reason

@@ -45,7 +45,7 @@ from caper.sandbox.netproxy import NetRecord, ProxyRequest
 from caper.fs.mountinfo import below
 from caper.report import stores
 from caper.report.secrets import Protected, Redactor
-from caper.report.workspace import GIT_ROUTINE, TEMP_DIRS, PathView, history_values
+from caper.report.workspace import GIT_ROUTINE, TEMP_DIRS, PathView, history_names, history_values
 
 REPORT_VERSION = 1
 TARGET_BYTES = 4096
@@ -531,6 +531,7 @@ class _Analysis:
         self.protected: list[tuple[Event, str, str]] = []   # (the call, kind, credential path)
         self.other_reads: list[tuple[Event, str]] = []      # (a read of no credential, what)
         self.git_named: dict[str, str] = {}                 # credential a git command named -> kind
+        self.history_readers: list[Event] = []   # git printing content, others reading objects
         self.git_config_reads: set[str] = set()             # token-holding configs git read for itself
         self.git_env: set[int] = set()                      # execs whose environment configures git
         self.refused: list[Event] = []
@@ -571,6 +572,8 @@ class _Analysis:
                     self.protected.append((e, kind, cred))
                     p.reads.append((e.seq, cred))
                     self.git_named[cred] = kind
+                if _prints_content(e.argv or []):
+                    self.history_readers.append(e)
             if e.info & Info.ARGV_CHANGED:
                 self.uncertain[ARGV_CHANGED] += 1
         elif k == Kind.OPEN and e.path:
@@ -590,6 +593,9 @@ class _Analysis:
                     p.reads.append((e.seq, cred[0] if cred else e.path))
                 if e.ok and not cred:
                     self.other_reads.append((e, e.real or e.path))
+                if e.ok and _in_object_store(e.real or e.path, facts.workspace) and \
+                        os.path.basename((self.exe(e.pid, e.seq) or ("",))[0]) != "git":
+                    self.history_readers.append(e)
                 if e.path.startswith("/proc/") and e.path.rsplit("/", 1)[-1] in _STATUS_FILES:
                     self.uncertain["a-process-could-see-it-was-traced"] += 1
                 if _REVEALS_SANDBOX.fullmatch(e.path):
@@ -851,6 +857,34 @@ def _git_named(argv: list[str], workspace: str, protected: Protected) -> list[tu
     return out
 
 
+# git subcommands that print file content from the object store (log -p and
+# the like are judged by their options).
+_CONTENT_COMMANDS = {"show", "cat-file", "grep", "archive", "format-patch", "bundle",
+                     "fast-export", "blame", "annotate", "whatchanged", "diff-tree", "stash",
+                     "difftool", "instaweb", "unpack-objects", "verify-pack", "show-index"}
+_PATCH_OPTIONS = ("-p", "-u", "--patch", "-U", "--unified", "--full-diff", "--word-diff",
+                  "--cc", "-c", "--raw", "--binary", "--output")
+
+
+def _prints_content(argv: list[str]) -> bool:
+    """Whether a git command line can print a file's content from history."""
+    words = argv[1:1 + MAX_GIT_WORDS]
+    i = 0
+    while i < len(words) and words[i].startswith("-"):    # git's own options
+        i += 2 if words[i] in ("-C", "-c", "--git-dir", "--work-tree", "--namespace") else 1
+    if i >= len(words):
+        return False
+    sub, rest = words[i], words[i + 1:]
+    if sub in _CONTENT_COMMANDS:
+        return True
+    return sub in ("log", "diff", "reflog", "rev-list") and any(
+        w.startswith(_PATCH_OPTIONS) for w in rest)
+
+
+def _in_object_store(path: str, workspace: str) -> bool:
+    return below(path, os.path.join(workspace, ".git", "objects"))
+
+
 def _via(e: Event, cred: str, path) -> str | None:
     """The other name of a credential read: what an open named, what a link
     or rename made."""
@@ -880,6 +914,19 @@ def _draft(facts: RunFacts) -> _Draft:
         redactor.add_values(facts.tree.credential_values(cred, kind), kind)
     for cred in an.git_config_reads:   # git's own read: a value in the output is still a read
         redactor.add_values(facts.tree.credential_values(cred, stores.GIT_CONFIG), stores.GIT_CONFIG)
+    if an.history_readers and view.is_git:
+        # git printing content, or another program reading the object store:
+        # every credential location the history holds is read (a .env once
+        # committed lives on in .git/objects).
+        names = history_names(facts.workspace)
+        e = an.history_readers[0]
+        for rel in names if names is not None else [".git/objects"]:
+            full = os.path.join(facts.workspace, rel)
+            kind = facts.protected.kind(full) if names is not None else "git-history"
+            if kind and full not in an.git_named:
+                an.protected.append((e, kind, full))
+                an.procs[e.pid].reads.append((e.seq, full))
+                an.git_named[full] = kind
     for cred, kind in an.git_named.items():   # and every version the repository keeps
         redactor.add_values(history_values(facts.workspace, os.path.relpath(cred, facts.workspace)),
                             kind)

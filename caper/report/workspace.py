@@ -85,6 +85,22 @@ class _Git:
         return out
 
 
+HISTORY_NAMES_COMMITS = 5000   # of the whole history, read for the names it holds
+
+
+def history_names(workspace: str) -> list[str] | None:
+    """Every path a commit on any ref (stashes too) added or changed, of the
+    last HISTORY_NAMES_COMMITS: what a `git log -p` or a read of the object
+    store can print though the file is gone from the tree. None when git
+    could not say (fail closed: the caller takes it as holding anything)."""
+    try:
+        out = _Git(workspace, "log", "--all", "--format=", "--name-only", "--no-renames",
+                   "-n", str(HISTORY_NAMES_COMMITS)).result((0,))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted({ln for ln in out.decode("utf-8", "surrogateescape").splitlines() if ln})
+
+
 HISTORY_COMMITS = 64           # of a credential's history, read for its values
 MAX_HISTORY_BYTES = 4 << 20
 
