@@ -195,3 +195,31 @@ def test_a_credential_in_the_history_is_read_by_what_prints_the_history(tmp_path
     out = run("git log --oneline", cwd=str(ws), workspace=str(ws), approver="policy",
               state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
     assert out.report.read_credentials == [] and out.committed, out.reason
+
+
+KEY_FILES = {
+    "deploy/privkey.pem": "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIGq0pvd1FAKEFAKEFAKE\n"
+                          "-----END PRIVATE KEY-----\n",
+    "vpn/wg0.conf": "[Interface]\nPrivateKey = yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\n",
+    "k8s/admin.conf": "users:\n- user:\n    client-key-data: LS0tLS1CRUdJTiBFQyBQUklWQVRFIEtFWS0t\n",
+    "backup/shadow.old": "root:$6$saltsalt$Q0k1uA2y4Vf8fakehashfakehashfakehash:19000:0:99999:7:::\n",
+}
+
+
+@pytest.mark.parametrize("rel", sorted(KEY_FILES))
+def test_a_key_under_a_name_no_pattern_knows_is_a_credential_by_what_it_holds(tmp_path, rel):
+    """Round 5: privkey.pem, a WireGuard config, a kubeconfig outside ~/.kube
+    and a copy of /etc/shadow were read back reversed by a blocked run: no
+    pattern named them. Every file a run reads is looked at for a private
+    key or password hashes (up to 4,000 files of 256 KiB)."""
+    ws = tmp_path / "ws"
+    (ws / rel).parent.mkdir(parents=True)
+    (ws / rel).write_text(KEY_FILES[rel])
+    (ws / "notes.txt").write_text("just notes\n")
+    out = run(f"rev {rel}", cwd=str(ws), workspace=str(ws), approver="policy",
+              state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
+    assert out.report.read_credentials, out.report.card()
+    assert not out.committed and out.withheld and out.stdout.total == 0
+    out = run("rev notes.txt", cwd=str(ws), workspace=str(ws), approver="policy",
+              state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
+    assert out.report.read_credentials == [] and out.committed

@@ -881,6 +881,42 @@ def _prints_content(argv: list[str]) -> bool:
         w.startswith(_PATCH_OPTIONS) for w in rest)
 
 
+# What a file that is a credential by its content holds. Looked for in every
+# file the run read that no pattern names, up to CONTENT_SCAN_FILES files of
+# CONTENT_SCAN_BYTES each (past that: the uncertain flag CONTENT_NOT_SCANNED).
+_KEY_MARKERS = (b"PRIVATE KEY-----", b"PrivateKey", b"client-key-data", b'"private_key"')
+_CRYPT_HASH = re.compile(rb"(?m)^[^:\n]+:\$(?:1|2[aby]|5|6|y|gy|7)\$[^:\n]{8,}:")
+_NOT_SCANNED_DIRS = ("/usr/", "/lib/", "/lib64/", "/proc/", "/sys/", "/dev/", "/bin/", "/sbin/")
+CONTENT_SCAN_FILES = 4000
+CONTENT_SCAN_BYTES = 256 * 1024
+CONTENT_NOT_SCANNED = "reads-not-scanned-for-keys"
+
+
+def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree,
+                            deadline: float) -> "tuple[list[tuple[Event, str, str]], int]":
+    """(event, path, kind) of the files read that hold a private key or
+    password hashes, as the run saw them; and how many were not looked at."""
+    out, seen, unscanned = [], set(), 0
+    for e, name in reads:
+        if name in seen or name.startswith(_NOT_SCANNED_DIRS) or "/.git/objects/" in name:
+            continue
+        seen.add(name)
+        if len(seen) > CONTENT_SCAN_FILES or time.monotonic() > deadline:
+            unscanned += 1
+            continue
+        # The run's version where it made one, else the host's (which it read).
+        where = loc.locate(name)
+        blob = (read_blob(where[0], where[1], CONTENT_SCAN_BYTES) if where else None) or \
+            read_blob("/", name.lstrip("/"), CONTENT_SCAN_BYTES)
+        if blob is None:
+            continue
+        if any(m in blob.data for m in _KEY_MARKERS):
+            out.append((e, name, "private-key"))
+        elif _CRYPT_HASH.search(blob.data):
+            out.append((e, name, "password-hashes"))
+    return out, unscanned
+
+
 def _in_object_store(path: str, workspace: str) -> bool:
     return below(path, os.path.join(workspace, ".git", "objects"))
 
@@ -1039,6 +1075,16 @@ def _draft(facts: RunFacts) -> _Draft:
             an.protected.append((e, kind, name))
             an.procs[e.pid].reads.append((e.seq, name))
             redactor.add_values(loc.credential_values(name, kind), kind)
+
+    # A key or password hashes under a name no pattern knows (privkey.pem,
+    # wg0.conf, admin.conf, /etc/shadow-) are credentials by what they hold.
+    found, unscanned = _credentials_by_content(an.other_reads, loc, deadline)
+    if unscanned:
+        uncertain[CONTENT_NOT_SCANNED] = unscanned
+    for e, name, kind in found:
+        an.protected.append((e, kind, name))
+        an.procs[e.pid].reads.append((e.seq, name))
+        redactor.add_values(loc.credential_values(name, "private-key"), kind)
 
     protected_reads = []
     for e, kind, cred in an.protected:
