@@ -105,7 +105,7 @@ def test_codex_lets_through_only_the_exact_wrapped_command(project, tmp_path):
     from caper.front.tasks import new_call
     state = str(tmp_path / "state")
     os.makedirs(state, mode=0o700)
-    call = new_call(state, "sess-1", "make", TASK, "transcript")
+    call = new_call(state, "sess-1", "make", TASK, "transcript", str(project))
     base = hooks.wrap("make", "sess-1", call)
     other = hooks.wrap("make", "sess-1", "0" * 32)          # no such record
     for sneaky in (base + "; rm -rf src", base + " && id", base.replace("sess-1", "sess-2"),

@@ -73,6 +73,8 @@ class Agent:
     per_second: int = 1        # timeout units per second
     shell: str = "bash"        # what its shell tool runs the command with (Claude Code's
                                # Bash tool, Codex's bash -lc, Gemini's bash -c)
+    project_env: str | None = None   # the variable that names the session's project to its
+                                     # hooks (else the hook input's cwd)
 
 
 # Default scopes: Codex runs a project's hooks only in a project it trusts,
@@ -81,12 +83,12 @@ class Agent:
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
                          ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", "project",
-                         can_ask=True),
+                         can_ask=True, project_env="CLAUDE_PROJECT_DIR"),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
                    "resubmit", "UserPromptSubmit", "user"),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
                     ".gemini/settings.json", 30000, "rewrite", "BeforeAgent", "user",
-                    per_second=1000),
+                    per_second=1000, project_env="GEMINI_PROJECT_DIR"),
 }
 
 
@@ -145,21 +147,24 @@ def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> s
     return rest[3]
 
 
-def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
-    """The task for a gated call, and where it came from: the prompts the
-    agent's prompt event recorded, else (no record at all) the transcript,
-    else none. A record caper did not make is none: the strictest case."""
+def call_task(hook: dict, session: str, state: str,
+              project: str | None) -> tuple[str | None, str, str | None]:
+    """The task for a gated call, where it came from, and the project it
+    was given for: the prompts the agent's prompt event recorded (with the
+    session's project), else (no record at all) the transcript (with
+    `project`, the one this call's hook input names), else none. A record
+    caper did not make is none: the strictest case."""
     from caper.front.transcripts import task_from_transcript
     from caper.front.tasks import TaskRecordError, recorded_task
     try:
-        recorded, task = recorded_task(state, session)
+        recorded, task, recorded_project = recorded_task(state, session)
     except TaskRecordError:
-        return None, "none"
+        return None, "none", None
     if recorded:
-        return task, "prompt-event" if task else "none"
+        return task, "prompt-event" if task else "none", recorded_project
     path = hook.get("transcript_path")
     task = task_from_transcript(path if isinstance(path, str) else None)
-    return task, "transcript" if task else "none"
+    return task, "transcript" if task else "none", project
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -238,13 +243,25 @@ def claude_timeouts(tool_input: dict, env=None) -> tuple[float, int]:
     return command_ms / 1000, min(largest, command_ms + CAPER_AFTER_MS)
 
 
-def project_dir(hook: dict, env=None) -> str:
-    """Claude Code's project: where it was started (CLAUDE_PROJECT_DIR, set
-    for hooks), else the call's cwd."""
-    d = (os.environ if env is None else env).get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
+def project_dir(agent: Agent, hook: dict, env=None) -> str:
+    """The session's project directory: where the agent was started, as it
+    tells its hooks (CLAUDE_PROJECT_DIR, GEMINI_PROJECT_DIR), else the hook
+    input's cwd (Codex's is the session's, not a call's `workdir`)."""
+    d = agent.project_env and (os.environ if env is None else env).get(agent.project_env) \
+        or hook.get("cwd")
     if not isinstance(d, str) or not os.path.isabs(d):
-        raise ValueError("no absolute project directory (CLAUDE_PROJECT_DIR or cwd)")
+        raise ValueError(f"no absolute project directory ({agent.project_env or 'cwd'})")
     return d
+
+
+def session_project(agent: Agent, hook: dict, env=None) -> str | None:
+    """The workspace of the session's project directory (caper.front.tasks:
+    a task holds only there); None if the agent did not say."""
+    from caper.front.tasks import project_of
+    try:
+        return project_of(project_dir(agent, hook, env))
+    except ValueError:
+        return None
 
 
 # Claude Code's permission modes whose "ask" puts the question to the human.
@@ -268,7 +285,7 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     if not isinstance(hook, dict):
         raise ValueError("the hook input is not a JSON object")
     if hook.get("hook_event_name") == agent.prompt_event:
-        return prompt_answer(agent, hook, state)
+        return prompt_answer(agent, hook, state, env)
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -292,7 +309,7 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
         return ask_human(agent, held, state, can_ask(agent, hook))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
-    rule = claude_rules.verdict(inner or command, project_dir(hook, env), env,
+    rule = claude_rules.verdict(inner or command, project_dir(agent, hook, env), env,
                                 claude_rules.Launch.of_ancestor(client)) \
         if agent.name == "claude-code" else None
     if rule is not None and (rule[0] == "deny" or not can_ask(agent, hook)):
@@ -305,13 +322,13 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
                   "are approved")
     if inner is not None:            # already inside the gate: it runs once, there
         return _out(agent, decision, why, command, tool_input)
-    task, source = call_task(hook, session, state)
+    task, source, project = call_task(hook, session, state, session_project(agent, hook, env))
     caper_s, tool_ms = claude_timeouts(tool_input, env) if agent.name == "claude-code" \
         else (None, None)
     def wrapped_of(call: str) -> str:
         return wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
                     shell=agent.shell)
-    wrapped = wrapped_of(new_call(state, session, command, task, source, wrapped_of))
+    wrapped = wrapped_of(new_call(state, session, command, task, source, project, wrapped_of))
     if agent.name == "claude-code":
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
     if mode(agent, env) == "resubmit":
@@ -321,16 +338,18 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     return _out(agent, decision, why, wrapped, tool_input)
 
 
-def prompt_answer(agent: Agent, hook: dict, state: str | None = None) -> str:
+def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) -> str:
     """The agent's prompt event: record what the human typed (a sub-agent's
-    prompt is the agent's words, not the user's) and let it through."""
+    prompt is the agent's words, not the user's), in which project, and let
+    it through."""
     from caper.state import state_dir
     from caper.front.tasks import record_prompt
     session, prompt = hook.get("session_id"), hook.get("prompt")
     if isinstance(session, str) and session and len(session) <= 200 and \
             isinstance(prompt, str) and not hook.get("agent_id"):
         try:
-            record_prompt(state or state_dir(), session, prompt)
+            record_prompt(state or state_dir(), session, prompt,
+                          session_project(agent, hook, env))
         except Exception:   # never block the user's prompt: the calls fall back to the
             pass            # transcript, and to the strictest case without one
     return ""
