@@ -127,6 +127,33 @@ def test_with_caper_gone_the_call_does_not_run(agent, installed, start, project,
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
 
 
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_a_task_does_not_follow_the_call_into_another_repository(agent, installed, start, project,
+                                                                  tmp_path):
+    """adv4b 11: Codex's exec_command takes a `workdir` from the model,
+    Gemini's run_shell_command a `dir_path`; the user's "delete the src
+    directory" is about the session's project. The same call in another
+    repository has no task (its tracked src/ stays); in the project it has
+    (the control: the project's src/ goes). (Gemini keeps dir_path to its
+    workspace directories: the other repository is one, as
+    --include-directories makes it.)"""
+    other = git_project(tmp_path / "other", {"src/main.py": "x = 1\n"})
+    param, extra = ("workdir", ()) if agent == "codex" else \
+        ("dir_path", ("--include-directories", str(other)))
+    task = "delete the src directory, it is obsolete"
+    model, client = start(agent, commands(("rm -rf src", {param: str(other)})))
+    install_caper(client, project)
+    run = client.run(task, project, *extra)
+    assert model.asked == ["rm -rf src"], (run.stdout, run.stderr)
+    assert (other / "src" / "main.py").exists()
+    [told] = model.results
+    assert "no task is known" in told, told
+    model, client = start(agent, commands(("rm -rf src", {param: str(project)})))
+    install_caper(client, project)
+    run = client.run(task, project)
+    assert not (project / "src").exists(), (model.results, run.stderr)
+
+
 def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, start, project,
                                                                    tmp_path):
     """The hash caper writes is the one Codex computes (its own hooks/list),

@@ -26,7 +26,7 @@ import pytest
 from caper.front import tasks
 from caper.front import hooks
 from caper.front.transcripts import task_from_transcript
-from helpers.trees import tree
+from helpers.trees import git_project, tree
 from helpers.hooks import AGENTS, BIN, TASK, hook_input, run_command, run_hook
 
 VICTIM_TASK = "delete the victim folder in my home"
@@ -389,3 +389,37 @@ def test_a_sandboxed_command_cannot_read_the_pinned_key(project, tmp_path):
     assert "search -1 1" in p.stdout and "add -1 1" in p.stdout, (p.stdout, p.stderr)
     from caper.state import record_key
     assert record_key(str(state)) == key
+
+
+# --- a task is about the session's project ---------------------------------------------------
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_a_task_holds_only_in_the_sessions_project(agent, project, tmp_path):
+    """adv4b 11: the hook wraps the command, and the agent runs it wherever
+    its tool's directory parameter says (Codex's workdir, Gemini's
+    dir_path). The prompt records the session's project (Claude Code's
+    CLAUDE_PROJECT_DIR even when the prompt event's cwd is elsewhere);
+    run in another repository the call has no task, and its src/ stays;
+    in a directory of the project it has."""
+    other = git_project(tmp_path / "other", {"src/main.py": "x = 1\n"})
+    task = "delete the src directory, it is obsolete"
+    event = {"session_id": "sess-1", "transcript_path": str(tmp_path / "none"),
+             "hook_event_name": hooks.AGENTS[agent].prompt_event, "prompt": task,
+             "cwd": str(other if agent == "claude-code" else project)}
+    env = {"CLAUDE_PROJECT_DIR": str(project)} if agent == "claude-code" else {}
+    assert hooks.answer(hooks.AGENTS[agent], event, env=env, state=str(tmp_path / "state")) == ""
+    assert tasks.recorded_task(str(tmp_path / "state"), "sess-1") == (True, task, str(project))
+    before = tree(other)
+    for where in (other, project / "src"):
+        command = first_answer(agent, "rm -rf ../src" if where != other else "rm -rf src",
+                               project, tmp_path, tmp_path / "none")
+        p = run_command(command, where, tmp_path)
+        if where == other:
+            assert p.returncode == 125 and "no task is known" in p.stderr, p.stderr
+            assert tree(other) == before
+        else:
+            assert p.returncode == 0, p.stderr
+            assert not (project / "src").exists()
+    assert not tasks.same_project(None, str(project))
+    assert tasks.same_project(str(tmp_path), str(tmp_path / "plain"))       # no repository
+    assert not tasks.same_project(str(tmp_path), str(project))             # a repository in it

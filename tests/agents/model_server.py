@@ -153,7 +153,7 @@ class ModelServer(JsonServer):
         n = len(self.requests)
         if cmd is not None:
             item = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}",
-                    "name": "exec_command", "arguments": json.dumps({"cmd": cmd[0]})}
+                    "name": "exec_command", "arguments": json.dumps({"cmd": cmd[0], **cmd[1]})}
         else:
             item = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": DONE_TEXT, "annotations": []}]}
@@ -182,7 +182,8 @@ class ModelServer(JsonServer):
                    if isinstance(p, dict) and "functionResponse" in p]
         cmd = self._next(results) if offered else None
         if cmd is not None:
-            part = {"functionCall": {"name": "run_shell_command", "args": {"command": cmd[0]}}}
+            part = {"functionCall": {"name": "run_shell_command",
+                                     "args": {"command": cmd[0], **cmd[1]}}}
         elif "generationConfig" in body and \
                 (body["generationConfig"].get("responseMimeType") == "application/json"):
             # Gemini's side questions (next speaker, routing) want JSON back.
