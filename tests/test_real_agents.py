@@ -154,6 +154,37 @@ def test_a_task_does_not_follow_the_call_into_another_repository(agent, installe
     assert not (project / "src").exists(), (model.results, run.stderr)
 
 
+def test_claude_code_file_tools_cannot_reach_capers_state_directory(installed, start, project,
+                                                                    tmp_path):
+    """adv4b 13: Claude Code's own Write (Read, Edit...) run in its process,
+    not in caper's sandbox: with them the agent could replace the record key
+    or read it. The hook denies them there, through a symlink or `..` too,
+    in the mode that skips every permission prompt; elsewhere they work."""
+    state = tmp_path / "claude-code" / "state"
+    (project / "st").symlink_to(state)
+    # (Claude Code itself refuses a Write over a file not Read first: the key
+    # is Read, and a new record Written.)
+    writes = [("Read", {"file_path": str(state / "tasks" / "key")}),
+              ("Read", {"file_path": str(project / "st" / "tasks" / "key")}),
+              ("Read", {"file_path": f"{project}/../claude-code/state/tasks/key"}),
+              ("Write", {"file_path": str(project / "st" / "tasks" / "prompt-x.json"),
+                         "content": "{}"}),
+              ("Write", {"file_path": str(project / "notes.txt"), "content": "mine\n"})]
+    model, client = start("claude-code", commands(*[(f"{tool} {i['file_path']}",
+                                                     {"tool": tool, "input": i})
+                                                    for tool, i in writes]),
+                          extra_env={"IS_SANDBOX": "1"})
+    install_caper(client, project)
+    key = (state / "tasks" / "key").read_bytes()        # made by the install's doctor run
+    run = client.run("take notes", project, "--dangerously-skip-permissions")
+    assert len(model.asked) == 5, (run.stdout, run.stderr)
+    assert all("may not reach caper's state directory" in r for r in model.results[:4]), \
+        model.results
+    assert not (state / "tasks" / "prompt-x.json").exists()
+    assert (state / "tasks" / "key").read_bytes() == key
+    assert (project / "notes.txt").read_text() == "mine\n"
+
+
 def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, start, project,
                                                                    tmp_path):
     """The hash caper writes is the one Codex computes (its own hooks/list),

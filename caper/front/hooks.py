@@ -75,6 +75,7 @@ class Agent:
                                # Bash tool, Codex's bash -lc, Gemini's bash -c)
     project_env: str | None = None   # the variable that names the session's project to its
                                      # hooks (else the hook input's cwd)
+    file_tools: tuple[str, ...] = ()  # its own tools that read or write files by path
 
 
 # Default scopes: Codex runs a project's hooks only in a project it trusts,
@@ -83,12 +84,16 @@ class Agent:
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
                          ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", "project",
-                         can_ask=True, project_env="CLAUDE_PROJECT_DIR"),
+                         can_ask=True, project_env="CLAUDE_PROJECT_DIR",
+                         file_tools=("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob",
+                                     "Grep", "LS")),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
-                   "resubmit", "UserPromptSubmit", "user"),
+                   "resubmit", "UserPromptSubmit", "user", file_tools=("apply_patch",)),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
                     ".gemini/settings.json", 30000, "rewrite", "BeforeAgent", "user",
-                    per_second=1000, project_env="GEMINI_PROJECT_DIR"),
+                    per_second=1000, project_env="GEMINI_PROJECT_DIR",
+                    file_tools=("read_file", "write_file", "replace", "read_many_files",
+                                "list_directory", "glob", "grep_search")),
 }
 
 
@@ -286,6 +291,8 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
         raise ValueError("the hook input is not a JSON object")
     if hook.get("hook_event_name") == agent.prompt_event:
         return prompt_answer(agent, hook, state, env)
+    if hook.get("tool_name") in agent.file_tools:
+        return file_tool_answer(agent, hook, env, state)
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -352,6 +359,81 @@ def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) 
                           session_project(agent, hook, env))
         except Exception:   # never block the user's prompt: the calls fall back to the
             pass            # transcript, and to the strictest case without one
+    return ""
+
+
+# --- the agent's own file tools: never on caper's state directory ----------------------------
+# Its records (the task, calls, held runs, journals) are MAC'd under a key
+# kept there: a tool that can read it could forge them, one that can write
+# there could replace what caper trusts (caper.state.record_key). The agent's
+# shell never sees the state directory (the sandbox hides it); its file tools
+# run in the agent's own process, so the hook keeps them out.
+
+PATH_KEYS = {"file_path", "notebook_path", "path", "dir_path", "absolute_path", "include",
+             "paths", "file_paths"}
+_PATCH_PATH = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+)$", re.M)
+_GLOB = re.compile(r"[*?\[{]")
+
+
+def tool_paths(tool_input: dict) -> list[str]:
+    """The paths a file tool's input names, as given: path-named fields (a
+    string or a list of them), a pattern that is absolute or starts at ~, and
+    the files of an apply_patch patch in any string field."""
+    out: list[str] = []
+    for key, value in tool_input.items():
+        values = value if isinstance(value, list) else [value]
+        strings = [v for v in values if isinstance(v, str)]
+        if key in PATH_KEYS:
+            out += strings
+        elif key == "pattern":
+            out += [v for v in strings if v.startswith(("/", "~"))]
+        for v in strings:
+            out += [m.strip() for m in _PATCH_PATH.findall(v)]
+    return out
+
+
+def resolved(path: str, cwd: str, home: str | None) -> str:
+    """path as the tool would reach it: ~ as the agent's home, relative to
+    the tool's cwd, up to its first glob character, symlinks and .. resolved."""
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    m = _GLOB.search(path)
+    if m:
+        path = os.path.dirname(path[:m.start()]) or "."
+    return os.path.realpath(os.path.join(cwd, path))
+
+
+def file_matcher(agent: Agent) -> str:
+    """The matcher of the file tools' entry: Gemini CLI matches a regular
+    expression anywhere in the name (anchored, so that an MCP tool called
+    `x_read_file` is not caught and denied as an unknown tool); Claude Code
+    and Codex take `A|B` as the exact names."""
+    names = "|".join(agent.file_tools)
+    return f"^({names})$" if agent.name == "gemini" else names
+
+
+def file_tool_answer(agent: Agent, hook: dict, env=None, state: str | None = None) -> str:
+    """Deny a file tool whose path is in a state directory of caper's, or
+    above one (a search or a listing from there reaches into it); say
+    nothing otherwise (the agent's own permission flow goes on). A tool that
+    names no path acts from its cwd."""
+    from caper.state import known_state_dirs, state_dir
+    tool_input = hook.get("tool_input")
+    if not isinstance(tool_input, dict):
+        raise ValueError("tool_input is missing or not an object")
+    cwd = hook.get("cwd")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        cwd = project_dir(agent, hook, env)
+    env = os.environ if env is None else env
+    guarded = {os.path.realpath(d) for d in [state or state_dir()] + known_state_dirs(env)}
+    for path in tool_paths(tool_input) or ["."]:
+        where = resolved(path, cwd, env.get("HOME"))
+        for d in guarded:
+            if where == d or where.startswith(d + "/") or d.startswith(where.rstrip("/") + "/"):
+                from caper.display import escape
+                return _out(agent, "deny", f"caper: {hook.get('tool_name')} may not reach "
+                                           f"caper's state directory ({escape(d)}, through "
+                                           f"{escape(path)}): caper's records are kept there")
     return ""
 
 
@@ -557,8 +639,9 @@ def hook_command(agent: Agent, timeout_s: float | None = None, gate: bool = True
 def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
             timeout_s: float | None = None) -> tuple[str, list[str]]:
     """Merge caper's entries into the agent's settings, for the shell tool's
-    event and for the prompt event (which records what the user typed, see
-    caper.front.tasks), and make them active where the agent asks for more than
+    event (the shell tool, and the agent's own file tools, kept out of
+    caper's state directory) and for the prompt event (which records what
+    the user typed, see caper.front.tasks), and make them active where the agent asks for more than
     the entry (Codex's hook trust): the settings file, and what the user must
     still do, loudly (empty if nothing). timeout_s: the hooks' timeout
     (default: the agent's entry's)."""
@@ -570,10 +653,13 @@ def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
     def entry(gate: bool) -> dict:
         return {"type": "command", "command": hook_command(agent, timeout_s, gate),
                 "timeout": timeout}
-    for event, group in ((agent.event, {"matcher": agent.tool, "hooks": [entry(True)]}),
-                         (agent.prompt_event, {"hooks": [entry(False)]})):
+    mine: dict[str, list] = {agent.event: [{"matcher": agent.tool, "hooks": [entry(True)]},
+                                           {"matcher": file_matcher(agent),
+                                            "hooks": [entry(True)]}],
+                             agent.prompt_event: [{"hooks": [entry(False)]}]}
+    for event, groups_of_caper in mine.items():
         hooks, groups = _event_list(doc, event, path)
-        hooks[event] = _without_caper(groups, agent) + [group]
+        hooks[event] = _without_caper(groups, agent) + groups_of_caper
     _save(path, doc)
     todo: list[str] = []
     if agent.name == "codex":

@@ -114,7 +114,12 @@ class ModelServer(JsonServer):
                    for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
         cmd = self._next(results) if offered else None
         n = len(self.requests)
-        if cmd is not None:
+        if cmd is not None and "tool" in cmd[1]:      # another tool: ("label", {"tool", "input"})
+            block = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": cmd[1]["tool"],
+                     "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(cmd[1]["input"])}
+            stop = "tool_use"
+        elif cmd is not None:
             block = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "Bash", "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(
                 {"command": cmd[0], "description": "run it", **cmd[1]})}
