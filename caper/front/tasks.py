@@ -25,9 +25,11 @@ The wrapped command names the call (`caper run --session S --call ID -c X`),
 never a task: `caper run` takes the task from the record, and only if the
 record was made for that session and exactly that command X. A record
 serves one run. Each record, prompt and call alike, carries an HMAC under
-`<state>/tasks/key`: the agent's shell never sees the state directory (the
-sandbox hides it), so an agent tool that can write files but not read them
-there (Codex's apply_patch) cannot make a record caper accepts. A prompt
+the state directory's record key (caper.state.record_key: pinned in the
+kernel keyring, so a key file an agent's file tool replaced is put back and
+what it MAC'd does not verify): the agent's shell never sees the state
+directory (the sandbox hides it), and the hooks deny the agent's own file
+tools there (caper.front.hooks.file_tool_answer). A prompt
 record that is not caper's (no MAC, a wrong one, another owner) is no task,
 the strictest case: it does not fall back to the transcript, which the agent
 could have written to as well. The transcript is the fallback only when no
@@ -37,7 +39,8 @@ ran caper says: a human's or a script's own call, never a hooked agent's
 (the hooks wrap every command but the exact `--call` form, so an agent's
 `caper run --task ...` runs inside the sandbox, where caper cannot run).
 
-Standard library and caper.state (light) only: the hooks import it.
+Standard library and caper.state (light) only, but for project_of (the
+hooks' prompt and call paths, which find a workspace): the hooks import it.
 """
 from __future__ import annotations
 
