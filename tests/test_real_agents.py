@@ -199,8 +199,8 @@ def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, sta
     install_caper(client, project)
     install_caper(client, project, "--project")
     seen = [h for h in client.codex_hooks(project) if "caper" in (h.get("command") or "")]
-    # Two entries a scope: the shell tool's event and the prompt event.
-    assert sorted(h["source"] for h in seen) == ["project", "project", "user", "user"]
+    # Three entries a scope: the shell tool's, the file tools' (apply_patch) and the prompt's.
+    assert sorted(h["source"] for h in seen) == ["project"] * 3 + ["user"] * 3
     assert all(h["trustStatus"] == "trusted" and h["enabled"] for h in seen), seen
     for source in {h["sourcePath"] for h in seen}:
         doc = json.loads(Path(source).read_text())
@@ -411,7 +411,7 @@ def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installe
         status, text = doctor(client, project)
         assert status == 1 and "is modified" in text and "fix: caper install codex" in text
         assert sorted(h["trustStatus"] for h in client.codex_hooks(project)) == \
-            ["modified", "modified"]
+            ["modified"] * 3
     elif agent == "claude-code":
         (client.home / ".claude").mkdir(exist_ok=True)
         (client.home / ".claude" / "settings.json").write_text('{"disableAllHooks": true}')
