@@ -124,13 +124,17 @@ _KEY_PERM = 0x3f3f0000                  # possessor and user: all; nobody else a
 
 
 def _keyctl():
-    """(the syscall function, keyctl's number, add_key's), or None where the
-    machine is not one caper knows the numbers of."""
+    """(the syscall function, (add_key's number, keyctl's), ctypes), or None
+    where the machine is not one caper knows the numbers of, or there is no
+    C library to call them through."""
     nums = _KEY_SYSCALLS.get(os.uname().machine)
     if nums is None:
         return None
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (ImportError, OSError):
+        return None
     libc.syscall.restype = ctypes.c_long
     return libc.syscall, nums, ctypes
 

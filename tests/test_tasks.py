@@ -423,3 +423,20 @@ def test_a_task_holds_only_in_the_sessions_project(agent, project, tmp_path):
     assert not tasks.same_project(None, str(project))
     assert tasks.same_project(str(tmp_path), str(tmp_path / "plain"))       # no repository
     assert not tasks.same_project(str(tmp_path), str(project))             # a repository in it
+
+
+def test_without_a_keyring_the_file_is_the_key(tmp_path, monkeypatch):
+    """Where caper cannot reach a keyring (here: a machine whose syscall
+    numbers it does not know; also a seccomp filter refusing keyctl), the
+    records still work, with the file as the key (SECURITY.md's limit), and
+    nothing is pinned."""
+    import hashlib
+    from caper import state as caper_state
+    monkeypatch.setattr(caper_state, "_KEY_SYSCALLS", {})
+    st = caper_state.state_dir(str(tmp_path / "state"))
+    tasks.record_prompt(st, "sess-1", TASK, str(tmp_path))
+    assert tasks.recorded_task(st, "sess-1") == (True, TASK, str(tmp_path))
+    assert len((tmp_path / "state" / "tasks" / "key").read_bytes()) == 32
+    name = "caper-record-key:" + hashlib.sha256(os.fsencode(st)).hexdigest()[:32]
+    with open("/proc/keys") as f:
+        assert name not in f.read()
