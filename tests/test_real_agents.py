@@ -185,6 +185,31 @@ def test_claude_code_file_tools_cannot_reach_capers_state_directory(installed, s
     assert (project / "notes.txt").read_text() == "mine\n"
 
 
+def test_gemini_file_tools_cannot_reach_capers_state_directory(installed, start, project,
+                                                               tmp_path):
+    """The same with the real Gemini CLI (its matcher is a regular
+    expression: the entry's is anchored), the state directory made one of
+    Gemini's workspace directories, so that Gemini's own path check does not
+    refuse first."""
+    state = tmp_path / "gemini" / "state"
+    calls = [("read_file", {"file_path": str(state / "tasks" / "key")}),
+             ("write_file", {"file_path": str(state / "tasks" / "prompt-x.json"),
+                             "content": "{}"}),
+             ("write_file", {"file_path": str(project / "notes.txt"), "content": "mine\n"})]
+    model, client = start("gemini", commands(*[(f"{tool} {i['file_path']}",
+                                                {"tool": tool, "input": i})
+                                               for tool, i in calls]))
+    install_caper(client, project)
+    key = (state / "tasks" / "key").read_bytes()
+    run = client.run("take notes", project, "--include-directories", str(state))
+    assert len(model.asked) == 3, (run.stdout, run.stderr)
+    assert all("may not reach caper's state directory" in r for r in model.results[:2]), \
+        model.results
+    assert not (state / "tasks" / "prompt-x.json").exists()
+    assert (state / "tasks" / "key").read_bytes() == key
+    assert (project / "notes.txt").read_text() == "mine\n"
+
+
 def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, start, project,
                                                                    tmp_path):
     """The hash caper writes is the one Codex computes (its own hooks/list),

@@ -186,7 +186,9 @@ class ModelServer(JsonServer):
                    for c in body.get("contents") or [] for p in c.get("parts") or []
                    if isinstance(p, dict) and "functionResponse" in p]
         cmd = self._next(results) if offered else None
-        if cmd is not None:
+        if cmd is not None and "tool" in cmd[1]:      # another tool: ("label", {"tool", "input"})
+            part = {"functionCall": {"name": cmd[1]["tool"], "args": cmd[1]["input"]}}
+        elif cmd is not None:
             part = {"functionCall": {"name": "run_shell_command",
                                      "args": {"command": cmd[0], **cmd[1]}}}
         elif "generationConfig" in body and \
