@@ -210,6 +210,22 @@ def test_gemini_file_tools_cannot_reach_capers_state_directory(installed, start,
     assert (project / "notes.txt").read_text() == "mine\n"
 
 
+def test_codex_apply_patch_through_exec_command_reaches_the_shell_hook(installed, start, project,
+                                                                       tmp_path):
+    """Codex 0.171 offers this model no apply_patch tool; a patch the model
+    sends as `apply_patch <<EOF` through exec_command is not applied by
+    Codex itself ahead of the hook: it is wrapped and runs in caper's
+    sandbox, so nothing lands in caper's state directory."""
+    state = tmp_path / "codex" / "state"
+    patch = (f"apply_patch <<'EOF'\n*** Begin Patch\n*** Add File: {state}/tasks/planted.json\n"
+             "+{}\n*** End Patch\nEOF\n")
+    model, client = start("codex", commands(patch))
+    install_caper(client, project)
+    client.run("add a file", project)
+    assert model.asked == [patch] and not (state / "tasks" / "planted.json").exists()
+    assert reviews(client, project) == 1, model.results          # it went through caper
+
+
 def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, start, project,
                                                                    tmp_path):
     """The hash caper writes is the one Codex computes (its own hooks/list),
