@@ -147,7 +147,7 @@ def test_a_task_does_not_follow_the_call_into_another_repository(agent, installe
     assert model.asked == ["rm -rf src"], (run.stdout, run.stderr)
     assert (other / "src" / "main.py").exists()
     [told] = model.results
-    assert "no task is known" in told, told
+    assert "no task is known" in told and "so it is judged with no task" in told, told
     model, client = start(agent, commands(("rm -rf src", {param: str(project)})))
     install_caper(client, project)
     run = client.run(task, project)

@@ -416,6 +416,7 @@ def test_a_task_holds_only_in_the_sessions_project(agent, project, tmp_path):
         p = run_command(command, where, tmp_path)
         if where == other:
             assert p.returncode == 125 and "no task is known" in p.stderr, p.stderr
+            assert f"the task was given for {project}; this call runs in {other}" in p.stderr
             assert tree(other) == before
         else:
             assert p.returncode == 0, p.stderr

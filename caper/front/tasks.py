@@ -243,19 +243,20 @@ def check_call(state: str, call: str, session: str, command: str,
 
 
 def take_call(state: str, call: str, session: str, command: str,
-              workspace: str) -> tuple[str | None, bool]:
+              workspace: str) -> tuple[str | None, bool, str | None]:
     """The task recorded for this call, for a run in `workspace` (None: no
-    task was known, or it was given for another project) and whether it
-    came from the transcript, once: the record is removed, so it serves
-    exactly one run."""
+    task was known, or it was given for another project), whether it came
+    from the transcript, and what to tell when the task was dropped; once:
+    the record is removed, so it serves exactly one run."""
     doc = check_call(state, call, session, command)
     try:
         os.unlink(_call_path(state, call))
     except FileNotFoundError:
         raise TaskRecordError(f"call {call} was used by another run meanwhile") from None
-    if not same_project(doc["project"], workspace):
-        return None, False
-    return doc["task"], doc.get("source") == "transcript"
+    if doc["task"] is not None and not same_project(doc["project"], workspace):
+        return None, False, (f"the task was given for {doc['project'] or 'no known project'}; "
+                             f"this call runs in {workspace}, so it is judged with no task")
+    return doc["task"], doc.get("source") == "transcript", None
 
 
 def _expire(d: str) -> None:
