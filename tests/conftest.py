@@ -32,6 +32,31 @@ def _no_gate(monkeypatch):
     monkeypatch.setenv("CAPER_NO_GATE", "1")
 
 
+def _pinned_record_keys() -> set[int]:
+    """The serials of the caper record keys this user's keyring shows."""
+    try:
+        with open("/proc/keys") as f:
+            return {int(ln.split()[0], 16) for ln in f if " caper-record-key:" in ln}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _unpin_record_keys():
+    """Every test state directory pins a record key (caper.state.record_key):
+    the session's are taken out of the keyring at its end, not left to expire."""
+    before = _pinned_record_keys()
+    yield
+    import ctypes
+    from caper.state import _KEY_SYSCALLS
+    nums = _KEY_SYSCALLS.get(os.uname().machine)
+    if nums is None:
+        return
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    for serial in _pinned_record_keys() - before:
+        syscall(ctypes.c_long(nums[1]), ctypes.c_long(21), ctypes.c_long(serial))  # INVALIDATE
+
+
 @pytest.fixture(scope="session")
 def cfixture(tmp_path_factory):
     cc = shutil.which("gcc") or shutil.which("cc")

@@ -5,6 +5,8 @@ scratch left behind. (Kills during the commit itself: tests/test_commit.py,
 at every step.)"""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -139,6 +141,7 @@ def test_security_md_names_only_tests_that_exist():
 from caper.config import Config  # noqa: E402
 from caper.view.overlay import settle  # noqa: E402
 from caper.transaction import run  # noqa: E402
+from caper.state import state_dir  # noqa: E402
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test mounts a small tmpfs")
 
@@ -168,14 +171,16 @@ def test_a_full_disk_during_the_commit_changes_nothing(tmp_path):
         subprocess.run(["umount", str(ws)], check=True)
 
 
-@pytest.mark.parametrize("planted", ["garbage", "forged"])
+@pytest.mark.parametrize("planted", ["garbage", "forged", "under-a-replaced-key"])
 def test_a_journal_caper_did_not_write_is_set_aside_and_touches_nothing(tmp_path, planted):
     """Round 4: an agent's file tools can write the state directory. A planted
     journal saying "applied" with the user's project as a layer's upper made
     the next run's recovery empty the project. Journals are written whole by
     rename, so one that does not parse or whose MAC does not verify was not
     written by caper: it is set aside, nothing it names is touched, the run
-    goes on and says so."""
+    goes on and says so. Also when the same file tool first replaced the
+    record key with 32 bytes of its own and MAC'd the journal under them
+    (the key pinned in the keyring is the key: caper.state.record_key)."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "keep").write_text("precious\n")
@@ -187,6 +192,13 @@ def test_a_journal_caper_did_not_write_is_set_aside_and_touches_nothing(tmp_path
     forged = {"version": 1, "phase": "applied", "units": [], "metas": [], "times": [],
               "layers": [{"mount_point": "/", "dev": os.stat("/").st_dev, "upper": str(victim)}],
               "mac": "0" * 64}
+    if planted == "under-a-replaced-key":
+        state_dir(str(state))                       # caper's first use: the key is made
+        (state / "tasks" / "key").write_bytes(b"J" * 32)
+        data = {k: v for k, v in forged.items() if k != "mac"} | {"id": "0123456789ab"}
+        body = json.dumps(["journal", "journal", "0123456789ab", data], sort_keys=True,
+                          separators=(",", ":"))
+        forged = {**data, "mac": hmac.new(b"J" * 32, body.encode(), hashlib.sha256).hexdigest()}
     (state / "journal" / "0123456789ab.json").write_text(
         "{ not json" if planted == "garbage" else json.dumps(forged))
     out = run("echo changed > keep", cwd=ws, workspace=ws, approver="allow", config=Config(),

@@ -105,7 +105,7 @@ def test_codex_lets_through_only_the_exact_wrapped_command(project, tmp_path):
     from caper.front.tasks import new_call
     state = str(tmp_path / "state")
     os.makedirs(state, mode=0o700)
-    call = new_call(state, "sess-1", "make", TASK, "transcript")
+    call = new_call(state, "sess-1", "make", TASK, "transcript", str(project))
     base = hooks.wrap("make", "sess-1", call)
     other = hooks.wrap("make", "sess-1", "0" * 32)          # no such record
     for sneaky in (base + "; rm -rf src", base + " && id", base.replace("sess-1", "sess-2"),
@@ -152,7 +152,7 @@ def test_bad_hook_input_is_denied_not_crashed(agent, payload, words, tmp_path):
     if isinstance(payload, str):
         doc = hook_input(agent, "ls", tmp_path, tmp_path / "none")
         if payload == "wrong-tool":
-            doc["tool_name"] = "write_file"
+            doc["tool_name"] = "web_fetch"
         elif payload == "no-session":
             del doc["session_id"]
         elif payload == "nul":
@@ -184,13 +184,68 @@ def test_install_merges_and_uninstall_removes_only_caper(agent, tmp_path):
         hooks.install(agent, "project", str(tmp_path))
     doc = json.loads(settings.read_text())
     assert doc["model"] == "m" and doc["hooks"]["Stop"] == [{"hooks": [mine]}]
-    ours = [h for g in doc["hooks"][a.event] for h in g["hooks"] if hooks._ours(h, a)]
-    assert len(ours) == 1 and ours[0]["command"].endswith(f"hook {agent} || exit 2")
+    ours = [(g["matcher"], h) for g in doc["hooks"][a.event] for h in g["hooks"]
+            if hooks._ours(h, a)]
+    # the shell tool's entry and the file tools' (kept out of caper's state directory)
+    assert [m for m, _ in ours] == [a.tool, hooks.file_matcher(a)]
+    assert all(h["command"].endswith(f"hook {agent} || exit 2") for _, h in ours)
     assert {"matcher": a.tool, "hooks": [mine]} in doc["hooks"][a.event]
     hooks.uninstall(agent, "project", str(tmp_path))
     assert json.loads(settings.read_text())["hooks"] == {a.event: [{"matcher": a.tool,
                                                                     "hooks": [mine]}],
                                                          "Stop": [{"hooks": [mine]}]}
+
+
+FILE_TOOL_CALLS = {
+    "claude-code": [("Read", {"file_path": "{st}/tasks/key"}),
+                    ("Write", {"file_path": "link/tasks/prompt-x.json", "content": "{{}}"}),
+                    ("Edit", {"file_path": "../state/tasks/key", "old_string": "a"}),
+                    ("NotebookEdit", {"notebook_path": "{st}/x.ipynb"}),
+                    ("Grep", {"pattern": "x", "path": "{root}"}),
+                    ("Glob", {"pattern": "{st}/**"}), ("LS", {"path": "~/state"})],
+    "gemini": [("read_file", {"file_path": "{st}/tasks/key"}),
+               ("write_file", {"file_path": "link/tasks/key", "content": "K"}),
+               ("replace", {"file_path": "{ws}/../state/tasks/key"}),
+               ("read_many_files", {"include": ["a.py", "{st}/**/*.json"]}),
+               ("list_directory", {"dir_path": "{root}"}),
+               ("grep_search", {"pattern": "x", "dir_path": "link"})],
+    "codex": [("apply_patch", {"command": "*** Begin Patch\n*** Add File: link/tasks/key\n+K\n"
+                                          "*** End Patch\n"})]}
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_agents_file_tools_cannot_reach_capers_state_directory(agent, tmp_path):
+    """adv4b 13: the agent's own file tools run outside caper's sandbox. In
+    the state directory (by its path, a symlink, `..`, relative to the
+    tool's cwd, a glob, ~, the files of a patch) or above it (a search or
+    listing reaching into it) they are denied; elsewhere the hook says
+    nothing, and the agent's own permission flow goes on."""
+    a = hooks.AGENTS[agent]
+    state, ws = tmp_path / "state", tmp_path / "ws"
+    state.mkdir(mode=0o700)
+    ws.mkdir()
+    (ws / "link").symlink_to(state)
+    env = {"CAPER_STATE_DIR": str(state), "HOME": str(tmp_path)}
+    fields = {"st": state, "ws": ws, "root": tmp_path}
+
+    def answer(tool: str, tool_input: dict):
+        filled = json.loads(json.dumps(tool_input).replace("{st}", str(state))
+                            .replace("{ws}", str(ws)).replace("{root}", str(fields["root"]))
+                            .replace("{{}}", "{}"))
+        hook = {"session_id": "s", "hook_event_name": a.event, "tool_name": tool,
+                "tool_input": filled, "cwd": str(ws)}
+        text = hooks.hook_text(a, json.dumps(hook).encode(), env=env, state=str(state))
+        return json.loads(text) if text else None
+    for tool, tool_input in FILE_TOOL_CALLS[agent]:
+        out = answer(tool, tool_input)
+        assert out is not None, (tool, tool_input)
+        doc = out if agent == "gemini" else out["hookSpecificOutput"]
+        assert doc.get("decision", doc.get("permissionDecision")) == "deny", (tool, out)
+        assert "caper's state directory" in doc.get("reason", doc.get("permissionDecisionReason"))
+    for tool, _ in FILE_TOOL_CALLS[agent]:
+        assert answer(tool, {"file_path": str(ws / "a.py"), "path": "src", "dir_path": "src",
+                             "command": "*** Add File: src/a.py\n"}) is None, tool
+    assert {tool for tool, _ in FILE_TOOL_CALLS[agent]} <= set(a.file_tools)
 
 
 def test_install_refuses_settings_it_cannot_read(tmp_path):

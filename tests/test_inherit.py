@@ -91,7 +91,7 @@ def test_a_hook_shaped_call_runs_bash_as_the_agents_tool_would(env, tmp_path):
     for e in (env, {**env, "CAPER_NO_GATE": "1"}):
         def wrapped_of(call):
             return hooks.wrap(text, "sess-1", call)
-        wrapped = wrapped_of(new_call(state, "sess-1", text, None, "none", wrapped_of))
+        wrapped = wrapped_of(new_call(state, "sess-1", text, None, "none", str(ws), wrapped_of))
         assert hooks.is_wrapped(wrapped, "sess-1", state) == text
         p = subprocess.run(["bash", "-c", wrapped.replace(" run ", " run --approver allow ", 1)],
                            cwd=ws, env=e, capture_output=True, text=True, timeout=120)

@@ -127,6 +127,105 @@ def test_with_caper_gone_the_call_does_not_run(agent, installed, start, project,
     assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
 
 
+@pytest.mark.parametrize("agent", ["codex", "gemini"])
+def test_a_task_does_not_follow_the_call_into_another_repository(agent, installed, start, project,
+                                                                  tmp_path):
+    """adv4b 11: Codex's exec_command takes a `workdir` from the model,
+    Gemini's run_shell_command a `dir_path`; the user's "delete the src
+    directory" is about the session's project. The same call in another
+    repository has no task (its tracked src/ stays); in the project it has
+    (the control: the project's src/ goes). (Gemini keeps dir_path to its
+    workspace directories: the other repository is one, as
+    --include-directories makes it.)"""
+    other = git_project(tmp_path / "other", {"src/main.py": "x = 1\n"})
+    param, extra = ("workdir", ()) if agent == "codex" else \
+        ("dir_path", ("--include-directories", str(other)))
+    task = "delete the src directory, it is obsolete"
+    model, client = start(agent, commands(("rm -rf src", {param: str(other)})))
+    install_caper(client, project)
+    run = client.run(task, project, *extra)
+    assert model.asked == ["rm -rf src"], (run.stdout, run.stderr)
+    assert (other / "src" / "main.py").exists()
+    [told] = model.results
+    assert "no task is known" in told and "so it is judged with no task" in told, told
+    model, client = start(agent, commands(("rm -rf src", {param: str(project)})))
+    install_caper(client, project)
+    run = client.run(task, project)
+    assert not (project / "src").exists(), (model.results, run.stderr)
+
+
+def test_claude_code_file_tools_cannot_reach_capers_state_directory(installed, start, project,
+                                                                    tmp_path):
+    """adv4b 13: Claude Code's own Write (Read, Edit...) run in its process,
+    not in caper's sandbox: with them the agent could replace the record key
+    or read it. The hook denies them there, through a symlink or `..` too,
+    in the mode that skips every permission prompt; elsewhere they work."""
+    state = tmp_path / "claude-code" / "state"
+    (project / "st").symlink_to(state)
+    # (Claude Code itself refuses a Write over a file not Read first: the key
+    # is Read, and a new record Written.)
+    writes = [("Read", {"file_path": str(state / "tasks" / "key")}),
+              ("Read", {"file_path": str(project / "st" / "tasks" / "key")}),
+              ("Read", {"file_path": f"{project}/../claude-code/state/tasks/key"}),
+              ("Write", {"file_path": str(project / "st" / "tasks" / "prompt-x.json"),
+                         "content": "{}"}),
+              ("Write", {"file_path": str(project / "notes.txt"), "content": "mine\n"})]
+    model, client = start("claude-code", commands(*[(f"{tool} {i['file_path']}",
+                                                     {"tool": tool, "input": i})
+                                                    for tool, i in writes]),
+                          extra_env={"IS_SANDBOX": "1"})
+    install_caper(client, project)
+    key = (state / "tasks" / "key").read_bytes()        # made by the install's doctor run
+    run = client.run("take notes", project, "--dangerously-skip-permissions")
+    assert len(model.asked) == 5, (run.stdout, run.stderr)
+    assert all("may not reach caper's state directory" in r for r in model.results[:4]), \
+        model.results
+    assert not (state / "tasks" / "prompt-x.json").exists()
+    assert (state / "tasks" / "key").read_bytes() == key
+    assert (project / "notes.txt").read_text() == "mine\n"
+
+
+def test_gemini_file_tools_cannot_reach_capers_state_directory(installed, start, project,
+                                                               tmp_path):
+    """The same with the real Gemini CLI (its matcher is a regular
+    expression: the entry's is anchored), the state directory made one of
+    Gemini's workspace directories, so that Gemini's own path check does not
+    refuse first."""
+    state = tmp_path / "gemini" / "state"
+    calls = [("read_file", {"file_path": str(state / "tasks" / "key")}),
+             ("write_file", {"file_path": str(state / "tasks" / "prompt-x.json"),
+                             "content": "{}"}),
+             ("write_file", {"file_path": str(project / "notes.txt"), "content": "mine\n"})]
+    model, client = start("gemini", commands(*[(f"{tool} {i['file_path']}",
+                                                {"tool": tool, "input": i})
+                                               for tool, i in calls]))
+    install_caper(client, project)
+    key = (state / "tasks" / "key").read_bytes()
+    run = client.run("take notes", project, "--include-directories", str(state))
+    assert len(model.asked) == 3, (run.stdout, run.stderr)
+    assert all("may not reach caper's state directory" in r for r in model.results[:2]), \
+        model.results
+    assert not (state / "tasks" / "prompt-x.json").exists()
+    assert (state / "tasks" / "key").read_bytes() == key
+    assert (project / "notes.txt").read_text() == "mine\n"
+
+
+def test_codex_apply_patch_through_exec_command_reaches_the_shell_hook(installed, start, project,
+                                                                       tmp_path):
+    """Codex 0.171 offers this model no apply_patch tool; a patch the model
+    sends as `apply_patch <<EOF` through exec_command is not applied by
+    Codex itself ahead of the hook: it is wrapped and runs in caper's
+    sandbox, so nothing lands in caper's state directory."""
+    state = tmp_path / "codex" / "state"
+    patch = (f"apply_patch <<'EOF'\n*** Begin Patch\n*** Add File: {state}/tasks/planted.json\n"
+             "+{}\n*** End Patch\nEOF\n")
+    model, client = start("codex", commands(patch))
+    install_caper(client, project)
+    client.run("add a file", project)
+    assert model.asked == [patch] and not (state / "tasks" / "planted.json").exists()
+    assert reviews(client, project) == 1, model.results          # it went through caper
+
+
 def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, start, project,
                                                                    tmp_path):
     """The hash caper writes is the one Codex computes (its own hooks/list),
@@ -141,8 +240,8 @@ def test_codex_install_leaves_a_trusted_hook_codex_itself_reports(installed, sta
     install_caper(client, project)
     install_caper(client, project, "--project")
     seen = [h for h in client.codex_hooks(project) if "caper" in (h.get("command") or "")]
-    # Two entries a scope: the shell tool's event and the prompt event.
-    assert sorted(h["source"] for h in seen) == ["project", "project", "user", "user"]
+    # Three entries a scope: the shell tool's, the file tools' (apply_patch) and the prompt's.
+    assert sorted(h["source"] for h in seen) == ["project"] * 3 + ["user"] * 3
     assert all(h["trustStatus"] == "trusted" and h["enabled"] for h in seen), seen
     for source in {h["sourcePath"] for h in seen}:
         doc = json.loads(Path(source).read_text())
@@ -353,7 +452,7 @@ def test_doctor_says_whether_caper_is_in_front_and_how_to_fix_it(agent, installe
         status, text = doctor(client, project)
         assert status == 1 and "is modified" in text and "fix: caper install codex" in text
         assert sorted(h["trustStatus"] for h in client.codex_hooks(project)) == \
-            ["modified", "modified"]
+            ["modified"] * 3
     elif agent == "claude-code":
         (client.home / ".claude").mkdir(exist_ok=True)
         (client.home / ".claude" / "settings.json").write_text('{"disableAllHooks": true}')

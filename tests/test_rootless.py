@@ -368,3 +368,58 @@ def test_rootless_policy_blocks_links_into_persistence():
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
+
+
+PIN = r"""
+import hashlib, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from caper.state import record_key, state_dir
+s = state_dir(sys.argv[2])
+key = record_key(s)
+with open(os.path.join(s, "tasks", "key"), "wb") as f:
+    f.write(b"K" * 32)                       # an agent's file tool: a key of its own
+again = record_key(s)
+with open(os.path.join(s, "tasks", "key"), "rb") as f:
+    on_file = f.read()
+print(json.dumps({"same": again == key, "put_back": on_file == key,
+                  "name": "caper-record-key:" + hashlib.sha256(os.fsencode(s)).hexdigest()[:32]}))
+"""
+UNPIN = r"""
+import ctypes, sys
+s = ctypes.CDLL(None, use_errno=True).syscall
+serial = s(250, 10, -4, b"user", sys.argv[1].encode(), 0)
+if serial > 0:
+    s(250, 21, serial)
+"""
+
+
+def test_a_rootless_users_record_key_is_pinned_and_the_sandbox_cannot_read_it():
+    """As uid 65534: the key is pinned in that user's keyring, a replaced key
+    file is put back, and a command in the rootless sandbox can neither find
+    the pinned key nor pin one (keyctl and add_key are refused)."""
+    need_rootless_venv()
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86_64 syscall numbers")
+    work = Path(tempfile.mkdtemp(prefix="caper-rootless-"))
+    pin = None
+    try:
+        os.chown(work, NOBODY, NOBODY)
+        (work / "ws").mkdir()
+        os.chown(work / "ws", NOBODY, NOBODY)
+        p = as_nobody(ROOTLESS_VENV, "-c", PIN, str(source_root()), str(work / "st"),
+                      timeout=60, cwd="/")
+        assert p.returncode == 0, p.stderr[-2000:]
+        pin = json.loads(p.stdout)
+        assert pin["same"] and pin["put_back"], pin
+        probe = ("import ctypes; s = ctypes.CDLL(None, use_errno=True).syscall; "
+                 f"r = s(250, 10, -4, b'user', b'{pin['name']}', 0); "
+                 "print('search', r, ctypes.get_errno()); "
+                 f"r = s(248, b'user', b'{pin['name']}', b'K' * 32, 32, -4); "
+                 "print('add', r, ctypes.get_errno())")
+        out = run_as_nobody(work / "ws", f"/usr/bin/python3 -c \"{probe}\"", "allow",
+                            work / "st")
+        assert "search -1 1" in out["stdout"] and "add -1 1" in out["stdout"], out
+    finally:
+        if pin:                           # not left in that user's keyring for 3 days
+            as_nobody(SYSTEM_PY, "-c", UNPIN, pin["name"], timeout=30)
+        shutil.rmtree(work, ignore_errors=True)

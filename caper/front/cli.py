@@ -116,16 +116,27 @@ def cmd_trace(args, parser) -> int:
     return EXIT_CAPER_FAILED
 
 
-def _call_task(args, parser, command, state: str) -> tuple[str | None, bool]:
+def _call_task(args, parser, command, state: str, cwd: str,
+               said: "Said") -> tuple[str | None, bool]:
     """The task of a hook's call (--call): from its record, which must name
-    this session and exactly this command; it serves one run. Also whether
-    it came from the transcript (a file the agent can write)."""
+    this session and exactly this command, for a run in the workspace the
+    record's task was given for (the run's, from cwd; else no task, and
+    said says why); it serves one run. Also whether it came from the
+    transcript (a file the agent can write)."""
     from caper.front.tasks import take_call
+    from caper.report.workspace import find_workspace
     if args.task is not None:
         parser.error("--call takes the task from the hook's record: no --task with it")
     if not isinstance(command, str) or not args.session:
         parser.error("--call needs --session and -c STRING, as the hook writes them")
-    return take_call(state, args.call, args.session, command)
+    workspace = os.path.realpath(os.path.join(cwd, args.workspace)) if args.workspace \
+        else find_workspace(cwd)
+    task, from_transcript, dropped = take_call(state, args.call, args.session, command,
+                                               workspace)
+    if dropped:
+        from caper.display import escape
+        said.say(f"caper: note: {escape(dropped)}\n")
+    return task, from_transcript
 
 
 class Said:
@@ -177,8 +188,8 @@ def _run(args, parser, said: Said) -> int:
     command = _command(args, parser)
     try:
         state = state_dir()
-        task, from_transcript = (_call_task(args, parser, command, state) if args.call
-                                 else (args.task, False))
+        task, from_transcript = (_call_task(args, parser, command, state, os.getcwd(), said)
+                                 if args.call else (args.task, False))
         request = _request(args, command, task, from_transcript,
                            Caller.here(shell=args.shell, stdin=args.stdin), args.workspace)
     except ConfigError as e:
@@ -248,7 +259,7 @@ def gate_argv(argv: list[str], caller_doc: dict, stdin: bytes, state: str,
         if why:
             return f"{why}: run it in the caller's process"
         if args.call:
-            task, from_transcript = _call_task(args, parser, command, state)
+            task, from_transcript = _call_task(args, parser, command, state, caller.cwd, said)
         else:
             task, from_transcript = args.task, False
     except SystemExit:

@@ -73,6 +73,9 @@ class Agent:
     per_second: int = 1        # timeout units per second
     shell: str = "bash"        # what its shell tool runs the command with (Claude Code's
                                # Bash tool, Codex's bash -lc, Gemini's bash -c)
+    project_env: str | None = None   # the variable that names the session's project to its
+                                     # hooks (else the hook input's cwd)
+    file_tools: tuple[str, ...] = ()  # its own tools that read or write files by path
 
 
 # Default scopes: Codex runs a project's hooks only in a project it trusts,
@@ -81,12 +84,16 @@ class Agent:
 AGENTS = {
     "claude-code": Agent("claude-code", "PreToolUse", "Bash", ".claude/settings.json",
                          ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", "project",
-                         can_ask=True),
+                         can_ask=True, project_env="CLAUDE_PROJECT_DIR",
+                         file_tools=("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob",
+                                     "Grep", "LS")),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
-                   "resubmit", "UserPromptSubmit", "user"),
+                   "resubmit", "UserPromptSubmit", "user", file_tools=("apply_patch",)),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
                     ".gemini/settings.json", 30000, "rewrite", "BeforeAgent", "user",
-                    per_second=1000),
+                    per_second=1000, project_env="GEMINI_PROJECT_DIR",
+                    file_tools=("read_file", "write_file", "replace", "read_many_files",
+                                "list_directory", "glob", "grep_search")),
 }
 
 
@@ -145,21 +152,24 @@ def is_wrapped(command: str, session: str, state: str, shell: str = "bash") -> s
     return rest[3]
 
 
-def call_task(hook: dict, session: str, state: str) -> tuple[str | None, str]:
-    """The task for a gated call, and where it came from: the prompts the
-    agent's prompt event recorded, else (no record at all) the transcript,
-    else none. A record caper did not make is none: the strictest case."""
+def call_task(hook: dict, session: str, state: str,
+              project: str | None) -> tuple[str | None, str, str | None]:
+    """The task for a gated call, where it came from, and the project it
+    was given for: the prompts the agent's prompt event recorded (with the
+    session's project), else (no record at all) the transcript (with
+    `project`, the one this call's hook input names), else none. A record
+    caper did not make is none: the strictest case."""
     from caper.front.transcripts import task_from_transcript
     from caper.front.tasks import TaskRecordError, recorded_task
     try:
-        recorded, task = recorded_task(state, session)
+        recorded, task, recorded_project = recorded_task(state, session)
     except TaskRecordError:
-        return None, "none"
+        return None, "none", None
     if recorded:
-        return task, "prompt-event" if task else "none"
+        return task, "prompt-event" if task else "none", recorded_project
     path = hook.get("transcript_path")
     task = task_from_transcript(path if isinstance(path, str) else None)
-    return task, "transcript" if task else "none"
+    return task, "transcript" if task else "none", project
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -238,13 +248,25 @@ def claude_timeouts(tool_input: dict, env=None) -> tuple[float, int]:
     return command_ms / 1000, min(largest, command_ms + CAPER_AFTER_MS)
 
 
-def project_dir(hook: dict, env=None) -> str:
-    """Claude Code's project: where it was started (CLAUDE_PROJECT_DIR, set
-    for hooks), else the call's cwd."""
-    d = (os.environ if env is None else env).get("CLAUDE_PROJECT_DIR") or hook.get("cwd")
+def project_dir(agent: Agent, hook: dict, env=None) -> str:
+    """The session's project directory: where the agent was started, as it
+    tells its hooks (CLAUDE_PROJECT_DIR, GEMINI_PROJECT_DIR), else the hook
+    input's cwd (Codex's is the session's, not a call's `workdir`)."""
+    d = agent.project_env and (os.environ if env is None else env).get(agent.project_env) \
+        or hook.get("cwd")
     if not isinstance(d, str) or not os.path.isabs(d):
-        raise ValueError("no absolute project directory (CLAUDE_PROJECT_DIR or cwd)")
+        raise ValueError(f"no absolute project directory ({agent.project_env or 'cwd'})")
     return d
+
+
+def session_project(agent: Agent, hook: dict, env=None) -> str | None:
+    """The workspace of the session's project directory (caper.front.tasks:
+    a task holds only there); None if the agent did not say."""
+    from caper.front.tasks import project_of
+    try:
+        return project_of(project_dir(agent, hook, env))
+    except ValueError:
+        return None
 
 
 # Claude Code's permission modes whose "ask" puts the question to the human.
@@ -268,7 +290,9 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     if not isinstance(hook, dict):
         raise ValueError("the hook input is not a JSON object")
     if hook.get("hook_event_name") == agent.prompt_event:
-        return prompt_answer(agent, hook, state)
+        return prompt_answer(agent, hook, state, env)
+    if hook.get("tool_name") in agent.file_tools:
+        return file_tool_answer(agent, hook, env, state)
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -292,7 +316,7 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
         return ask_human(agent, held, state, can_ask(agent, hook))
     # Claude Code checks its own rules against the rewritten command, where
     # they no longer match: the hook applies them to the model's command.
-    rule = claude_rules.verdict(inner or command, project_dir(hook, env), env,
+    rule = claude_rules.verdict(inner or command, project_dir(agent, hook, env), env,
                                 claude_rules.Launch.of_ancestor(client)) \
         if agent.name == "claude-code" else None
     if rule is not None and (rule[0] == "deny" or not can_ask(agent, hook)):
@@ -305,13 +329,13 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
                   "are approved")
     if inner is not None:            # already inside the gate: it runs once, there
         return _out(agent, decision, why, command, tool_input)
-    task, source = call_task(hook, session, state)
+    task, source, project = call_task(hook, session, state, session_project(agent, hook, env))
     caper_s, tool_ms = claude_timeouts(tool_input, env) if agent.name == "claude-code" \
         else (None, None)
     def wrapped_of(call: str) -> str:
         return wrap(command, session, call, ask=can_ask(agent, hook), timeout=caper_s,
                     shell=agent.shell)
-    wrapped = wrapped_of(new_call(state, session, command, task, source, wrapped_of))
+    wrapped = wrapped_of(new_call(state, session, command, task, source, project, wrapped_of))
     if agent.name == "claude-code":
         return _out(agent, decision, why, wrapped, {**tool_input, "timeout": tool_ms})
     if mode(agent, env) == "resubmit":
@@ -321,18 +345,95 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     return _out(agent, decision, why, wrapped, tool_input)
 
 
-def prompt_answer(agent: Agent, hook: dict, state: str | None = None) -> str:
+def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) -> str:
     """The agent's prompt event: record what the human typed (a sub-agent's
-    prompt is the agent's words, not the user's) and let it through."""
+    prompt is the agent's words, not the user's), in which project, and let
+    it through."""
     from caper.state import state_dir
     from caper.front.tasks import record_prompt
     session, prompt = hook.get("session_id"), hook.get("prompt")
     if isinstance(session, str) and session and len(session) <= 200 and \
             isinstance(prompt, str) and not hook.get("agent_id"):
         try:
-            record_prompt(state or state_dir(), session, prompt)
+            record_prompt(state or state_dir(), session, prompt,
+                          session_project(agent, hook, env))
         except Exception:   # never block the user's prompt: the calls fall back to the
             pass            # transcript, and to the strictest case without one
+    return ""
+
+
+# --- the agent's own file tools: never on caper's state directory ----------------------------
+# Its records (the task, calls, held runs, journals) are MAC'd under a key
+# kept there: a tool that can read it could forge them, one that can write
+# there could replace what caper trusts (caper.state.record_key). The agent's
+# shell never sees the state directory (the sandbox hides it); its file tools
+# run in the agent's own process, so the hook keeps them out.
+
+PATH_KEYS = {"file_path", "notebook_path", "path", "dir_path", "absolute_path", "include",
+             "paths", "file_paths"}
+_PATCH_PATH = re.compile(r"^\*\*\* (?:Add File|Update File|Delete File|Move to): (.+)$", re.M)
+_GLOB = re.compile(r"[*?\[{]")
+
+
+def tool_paths(tool_input: dict) -> list[str]:
+    """The paths a file tool's input names, as given: path-named fields (a
+    string or a list of them), a pattern that is absolute or starts at ~, and
+    the files of an apply_patch patch in any string field."""
+    out: list[str] = []
+    for key, value in tool_input.items():
+        values = value if isinstance(value, list) else [value]
+        strings = [v for v in values if isinstance(v, str)]
+        if key in PATH_KEYS:
+            out += strings
+        elif key == "pattern":
+            out += [v for v in strings if v.startswith(("/", "~"))]
+        for v in strings:
+            out += [m.strip() for m in _PATCH_PATH.findall(v)]
+    return out
+
+
+def resolved(path: str, cwd: str, home: str | None) -> str:
+    """path as the tool would reach it: ~ as the agent's home, relative to
+    the tool's cwd, up to its first glob character, symlinks and .. resolved."""
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    m = _GLOB.search(path)
+    if m:
+        path = os.path.dirname(path[:m.start()]) or "."
+    return os.path.realpath(os.path.join(cwd, path))
+
+
+def file_matcher(agent: Agent) -> str:
+    """The matcher of the file tools' entry: Gemini CLI matches a regular
+    expression anywhere in the name (anchored, so that an MCP tool called
+    `x_read_file` is not caught and denied as an unknown tool); Claude Code
+    and Codex take `A|B` as the exact names."""
+    names = "|".join(agent.file_tools)
+    return f"^({names})$" if agent.name == "gemini" else names
+
+
+def file_tool_answer(agent: Agent, hook: dict, env=None, state: str | None = None) -> str:
+    """Deny a file tool whose path is in a state directory of caper's, or
+    above one (a search or a listing from there reaches into it); say
+    nothing otherwise (the agent's own permission flow goes on). A tool that
+    names no path acts from its cwd."""
+    from caper.state import known_state_dirs, state_dir
+    tool_input = hook.get("tool_input")
+    if not isinstance(tool_input, dict):
+        raise ValueError("tool_input is missing or not an object")
+    cwd = hook.get("cwd")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        cwd = project_dir(agent, hook, env)
+    env = os.environ if env is None else env
+    guarded = {os.path.realpath(d) for d in [state or state_dir()] + known_state_dirs(env)}
+    for path in tool_paths(tool_input) or ["."]:
+        where = resolved(path, cwd, env.get("HOME"))
+        for d in guarded:
+            if where == d or where.startswith(d + "/") or d.startswith(where.rstrip("/") + "/"):
+                from caper.display import escape
+                return _out(agent, "deny", f"caper: {hook.get('tool_name')} may not reach "
+                                           f"caper's state directory ({escape(d)}, through "
+                                           f"{escape(path)}): caper's records are kept there")
     return ""
 
 
@@ -538,8 +639,9 @@ def hook_command(agent: Agent, timeout_s: float | None = None, gate: bool = True
 def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
             timeout_s: float | None = None) -> tuple[str, list[str]]:
     """Merge caper's entries into the agent's settings, for the shell tool's
-    event and for the prompt event (which records what the user typed, see
-    caper.front.tasks), and make them active where the agent asks for more than
+    event (the shell tool, and the agent's own file tools, kept out of
+    caper's state directory) and for the prompt event (which records what
+    the user typed, see caper.front.tasks), and make them active where the agent asks for more than
     the entry (Codex's hook trust): the settings file, and what the user must
     still do, loudly (empty if nothing). timeout_s: the hooks' timeout
     (default: the agent's entry's)."""
@@ -551,10 +653,13 @@ def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
     def entry(gate: bool) -> dict:
         return {"type": "command", "command": hook_command(agent, timeout_s, gate),
                 "timeout": timeout}
-    for event, group in ((agent.event, {"matcher": agent.tool, "hooks": [entry(True)]}),
-                         (agent.prompt_event, {"hooks": [entry(False)]})):
+    mine: dict[str, list] = {agent.event: [{"matcher": agent.tool, "hooks": [entry(True)]},
+                                           {"matcher": file_matcher(agent),
+                                            "hooks": [entry(True)]}],
+                             agent.prompt_event: [{"hooks": [entry(False)]}]}
+    for event, groups_of_caper in mine.items():
         hooks, groups = _event_list(doc, event, path)
-        hooks[event] = _without_caper(groups, agent) + [group]
+        hooks[event] = _without_caper(groups, agent) + groups_of_caper
     _save(path, doc)
     todo: list[str] = []
     if agent.name == "codex":

@@ -7,17 +7,29 @@ directory (which only the user can write, see caper.state):
 
 - `<state>/tasks/prompt-<h>.json`: the user's latest prompts in session h,
   recorded by the agent's own prompt event (Claude Code's and Codex's
-  UserPromptSubmit, Gemini CLI's BeforeAgent) as the human typed them.
+  UserPromptSubmit, Gemini CLI's BeforeAgent) as the human typed them, and
+  the session's project (the workspace of the directory the agent was
+  started in, as the agent tells its hooks).
 - `<state>/tasks/call-<id>.json`: one gated tool call: its session, the
-  exact command, and the task the hook found for it (None: none known).
+  exact command, the task the hook found for it (None: none known) and the
+  project that task was given for.
+
+A task is the user's words about one project: a call that runs in another
+workspace (Codex's exec_command takes a `workdir` from the model, Gemini's
+run_shell_command a `dir_path`, and caper's workspace is that directory's)
+has no task, the strictest case, whatever the agent's tool calls its
+directory. `caper run --call` checks it against the workspace it is about
+to judge, so no parameter of any agent's tool can carry a task elsewhere.
 
 The wrapped command names the call (`caper run --session S --call ID -c X`),
 never a task: `caper run` takes the task from the record, and only if the
 record was made for that session and exactly that command X. A record
 serves one run. Each record, prompt and call alike, carries an HMAC under
-`<state>/tasks/key`: the agent's shell never sees the state directory (the
-sandbox hides it), so an agent tool that can write files but not read them
-there (Codex's apply_patch) cannot make a record caper accepts. A prompt
+the state directory's record key (caper.state.record_key: pinned in the
+kernel keyring, so a key file an agent's file tool replaced is put back and
+what it MAC'd does not verify): the agent's shell never sees the state
+directory (the sandbox hides it), and the hooks deny the agent's own file
+tools there (caper.front.hooks.file_tool_answer). A prompt
 record that is not caper's (no MAC, a wrong one, another owner) is no task,
 the strictest case: it does not fall back to the transcript, which the agent
 could have written to as well. The transcript is the fallback only when no
@@ -27,7 +39,8 @@ ran caper says: a human's or a script's own call, never a hooked agent's
 (the hooks wrap every command but the exact `--call` form, so an agent's
 `caper run --task ...` runs inside the sandbox, where caper cannot run).
 
-Standard library and caper.state (light) only: the hooks import it.
+Standard library and caper.state (light) only, but for project_of (the
+hooks' prompt and call paths, which find a workspace): the hooks import it.
 """
 from __future__ import annotations
 
@@ -98,13 +111,12 @@ def task_text(prompts: list[str]) -> str | None:
     return "\n".join(texts[-PROMPTS_KEPT:])[-TASK_CHARS:] or None
 
 
-_PROMPT_FIELDS = ("session", "prompts", "time")
+_PROMPT_FIELDS = ("session", "prompts", "time", "project")
 
 
-def _prompts(state: str, session: str) -> list[str] | None:
-    """The prompts recorded for session, None if there is no record; a
-    record caper did not make (or made for another session) is
-    TaskRecordError."""
+def _prompts(state: str, session: str) -> dict | None:
+    """The prompt record of session, None if there is none; a record caper
+    did not make (or made for another session) is TaskRecordError."""
     path = _prompt_path(state, session)
     doc = _read(path)
     if doc is None:
@@ -113,27 +125,54 @@ def _prompts(state: str, session: str) -> list[str] | None:
     if not isinstance(doc.get("mac"), str) or not hmac.compare_digest(
             doc["mac"], _mac(os.path.dirname(path), doc, _PROMPT_FIELDS)):
         raise TaskRecordError(f"{path}: the prompt record was not made by caper's hook")
-    if doc.get("session") != session or not isinstance(doc.get("prompts"), list):
+    if doc.get("session") != session or not isinstance(doc.get("prompts"), list) or \
+            not isinstance(doc.get("project"), (str, type(None))):
         raise TaskRecordError(f"{path}: the prompt record is for another session")
-    return [p for p in doc["prompts"] if isinstance(p, str)]
+    return {"prompts": [p for p in doc["prompts"] if isinstance(p, str)],
+            "project": doc["project"]}
 
 
-def record_prompt(state: str, session: str, prompt: str) -> None:
-    """The human typed `prompt` in `session` (the agent's prompt event)."""
+def record_prompt(state: str, session: str, prompt: str, project: str | None) -> None:
+    """The human typed `prompt` in `session` (the agent's prompt event),
+    whose project is `project` (a workspace, see project_of; None: unknown,
+    and no call then has a task). Another project than the session's last
+    starts the prompts again: earlier words were about that one."""
     path = _prompt_path(state, session)
     try:
-        kept = _prompts(state, session) or []
+        kept = _prompts(state, session)
     except TaskRecordError:
-        kept = []     # a record not caper's: the user's new words replace it
-    doc = {"session": session, "prompts": (kept + [prompt])[-PROMPTS_KEPT:], "time": time.time()}
+        kept = None   # a record not caper's: the user's new words replace it
+    prompts = kept["prompts"] if kept and kept["project"] == project else []
+    doc = {"session": session, "prompts": (prompts + [prompt])[-PROMPTS_KEPT:],
+           "time": time.time(), "project": project}
     _write(path, {**doc, "mac": _mac(os.path.dirname(path), doc, _PROMPT_FIELDS)})
 
 
-def recorded_task(state: str, session: str) -> tuple[bool, str | None]:
-    """Whether prompts were recorded for this session, and the task they
-    make; TaskRecordError if the record is not caper's."""
-    prompts = _prompts(state, session)
-    return prompts is not None, task_text(prompts or [])
+def recorded_task(state: str, session: str) -> tuple[bool, str | None, str | None]:
+    """Whether prompts were recorded for this session, the task they make,
+    and the project they were given in; TaskRecordError if the record is
+    not caper's."""
+    doc = _prompts(state, session)
+    if doc is None:
+        return False, None, None
+    return True, task_text(doc["prompts"]), doc["project"]
+
+
+def project_of(directory: str) -> str:
+    """The project a session started in `directory` works on: the workspace
+    caper would find there (its git top level, else the directory)."""
+    from caper.report.workspace import find_workspace
+    return find_workspace(directory)
+
+
+def same_project(project: str | None, workspace: str) -> bool:
+    """Whether a run in `workspace` is in the session's `project`: the same
+    workspace, or (the project is no repository) a directory inside it that
+    is no repository of its own either."""
+    if project is None:
+        return False
+    return workspace == project or (workspace.startswith(project.rstrip("/") + "/") and
+                                    not os.path.lexists(os.path.join(workspace, ".git")))
 
 
 def _key(d: str) -> bytes:
@@ -143,7 +182,7 @@ def _key(d: str) -> bytes:
         raise TaskRecordError(str(e)) from e
 
 
-_CALL_FIELDS = ("id", "session", "command", "task", "source", "created", "wrapped")
+_CALL_FIELDS = ("id", "session", "command", "task", "source", "created", "wrapped", "project")
 
 
 def _mac(d: str, doc: dict, fields: tuple[str, ...]) -> str:
@@ -155,15 +194,17 @@ def _mac(d: str, doc: dict, fields: tuple[str, ...]) -> str:
 
 
 def new_call(state: str, session: str, command: str, task: str | None, source: str,
-             wrap: "Callable[[str], str] | None" = None) -> str:
-    """Record one gated call; its id goes into the wrapped command, wrap(id):
-    the exact bytes the hook hands the agent, kept so that a resubmitted
-    command passes only as those bytes, never with a flag the model added."""
+             project: str | None, wrap: "Callable[[str], str] | None" = None) -> str:
+    """Record one gated call, whose task was given for `project` (None:
+    unknown, no task); its id goes into the wrapped command, wrap(id): the
+    exact bytes the hook hands the agent, kept so that a resubmitted command
+    passes only as those bytes, never with a flag the model added."""
     d = _dir(state)
     _expire(d)
     call = os.urandom(16).hex()
     doc = {"id": call, "session": session, "command": command, "task": task,
-           "source": source, "created": time.time(), "wrapped": wrap(call) if wrap else None}
+           "source": source, "created": time.time(), "wrapped": wrap(call) if wrap else None,
+           "project": project}
     _write(os.path.join(d, f"call-{call}.json"), {**doc, "mac": _mac(d, doc, _CALL_FIELDS)})
     return call
 
@@ -190,6 +231,7 @@ def check_call(state: str, call: str, session: str, command: str,
         raise TaskRecordError(f"call {call}: not the wrapped command the hook gave "
                               "(a flag added or changed)")
     if not isinstance(doc.get("task"), (str, type(None))) or \
+            not isinstance(doc.get("project"), (str, type(None))) or \
             not isinstance(doc.get("created"), (int, float)) or \
             time.time() - doc["created"] > CALL_MAX_AGE_S:
         raise TaskRecordError(f"call {call}: the record is malformed or expired")
@@ -200,16 +242,21 @@ def check_call(state: str, call: str, session: str, command: str,
     return doc
 
 
-def take_call(state: str, call: str, session: str, command: str) -> tuple[str | None, bool]:
-    """The task recorded for this call (None: no task was known) and whether
-    it came from the transcript, once: the record is removed, so it serves
-    exactly one run."""
+def take_call(state: str, call: str, session: str, command: str,
+              workspace: str) -> tuple[str | None, bool, str | None]:
+    """The task recorded for this call, for a run in `workspace` (None: no
+    task was known, or it was given for another project), whether it came
+    from the transcript, and what to tell when the task was dropped; once:
+    the record is removed, so it serves exactly one run."""
     doc = check_call(state, call, session, command)
     try:
         os.unlink(_call_path(state, call))
     except FileNotFoundError:
         raise TaskRecordError(f"call {call} was used by another run meanwhile") from None
-    return doc["task"], doc.get("source") == "transcript"
+    if doc["task"] is not None and not same_project(doc["project"], workspace):
+        return None, False, (f"the task was given for {doc['project'] or 'no known project'}; "
+                             f"this call runs in {workspace}, so it is judged with no task")
+    return doc["task"], doc.get("source") == "transcript", None
 
 
 def _expire(d: str) -> None:

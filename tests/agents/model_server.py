@@ -114,7 +114,12 @@ class ModelServer(JsonServer):
                    for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
         cmd = self._next(results) if offered else None
         n = len(self.requests)
-        if cmd is not None:
+        if cmd is not None and "tool" in cmd[1]:      # another tool: ("label", {"tool", "input"})
+            block = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": cmd[1]["tool"],
+                     "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(cmd[1]["input"])}
+            stop = "tool_use"
+        elif cmd is not None:
             block = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "Bash", "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(
                 {"command": cmd[0], "description": "run it", **cmd[1]})}
@@ -153,7 +158,7 @@ class ModelServer(JsonServer):
         n = len(self.requests)
         if cmd is not None:
             item = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}",
-                    "name": "exec_command", "arguments": json.dumps({"cmd": cmd[0]})}
+                    "name": "exec_command", "arguments": json.dumps({"cmd": cmd[0], **cmd[1]})}
         else:
             item = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": DONE_TEXT, "annotations": []}]}
@@ -181,8 +186,11 @@ class ModelServer(JsonServer):
                    for c in body.get("contents") or [] for p in c.get("parts") or []
                    if isinstance(p, dict) and "functionResponse" in p]
         cmd = self._next(results) if offered else None
-        if cmd is not None:
-            part = {"functionCall": {"name": "run_shell_command", "args": {"command": cmd[0]}}}
+        if cmd is not None and "tool" in cmd[1]:      # another tool: ("label", {"tool", "input"})
+            part = {"functionCall": {"name": cmd[1]["tool"], "args": cmd[1]["input"]}}
+        elif cmd is not None:
+            part = {"functionCall": {"name": "run_shell_command",
+                                     "args": {"command": cmd[0], **cmd[1]}}}
         elif "generationConfig" in body and \
                 (body["generationConfig"].get("responseMimeType") == "application/json"):
             # Gemini's side questions (next speaker, routing) want JSON back.

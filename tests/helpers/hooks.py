@@ -22,8 +22,9 @@ def readme_hook_command(agent: str) -> str:
     block = text.split(f"<!-- {agent}-settings -->", 1)[1]
     doc = json.loads(re.search(r"```json\n(.*?)```", block, re.S).group(1))
     a = hooks.AGENTS[agent]
-    [group] = doc["hooks"][a.event]
+    group, files = doc["hooks"][a.event]
     assert group["matcher"] == a.tool and group["hooks"][0]["timeout"] == a.timeout
+    assert files["matcher"] == hooks.file_matcher(a) and files["hooks"] == group["hooks"]
     return group["hooks"][0]["command"]
 
 
