@@ -40,7 +40,7 @@ from typing import Iterable
 from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
-from caper.report import configkeys
+from caper.report import bytecode, configkeys
 from caper.judge.base import ApprovalRequest, Decision
 from caper.report.build import CHANGES_NOT_SHOWN
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
@@ -77,6 +77,7 @@ class Rules:
             + [d.rstrip("/") + "/**" for d in hook_dirs])
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
+        self.cache_indexes = self._globs(data["cache_indexes"])
         self.git_program_keys = list(data["git_program_keys"]["keys"])
         self.git_redirect_keys = list(data["git_program_keys"]["redirect"])
         self.git_activates = {k: tuple(v) for k, v in data["git_activates"].items()}
@@ -544,9 +545,18 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
+        if c.bytecode is not None or bytecode.source_of(full) and c.op not in ("deleted", "meta"):
+            return self.bytecode(c, full)     # (not verified: a report made by hand)
         listed = self._persistent_place(full) or bool(c.git_config)   # git includes it
-        cached = not listed and self.r.matches(self.r.code_caches, full) and \
-            not self.r.matches(self.r.cache_data, full)
+        if not listed and self.r.matches(self.r.cache_indexes, full):
+            if c.op not in ("created", "deleted"):
+                self.add(60, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, an index "
+                         "that decides what code a cache hands out later (a redirected entry "
+                         "runs other code at the next install or hook)",
+                         "persistence: code or configuration that runs later",
+                         "leave package-manager caches to the package manager", c.path)
+            return True
+        cached = not listed and self._code_cache(full)
         if not listed and (not cached or c.op in ("created", "deleted")):
             return False     # an installer's new entries; a removed one is fetched again
         if not cached and not c.git_config and (not self.r.matches(self.r.persistence, full) or
@@ -585,6 +595,38 @@ class _Judge:
                  "persistence: code or configuration that runs later",
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
         return True
+
+    def _code_cache(self, full: str) -> bool:
+        return self.r.matches(self.r.code_caches, full) and \
+            not self.r.matches(self.r.cache_data, full)
+
+    def bytecode(self, c, full: str) -> bool:
+        """A __pycache__ .pyc is what Python runs in place of its source: one
+        that is what compiling the source gives is a cache (judged by its
+        place only); any other is a change of the source, hidden from the
+        diff: persistence where the source is code that runs later (a code
+        cache, installed packages, a place of persistence), unsure
+        elsewhere. True when it was judged as persistence."""
+        if c.bytecode == "compiled":
+            return False
+        source = bytecode.source_of(full) or full
+        if self._code_cache(source) or self.r.matches(self.r.install_places, source) or \
+                self._persistent_place(source):
+            if self.d.programs & self.r.installers and below(full, self.ws) and \
+                    self.r.matches(self.r.install_places, full):
+                return True  # an installer the command names, compiling what it installs
+            verdict = "unsure" if self.task_says("persistence") else "block"
+            self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
+                     f"it would {_verb(c.op)} {_quote_clipped(c.path)}, bytecode that is not what "
+                     f"its source compiles to: Python runs it in place of {_quote_clipped(source)}, "
+                     "code that later tools and hooks run", "persistence: code or configuration "
+                     "that runs later", "let Python compile its own caches", c.path)
+            return True
+        self.add(62, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, bytecode that is "
+                 f"not what its source compiles to (or caper cannot compile it to compare): Python "
+                 f"runs it in place of {_quote_clipped(source)}, which the diff shows unchanged",
+                 "code hidden from review", "let Python compile its own caches", c.path)
+        return False
 
     def _key_verdict(self, fmt: str | None, kv: str, full: str) -> str:
         """harmless, runs (a program, or a place code, config or pushes go)

@@ -34,7 +34,7 @@ from typing import Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.changes import Change
-from caper.report import configkeys
+from caper.report import bytecode, configkeys
 from caper.report import gitstate
 from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, read_blob
 from caper.display import quote
@@ -200,6 +200,7 @@ class FileChange(_Model):
     secrets: list[str] | None = None # kinds of secrets in the new content
     keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
     git_config: bool = False         # git's configuration includes it (include.path)
+    bytecode: Literal["compiled", "other"] | None = None  # a __pycache__ .pyc: its source's code or not
     by: str | None = None
     read_before: list[str] | None = None
     links: list[str] | None = None   # a new file's other names: one inode (a hard link)
@@ -952,6 +953,10 @@ def _draft(facts: RunFacts) -> _Draft:
                                     rows_lost=t.lost, rows_changed=t.changed)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc)
+        if fc.type == "file" and fc.op not in ("deleted", "meta") and bytecode.source_of(fc.path):
+            # Past the deadline a .pyc is not verified: it counts as not its source's.
+            fc.bytecode = "compiled" if time.monotonic() <= deadline and \
+                bytecode.compiled(fc.path, loc) else "other"
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
@@ -1447,6 +1452,8 @@ def render_card(r: Report) -> str:
             bits.append("CONTAINS SECRETS: " + ", ".join(c.secrets))
         if c.keys:
             bits.append("sets " + ", ".join(map(quote, c.keys)))
+        if c.bytecode == "other":
+            bits.append("BYTECODE THAT IS NOT ITS SOURCE'S")
         if c.links:
             bits.append("same file as " + ", ".join(map(quote, c.links)))
         if c.by:
