@@ -547,7 +547,11 @@ class _Judge:
         True when the path has such a role (found or not)."""
         if c.bytecode is not None or bytecode.source_of(full) and c.op not in ("deleted", "meta"):
             return self.bytecode(c, full)     # (not verified: a report made by hand)
-        listed = self._persistent_place(full) or bool(c.git_config)   # git includes it
+        # A repository under any name (a `.git` file's gitdir, a bare one):
+        # its hooks and config are judged as .git's are.
+        nested = c.in_repository is not None and \
+            self._persistent_place("/r/.git/" + c.in_repository)
+        listed = self._persistent_place(full) or bool(c.git_config) or nested  # git includes it
         if not listed and self.r.matches(self.r.cache_indexes, full):
             if c.op not in ("created", "deleted"):
                 self.add(60, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, an index "
@@ -559,9 +563,6 @@ class _Judge:
         cached = not listed and self._code_cache(full)
         if not listed and (not cached or c.op in ("created", "deleted")):
             return False     # an installer's new entries; a removed one is fetched again
-        if not cached and not c.git_config and (not self.r.matches(self.r.persistence, full) or
-                                                self.r.matches(self.r.persistence_except, full)):
-            return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         unknown: list[str] = []
@@ -584,7 +585,7 @@ class _Judge:
                      "git configuration the policy cannot judge",
                      "leave git configuration to the user", c.path)
             return True
-        git = c.where == "git-internal" or c.git_config or _is_git_config(full)
+        git = c.where == "git-internal" or c.git_config or nested or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
                  what + (", code a cache keeps that later builds and hooks run unchecked"

@@ -22,6 +22,7 @@ of the report itself.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 import re
@@ -201,6 +202,7 @@ class FileChange(_Model):
     keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
     git_config: bool = False         # git's configuration includes it (include.path)
     bytecode: Literal["compiled", "other"] | None = None  # a __pycache__ .pyc: its source's code or not
+    in_repository: str | None = None # below a directory laid out as a git repository: the path there
     by: str | None = None
     read_before: list[str] | None = None
     links: list[str] | None = None   # a new file's other names: one inode (a hard link)
@@ -889,6 +891,7 @@ def _draft(facts: RunFacts) -> _Draft:
     consumed = set(renamed_from.values())
 
     changes: list[tuple[int, FileChange]] = []
+    repositories = gitstate.Repositories(loc)
     writer_of: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the call that made it
     names_of = _inode_names(facts)
     for c in facts.changes:
@@ -909,6 +912,10 @@ def _draft(facts: RunFacts) -> _Draft:
         if c.kind in ("created", "replaced") and c.ftype == "file":
             fc.links = _other_names(c.path, names_of, an) or None
         fc.git_config = c.path in included
+        fc.in_repository = repositories.part(c.path)
+        if fc.in_repository in ("config", "config.worktree") or \
+                fnmatch.fnmatchcase(fc.in_repository or "", "worktrees/*/config.worktree"):
+            fc.git_config = True   # a repository's config, whatever its directory's name
         if view.inside(c.path) and view.is_git:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):

@@ -29,6 +29,35 @@ MAX_SHOWN_COMMITS = 8      # new commits listed per run
 MAX_REWRITTEN = 200        # commits compared by patch id to tell a rebase from a drop
 
 
+class Repositories:
+    """Directories laid out as git repositories in the run's view (HEAD with
+    objects/ and refs/, or with a commondir), under any name: git reads their
+    config and runs their hooks for a command in them, or in a worktree whose
+    `.git` file names them (`gitdir: ../.toolsdb`), as it does .git's."""
+
+    def __init__(self, tree: RunTree):
+        self.tree = tree
+        self._seen: dict[str, bool] = {}
+
+    def part(self, path: str) -> str | None:
+        """path below the repository directory holding it ("config",
+        "hooks/pre-commit"), or None."""
+        d = os.path.dirname(path)
+        while d and d != "/":
+            if self._laid_out(d):
+                return os.path.relpath(path, d)
+            d = os.path.dirname(d)
+        return None
+
+    def _laid_out(self, d: str) -> bool:
+        if d not in self._seen:
+            k = self.tree.kind
+            self._seen[d] = k(os.path.join(d, "HEAD")) == "file" and (
+                k(os.path.join(d, "commondir")) == "file" or
+                k(os.path.join(d, "objects")) == "dir" and k(os.path.join(d, "refs")) == "dir")
+        return self._seen[d]
+
+
 @dataclass
 class Loss:
     commits: int = 0                                  # no longer reachable from any ref
