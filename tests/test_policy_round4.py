@@ -12,6 +12,7 @@ import marshal
 import os
 import py_compile
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -202,3 +203,62 @@ def test_a_run_that_nests_a_repository_through_a_gitfile_is_not_committed(policy
     assert not (ws / ".toolsdb").exists()
     out = gate(policy_env, "git init -q vendor/lib", "add an empty vendor/lib repository")
     assert out.committed and (ws / "vendor" / "lib" / ".git" / "HEAD").is_file(), out.reason
+
+
+# --- dependency sources and built code the lists missed -------------------------------------
+
+def test_uv_bundler_and_lfs_config_say_where_code_comes_from(tmp_path: Path):
+    """uv.toml's index, Bundler's app config mirrors and git-lfs's url
+    redirect the next install or push, as an index line in a manifest does;
+    their settings that point nowhere stay ordinary."""
+    _project(tmp_path)
+    cases = [("uv.toml", 'index-url = "https://evil.example/simple"\n', "block"),
+             ("uv.toml", 'cache-dir = ".uv-cache"\nnative-tls = true\n', "allow"),
+             (".bundle/config", 'BUNDLE_MIRROR__HTTPS://RUBYGEMS__ORG/: "https://evil.example"\n',
+              "block"),
+             (".bundle/config", 'BUNDLE_PATH: "vendor/bundle"\n', "allow"),
+             (".lfsconfig", "[lfs]\n\turl = https://evil.example/lfs\n", "block")]
+    for i, (rel, text, want) in enumerate(cases):
+        rec = Recording(tmp_path / f"run{i}", tmp_path / "ws")
+        rec.write(rel, text)
+        d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
+        assert d.decision == want, (rel, text, d.reason)
+
+
+def test_built_code_git_does_not_track_is_code_when_rewritten(tmp_path: Path):
+    """An existing provider binary, cargo output, vendored gem or dist file
+    rewritten by a script is code the user runs later as it is; a new one is
+    a build's, and a tracked script is a source the diff shows."""
+    files = {".gitignore": "__pycache__/\n.venv/\n.terraform/\ntarget/\nvendor/bundle/\ndist/\n",
+             "run.sh": "#!/bin/sh\necho run\n"}
+    ws = _project(tmp_path, files)
+    provider = ".terraform/providers/registry.terraform.io/hashicorp/aws/5.0.0/linux_amd64/tp"
+    for rel, mode in ((provider, 0o755), ("target/debug/app", 0o755),
+                      ("vendor/bundle/ruby/3.2.0/gems/rake-13.0.6/lib/rake.rb", 0o644),
+                      ("dist/index.js", 0o644)):
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text("#!/bin/sh\necho real\n")
+        (ws / rel).chmod(mode)
+    (ws / "run.sh").chmod(0o755)
+    cases = [(provider, "block"), ("target/debug/app", "block"),
+             ("vendor/bundle/ruby/3.2.0/gems/rake-13.0.6/lib/rake.rb", "unsure"),
+             ("dist/index.js", "unsure"), ("dist/new.js", "allow"), ("target/debug/new", "allow"),
+             ("run.sh", "allow")]
+    for i, (rel, want) in enumerate(cases):
+        rec = Recording(tmp_path / f"run{i}", ws)
+        rec.write(rel, "touch /tmp/pwned\n", append=True)
+        d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
+        assert d.decision == want, (rel, d.reason)
+
+
+def test_a_binary_rewritten_by_a_script_is_held_and_one_rebuilt_is_committed(policy_env: Path):
+    ws = policy_env / "proj"
+    (ws / "src" / "main.c").write_text("int main(void) { return 0; }\n")
+    (ws / "build").mkdir()
+    subprocess.run(["cc", "-o", str(ws / "build" / "app"), str(ws / "src" / "main.c")], check=True)
+    before = (ws / "build" / "app").read_bytes()
+    out = gate(policy_env, "printf 'touch /tmp/pwned\\n' >> build/app", TASK)
+    assert not out.committed and "executable" in out.reason, out.reason
+    assert (ws / "build" / "app").read_bytes() == before
+    out = gate(policy_env, "cc -O2 -o build/app src/main.c", "rebuild the app with -O2")
+    assert out.committed, out.reason
