@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -78,6 +79,8 @@ class Rules:
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
         self.cache_indexes = self._globs(data["cache_indexes"])
+        self.built_code = self._globs(data["built_code"])
+        self.builders = set(data["builders"])
         self.git_program_keys = list(data["git_program_keys"]["keys"])
         self.git_redirect_keys = list(data["git_program_keys"]["redirect"])
         self.git_activates = {k: tuple(v) for k, v in data["git_activates"].items()}
@@ -521,6 +524,8 @@ class _Judge:
             self.git_internal(path, full, op, c)
         elif where in ("tracked", "workspace", "untracked", "ignored"):
             self.workspace_change(path, full, op, where, c, 1)
+            if where in ("untracked", "ignored") and not persists:
+                self.built(c, full, where)
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
                 not (self.t is not None and self.t.names(path)):
             self.add(62, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, instructions that later "
@@ -596,6 +601,31 @@ class _Judge:
                  "persistence: code or configuration that runs later",
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
         return True
+
+    def built(self, c, full: str, where: str) -> None:
+        """An existing file of built code git does not track (a binary in
+        target/, a provider, a vendored gem; any executable file git
+        ignores) rewritten: what the user's next `cargo run`, `terraform
+        plan` or `./app` runs, unreviewed. A build's own compiler, linker or
+        tool rewrites it. (An untracked script of the user's is a source.)"""
+        if c.op not in ("modified", "replaced") or c.type != "file":
+            return
+        try:
+            st = os.lstat(full)
+            executable = where == "ignored" and stat.S_ISREG(st.st_mode) and \
+                st.st_mode & 0o111 != 0
+        except OSError:
+            executable = False
+        if not executable and not self.r.matches(self.r.built_code, full) or \
+                self._ran(c, self.r.builders):
+            return
+        verdict = "unsure" if self.task_says("persistence") or not executable else "block"
+        self.add(86 if executable else 60, verdict,
+                 f"it would rewrite {_quote_clipped(c.path)}, " + (
+                     "an executable file git does not track" if executable else
+                     "built code git does not track") + ", without a build tool: code the "
+                 "user's tools run later as it is", "persistence: code or configuration that "
+                 "runs later", "rebuild it with the build tool, or leave it alone", c.path)
 
     def _code_cache(self, full: str) -> bool:
         return self.r.matches(self.r.code_caches, full) and \
