@@ -524,8 +524,13 @@ class _Judge:
             self.git_internal(path, full, op, c)
         elif where in ("tracked", "workspace", "untracked", "ignored"):
             self.workspace_change(path, full, op, where, c, 1)
-            if where in ("untracked", "ignored") and not persists:
-                self.built(c, full, where)
+        if op == "renamed" and c.renamed_from and not below(full, self.ws) and \
+                below(self.absolute(c.renamed_from), self.ws) and not self.wide:
+            # moved out of the project (`mv notes.md /tmp/x`): gone from it as if deleted
+            self.workspace_change(c.renamed_from, self.absolute(c.renamed_from), "deleted",
+                                  "tracked" if c.where == "tracked" else "untracked", c, 1)
+        if where in ("untracked", "ignored") and not persists:
+            self.built(c, full, where)
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
                 not (self.t is not None and self.t.names(path)):
             self.add(62, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, instructions that later "
@@ -888,10 +893,17 @@ class _Judge:
             self.add(90 if tracked else 85, "block", what + ", which neither the command nor "
                      "the task names", "destroying tracked files",
                      "back up first, or narrow the command to what the task names", path)
-        elif not declared or self.t is None and op in ("deleted", "replaced"):
-            # untracked: git cannot bring them back either (no task: not even when declared)
-            self.add(50, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an untracked file "
-                     "git cannot restore", "the user's own files", path=path)
+        elif not declared or not self.expendable(full) and not (
+                self._task_deletes(path, False) if op in ("deleted", "replaced")
+                else self.t is not None and self.t.names(path) or bool(
+                    self.d.programs & self.r.formatters) and self._ran(c, self.r.formatter_binaries)):
+            # untracked: git holds no copy, so the command naming it (the
+            # agent's words) is no licence: the task must, unless it is a
+            # build output or cache
+            self.add(50, "unsure", f"it would {_verb(op) if op != 'modified' else 'overwrite'} "
+                     f"{_quote_clipped(path)}, an untracked file git cannot restore"
+                     + (", named by the command but not by the task" if declared else ""),
+                     "the user's own files", path=path)
 
     def _cache_dir_only(self, path: str, full: str, c) -> bool:
         """The task names this file only through a cache or build folder on its
