@@ -323,3 +323,20 @@ def test_uncommitted_work_thrown_away_through_git_itself_is_not_committed(policy
     assert out.committed, out.reason
     assert "uncommitted line 29" in subprocess.run(["git", "-C", str(ws), "stash", "show", "-p"],
                                                    capture_output=True, text=True).stdout
+
+
+def test_a_directory_made_a_repository_brings_the_config_it_held(tmp_path: Path):
+    """A config written while its directory was no repository (an earlier
+    run's) counts once a run lays the directory out as one."""
+    ws = _project(tmp_path)
+    (ws / ".toolsdb").mkdir()
+    (ws / ".toolsdb" / "config").write_text('[core]\n\tfsmonitor = "touch /tmp/x; false"\n')
+    rec = Recording(tmp_path / "run", ws)
+    _nested(rec)
+    d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
+    assert d.decision == "block" and "before" in d.reason, d.reason
+    (ws / ".toolsdb" / "config").write_text("[core]\n\tfilemode = true\n")
+    rec = Recording(tmp_path / "run2", ws)
+    _nested(rec)
+    d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
+    assert d.decision == "allow", d.reason
