@@ -531,6 +531,8 @@ class _Judge:
                                   "tracked" if c.where == "tracked" else "untracked", c, 1)
         if where in ("untracked", "ignored") and not persists:
             self.built(c, full, where)
+        if c.in_repository in ("HEAD", "commondir", "objects", "refs") and op == "created":
+            self.new_repository(c, full[:-len(c.in_repository) - 1])
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
                 not (self.t is not None and self.t.names(path)):
             self.add(62, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, instructions that later "
@@ -631,6 +633,37 @@ class _Judge:
                      "built code git does not track") + ", without a build tool: code the "
                  "user's tools run later as it is", "persistence: code or configuration that "
                  "runs later", "rebuild it with the build tool, or leave it alone", c.path)
+
+    def new_repository(self, c, d: str) -> None:
+        """The run made d a repository (HEAD, objects/, refs/): git now reads
+        the config and runs the hooks d held before the run, which no change
+        of this run shows (a config written by an earlier run, when d was no
+        repository yet)."""
+        for name in ("config", "config.worktree"):
+            path = os.path.join(d, name)
+            if path in self.changed or not os.path.isfile(path):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    keys = configkeys.changed_keys("git", None, f.read(configkeys.MAX_CONFIG_BYTES))
+            except OSError:
+                keys = None
+            risky = [k for k in keys or [] if self._key_verdict("git", k, path) != "harmless"]
+            if keys is None or risky:
+                self.add(93, "unsure" if self.task_says("persistence") else "block",
+                         f"it would make {_quote_clipped(os.path.dirname(c.path))} a git repository "
+                         f"whose config was there before ({', '.join(map(_quote_clipped, risky[:3])) or 'unreadable'})",
+                         "git hooks and configuration run code in later git commands",
+                         "leave git configuration to the user", c.path)
+        hooks = os.path.join(d, "hooks")
+        held = [n for n in (os.listdir(hooks) if os.path.isdir(hooks) else [])
+                if not n.endswith(".sample") and os.path.join(hooks, n) not in self.changed]
+        if held:
+            self.add(93, "unsure" if self.task_says("persistence") else "block",
+                     f"it would make {_quote_clipped(os.path.dirname(c.path))} a git repository "
+                     f"whose hooks were there before ({_quote_clipped(held[0])})",
+                     "git hooks and configuration run code in later git commands",
+                     "leave git hooks to the user", c.path)
 
     def _code_cache(self, full: str) -> bool:
         return self.r.matches(self.r.code_caches, full) and \
