@@ -926,13 +926,15 @@ class _Judge:
             self.add(90 if tracked else 85, "block", what + ", which neither the command nor "
                      "the task names", "destroying tracked files",
                      "back up first, or narrow the command to what the task names", path)
-        elif not declared or not self.expendable(full) and not (
-                self._task_deletes(path, False) if op in ("deleted", "replaced")
-                else self.t is not None and self.t.names(path) or bool(
-                    self.d.programs & self.r.formatters) and self._ran(c, self.r.formatter_binaries)):
+        elif not declared or self.t is None and op in ("deleted", "replaced") or \
+                not self.expendable(full) and not (
+                    self._task_deletes(path, False) if op in ("deleted", "replaced")
+                    else self.t is not None and self.t.names(path) or bool(
+                        self.d.programs & self.r.formatters) and
+                    self._ran(c, self.r.formatter_binaries)):
             # untracked: git holds no copy, so the command naming it (the
             # agent's words) is no licence: the task must, unless it is a
-            # build output or cache
+            # build output or cache (no task: not even when declared)
             self.add(50, "unsure", f"it would {_verb(op) if op != 'modified' else 'overwrite'} "
                      f"{_quote_clipped(path)}, an untracked file git cannot restore"
                      + (", named by the command but not by the task" if declared else ""),
