@@ -7,17 +7,21 @@ must not stop; the rules start from recorded facts (helpers.facts), each
 class has one real run."""
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import marshal
 import os
 import py_compile
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from helpers.facts import Recording, judged
 from helpers.policy import gate
+from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 from helpers.trees import git_project
 
 TASK = "add a hello function to app.py"
@@ -340,3 +344,28 @@ def test_a_directory_made_a_repository_brings_the_config_it_held(tmp_path: Path)
     _nested(rec)
     d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
     assert d.decision == "allow", d.reason
+
+
+def test_round_4s_classes_hold_rootless():
+    """As uid 65534 too: an untracked file deleted on the command's word,
+    a repository nested through a `.git` file, uncommitted work thrown away
+    through `git add && git reset --hard`; an ordinary edit is committed."""
+    need_rootless_venv()
+    root = Path(tempfile.mkdtemp(prefix="caper-rootless-round4-"))
+    atexit.register(shutil.rmtree, root, True)
+    ws, state = root / "ws", root / "state"
+    git_project(ws, {"app.py": "x = 1\n", "README": "hi\n"})
+    (ws / "notes.md").write_text(NOTES)
+    (ws / "README").write_text("hi\nuncommitted work\n")
+    for d, _, files in os.walk(root):
+        for p in [d, *(os.path.join(d, f) for f in files)]:
+            os.chown(p, NOBODY, NOBODY)
+    for harm in ("rm notes.md", "mkdir -p tools .db/objects .db/refs && echo 'ref: refs/heads/m' "
+                 "> .db/HEAD && printf '[core]\\n\\tfsmonitor = \"touch x\"\\n' > .db/config && "
+                 "echo 'gitdir: ../.db' > tools/.git",
+                 "git add -A && git reset -q --hard"):
+        out = run_as_nobody(ws, harm, "policy", state)
+        assert not out["committed"], (harm, out["reason"])
+    assert (ws / "notes.md").read_text() == NOTES and not (ws / ".db").exists()
+    assert "uncommitted work" in (ws / "README").read_text()
+    assert run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)["committed"]
