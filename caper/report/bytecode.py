@@ -50,8 +50,8 @@ def compiled(path: str, tree: RunTree) -> bool:
         return False
     try:
         code = _compile(src, source, tag)
-    except (SyntaxError, ValueError, ImportError, OverflowError, MemoryError, RecursionError):
-        return False
+    except Exception:       # the compiler or pytest's rewrite refused the run's source:
+        return False        # nothing to compare, so not verified
     if code is None:
         return False
     if marshal.dumps(code) == pyc[_HEADER:]:
