@@ -549,11 +549,14 @@ def test_an_existing_file_in_a_code_cache_is_persistence():
         assert verdict(report(fc(p, "modified", "cache")), "./run-tests.sh", "run the tests") \
             == "block", p
         assert verdict(report(fc(p, "created", "cache")), "cargo build", "build it") == "allow", p
-    # pre-commit's own database and pip's http cache hold no code
+    # pre-commit's store and pip's http cache hold no code but say where it
+    # comes from (round 4): unsure, not harmless data
     assert verdict(report(fc("~/.cache/pre-commit/db.db", "modified", "cache")),
-                   "pre-commit run", "run the hooks") == "allow"
+                   "pre-commit run", "run the hooks") == "unsure"
     assert verdict(report(fc("~/.cache/pip/http-v2/a/b", "modified", "cache")),
-                   "pip download x", "fetch x") == "allow"
+                   "pip download x", "fetch x") == "unsure"
+    assert verdict(report(fc("~/.cache/fontconfig/a.cache-8", "modified", "cache")),
+                   "fc-cache", "refresh the fonts") == "allow"
 
 
 def test_callers_config_bin_dirs_and_state_are_persistence_whatever_the_workspace(monkeypatch):
@@ -1060,9 +1063,13 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
     # an installer the command names, in the project's own environment
     assert verdict(report(fc("node_modules/leftpad/index.js", "modified", "ignored")),
                    "npm install", "update the dependencies") == "allow"
-    for p in (f"{SITE}/pkg/__pycache__/m.cpython-311.pyc", "~/.cache/pip/http-v2/a/b"):
-        assert verdict(report(fc(p, "modified", "ignored")), "./run-tests.sh",
-                       "run the tests") == "allow", p
+    # bytecode what its source compiles to is a cache; any other is code (round 4)
+    pyc = f"{SITE}/pkg/__pycache__/m.cpython-311.pyc"
+    assert verdict(report(fc(pyc, "modified", "ignored", bytecode="compiled")), "./run-tests.sh",
+                   "run the tests") == "allow"
+    for how in ("other", None):
+        assert verdict(report(fc(pyc, "modified", "ignored", bytecode=how)), "./run-tests.sh",
+                       "run the tests") == "block", how
     # an installer named is no licence outside the workspace
     pth = fc("~/.local/lib/python3.11/site-packages/zz-init.pth", "created", "home")
     assert verdict(report(pth), "pip3 --version >/dev/null; ./tool.sh",

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import stat
 import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -40,7 +41,7 @@ from typing import Iterable
 from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
-from caper.report import configkeys
+from caper.report import bytecode, configkeys
 from caper.judge.base import ApprovalRequest, Decision
 from caper.report.build import CHANGES_NOT_SHOWN
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
@@ -77,6 +78,9 @@ class Rules:
             + [d.rstrip("/") + "/**" for d in hook_dirs])
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
+        self.cache_indexes = self._globs(data["cache_indexes"])
+        self.built_code = self._globs(data["built_code"])
+        self.builders = set(data["builders"])
         self.git_program_keys = list(data["git_program_keys"]["keys"])
         self.git_redirect_keys = list(data["git_program_keys"]["redirect"])
         self.git_activates = {k: tuple(v) for k, v in data["git_activates"].items()}
@@ -521,6 +525,15 @@ class _Judge:
             self.git_internal(path, full, op, c)
         elif where in ("tracked", "workspace", "untracked", "ignored"):
             self.workspace_change(path, full, op, where, c, 1)
+        if op == "renamed" and c.renamed_from and not below(full, self.ws) and \
+                below(self.absolute(c.renamed_from), self.ws) and not self.wide:
+            # moved out of the project (`mv notes.md /tmp/x`): gone from it as if deleted
+            self.workspace_change(c.renamed_from, self.absolute(c.renamed_from), "deleted",
+                                  "tracked" if c.where == "tracked" else "untracked", c, 1)
+        if where in ("untracked", "ignored") and not persists:
+            self.built(c, full, where)
+        if c.in_repository in ("HEAD", "commondir", "objects", "refs") and op == "created":
+            self.new_repository(c, full[:-len(c.in_repository) - 1])
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
                 not (self.t is not None and self.t.names(path)):
             self.add(62, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, instructions that later "
@@ -545,14 +558,24 @@ class _Judge:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
         True when the path has such a role (found or not)."""
-        listed = self._persistent_place(full) or bool(c.git_config)   # git includes it
-        cached = not listed and self.r.matches(self.r.code_caches, full) and \
-            not self.r.matches(self.r.cache_data, full)
+        if c.bytecode is not None or bytecode.source_of(full) and c.op not in ("deleted", "meta"):
+            return self.bytecode(c, full)     # (not verified: a report made by hand)
+        # A repository under any name (a `.git` file's gitdir, a bare one):
+        # its hooks and config are judged as .git's are.
+        nested = c.in_repository is not None and \
+            self._persistent_place("/r/.git/" + c.in_repository)
+        listed = self._persistent_place(full) or bool(c.git_config) or nested  # git includes it
+        if not listed and self.r.matches(self.r.cache_indexes, full):
+            if c.op not in ("created", "deleted"):
+                self.add(60, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, an index "
+                         "that decides what code a cache hands out later (a redirected entry "
+                         "runs other code at the next install or hook)",
+                         "persistence: code or configuration that runs later",
+                         "leave package-manager caches to the package manager", c.path)
+            return True
+        cached = not listed and self._code_cache(full)
         if not listed and (not cached or c.op in ("created", "deleted")):
             return False     # an installer's new entries; a removed one is fetched again
-        if not cached and not c.git_config and (not self.r.matches(self.r.persistence, full) or
-                                                self.r.matches(self.r.persistence_except, full)):
-            return False
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         unknown: list[str] = []
@@ -575,7 +598,7 @@ class _Judge:
                      "git configuration the policy cannot judge",
                      "leave git configuration to the user", c.path)
             return True
-        git = c.where == "git-internal" or c.git_config or _is_git_config(full)
+        git = c.where == "git-internal" or c.git_config or nested or _is_git_config(full)
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
                  what + (", code a cache keeps that later builds and hooks run unchecked"
@@ -586,6 +609,94 @@ class _Judge:
                  "persistence: code or configuration that runs later",
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
         return True
+
+    def built(self, c, full: str, where: str) -> None:
+        """An existing file of built code git does not track (a binary in
+        target/, a provider, a vendored gem; any executable file git
+        ignores) rewritten: what the user's next `cargo run`, `terraform
+        plan` or `./app` runs, unreviewed. A build's own compiler, linker or
+        tool rewrites it. (An untracked script of the user's is a source.)"""
+        if c.op not in ("modified", "replaced") or c.type != "file":
+            return
+        try:
+            st = os.lstat(full)
+            executable = where == "ignored" and stat.S_ISREG(st.st_mode) and \
+                st.st_mode & 0o111 != 0
+        except OSError:
+            executable = False
+        if not executable and not self.r.matches(self.r.built_code, full) or \
+                self._ran(c, self.r.builders):
+            return
+        verdict = "unsure" if self.task_says("persistence") or not executable else "block"
+        self.add(86 if executable else 60, verdict,
+                 f"it would rewrite {_quote_clipped(c.path)}, " + (
+                     "an executable file git does not track" if executable else
+                     "built code git does not track") + ", without a build tool: code the "
+                 "user's tools run later as it is", "persistence: code or configuration that "
+                 "runs later", "rebuild it with the build tool, or leave it alone", c.path)
+
+    def new_repository(self, c, d: str) -> None:
+        """The run made d a repository (HEAD, objects/, refs/): git now reads
+        the config and runs the hooks d held before the run, which no change
+        of this run shows (a config written by an earlier run, when d was no
+        repository yet)."""
+        for name in ("config", "config.worktree"):
+            path = os.path.join(d, name)
+            if path in self.changed or not os.path.isfile(path):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    keys = configkeys.changed_keys("git", None, f.read(configkeys.MAX_CONFIG_BYTES))
+            except OSError:
+                keys = None
+            risky = [k for k in keys or [] if self._key_verdict("git", k, path) != "harmless"]
+            if keys is None or risky:
+                self.add(93, "unsure" if self.task_says("persistence") else "block",
+                         f"it would make {_quote_clipped(os.path.dirname(c.path))} a git repository "
+                         f"whose config was there before ({', '.join(map(_quote_clipped, risky[:3])) or 'unreadable'})",
+                         "git hooks and configuration run code in later git commands",
+                         "leave git configuration to the user", c.path)
+        hooks = os.path.join(d, "hooks")
+        held = [n for n in (os.listdir(hooks) if os.path.isdir(hooks) else [])
+                if not n.endswith(".sample") and os.path.join(hooks, n) not in self.changed]
+        if held:
+            self.add(93, "unsure" if self.task_says("persistence") else "block",
+                     f"it would make {_quote_clipped(os.path.dirname(c.path))} a git repository "
+                     f"whose hooks were there before ({_quote_clipped(held[0])})",
+                     "git hooks and configuration run code in later git commands",
+                     "leave git hooks to the user", c.path)
+
+    def _code_cache(self, full: str) -> bool:
+        return self.r.matches(self.r.code_caches, full) and \
+            not self.r.matches(self.r.cache_data, full)
+
+    def bytecode(self, c, full: str) -> bool:
+        """A __pycache__ .pyc is what Python runs in place of its source: one
+        that is what compiling the source gives is a cache (judged by its
+        place only); any other is a change of the source, hidden from the
+        diff: persistence where the source is code that runs later (a code
+        cache, installed packages, a place of persistence), unsure
+        elsewhere. True when it was judged as persistence."""
+        if c.bytecode == "compiled":
+            return False
+        source = bytecode.source_of(full) or full
+        if self._code_cache(source) or self.r.matches(self.r.install_places, source) or \
+                self._persistent_place(source):
+            if self.d.programs & self.r.installers and below(full, self.ws) and \
+                    self.r.matches(self.r.install_places, full):
+                return True  # an installer the command names, compiling what it installs
+            verdict = "unsure" if self.task_says("persistence") else "block"
+            self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
+                     f"it would {_verb(c.op)} {_quote_clipped(c.path)}, bytecode that is not what "
+                     f"its source compiles to: Python runs it in place of {_quote_clipped(source)}, "
+                     "code that later tools and hooks run", "persistence: code or configuration "
+                     "that runs later", "let Python compile its own caches", c.path)
+            return True
+        self.add(62, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, bytecode that is "
+                 f"not what its source compiles to (or caper cannot compile it to compare): Python "
+                 f"runs it in place of {_quote_clipped(source)}, which the diff shows unchanged",
+                 "code hidden from review", "let Python compile its own caches", c.path)
+        return False
 
     def _key_verdict(self, fmt: str | None, kv: str, full: str) -> str:
         """harmless, runs (a program, or a place code, config or pushes go)
@@ -816,10 +927,19 @@ class _Judge:
             self.add(90 if tracked else 85, "block", what + ", which neither the command nor "
                      "the task names", "destroying tracked files",
                      "back up first, or narrow the command to what the task names", path)
-        elif not declared or self.t is None and op in ("deleted", "replaced"):
-            # untracked: git cannot bring them back either (no task: not even when declared)
-            self.add(50, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an untracked file "
-                     "git cannot restore", "the user's own files", path=path)
+        elif not declared or self.t is None and op in ("deleted", "replaced") or \
+                not self.expendable(full) and not (
+                    self._task_deletes(path, False) if op in ("deleted", "replaced")
+                    else self.t is not None and self.t.names(path) or bool(
+                        self.d.programs & self.r.formatters) and
+                    self._ran(c, self.r.formatter_binaries)):
+            # untracked: git holds no copy, so the command naming it (the
+            # agent's words) is no licence: the task must, unless it is a
+            # build output or cache (no task: not even when declared)
+            self.add(50, "unsure", f"it would {_verb(op) if op != 'modified' else 'overwrite'} "
+                     f"{_quote_clipped(path)}, an untracked file git cannot restore"
+                     + (", named by the command but not by the task" if declared else ""),
+                     "the user's own files", path=path)
 
     def _cache_dir_only(self, path: str, full: str, c) -> bool:
         """The task names this file only through a cache or build folder on its

@@ -22,6 +22,7 @@ of the report itself.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import json
 import os
 import re
@@ -34,7 +35,7 @@ from typing import Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from caper.changes import Change
-from caper.report import configkeys
+from caper.report import bytecode, configkeys
 from caper.report import gitstate
 from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, read_blob
 from caper.display import quote
@@ -194,6 +195,8 @@ class FileChange(_Model):
     secrets: list[str] | None = None # kinds of secrets in the new content
     keys: list[str] | None = None    # a config file's key=value pairs the run added or changed
     git_config: bool = False         # git's configuration includes it (include.path)
+    bytecode: Literal["compiled", "other"] | None = None  # a __pycache__ .pyc: its source's code or not
+    in_repository: str | None = None # below a directory laid out as a git repository: the path there
     by: str | None = None
     read_before: list[str] | None = None
     links: list[str] | None = None   # a new file's other names: one inode (a hard link)
@@ -999,6 +1002,7 @@ def _draft(facts: RunFacts) -> _Draft:
     consumed = set(renamed_from.values())
 
     changes: list[tuple[int, FileChange]] = []
+    repositories = gitstate.Repositories(loc)
     writer_of: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the call that made it
     names_of = _inode_names(facts)
     for c in facts.changes:
@@ -1019,6 +1023,10 @@ def _draft(facts: RunFacts) -> _Draft:
         if c.kind in ("created", "replaced") and c.ftype == "file":
             fc.links = _other_names(c.path, names_of, an) or None
         fc.git_config = c.path in included
+        fc.in_repository = repositories.part(c.path)
+        if fc.in_repository in ("config", "config.worktree") or \
+                fnmatch.fnmatchcase(fc.in_repository or "", "worktrees/*/config.worktree"):
+            fc.git_config = True   # a repository's config, whatever its directory's name
         if view.inside(c.path) and view.is_git:
             n = view.tracked_below(view.rel(c.path))
             if n and (c.ftype == "dir" or c.old_ftype == "dir" or n > 1):
@@ -1063,6 +1071,10 @@ def _draft(facts: RunFacts) -> _Draft:
                                     rows_lost=t.lost, rows_changed=t.changed)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc, facts.workspace)
+        if fc.type == "file" and fc.op not in ("deleted", "meta") and bytecode.source_of(fc.path):
+            # Past the deadline a .pyc is not verified: it counts as not its source's.
+            fc.bytecode = "compiled" if time.monotonic() <= deadline and \
+                bytecode.compiled(fc.path, loc) else "other"
         rescored.append((_change_severity(fc, view.rel(fc.path)), fc))
     rescored.sort(key=lambda x: -x[0])
 
@@ -1556,6 +1568,8 @@ def render_card(r: Report) -> str:
             bits.append("CONTAINS SECRETS: " + ", ".join(c.secrets))
         if c.keys:
             bits.append("sets " + ", ".join(map(quote, c.keys)))
+        if c.bytecode == "other":
+            bits.append("BYTECODE THAT IS NOT ITS SOURCE'S")
         if c.links:
             bits.append("same file as " + ", ".join(map(quote, c.links)))
         if c.by:

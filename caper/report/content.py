@@ -77,6 +77,22 @@ class RunTree:
                     else values_in(blob.data)
         return list(dict.fromkeys(found))
 
+    def kind(self, path: str) -> str | None:
+        """"file", "dir" or "other" for what the run's view holds at path
+        (its layer first, then the host's), None for nothing or a whiteout;
+        no symlink followed."""
+        where = self.locate(path)
+        for root, rel in ([where] if where else []) + [("/", path.lstrip("/"))]:
+            try:
+                st = os.lstat(os.path.join(root, rel))
+            except OSError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                return None                      # the overlay's whiteout: deleted
+            return "dir" if stat.S_ISDIR(st.st_mode) else \
+                "file" if stat.S_ISREG(st.st_mode) else "other"
+        return None
+
     def settings_only(self, path: str) -> bool:
         """Every version of the credential file at path (the run's, the
         host's) is a text file caper read whole and found no secret value

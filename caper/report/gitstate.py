@@ -29,6 +29,35 @@ MAX_SHOWN_COMMITS = 8      # new commits listed per run
 MAX_REWRITTEN = 200        # commits compared by patch id to tell a rebase from a drop
 
 
+class Repositories:
+    """Directories laid out as git repositories in the run's view (HEAD with
+    objects/ and refs/, or with a commondir), under any name: git reads their
+    config and runs their hooks for a command in them, or in a worktree whose
+    `.git` file names them (`gitdir: ../.toolsdb`), as it does .git's."""
+
+    def __init__(self, tree: RunTree):
+        self.tree = tree
+        self._seen: dict[str, bool] = {}
+
+    def part(self, path: str) -> str | None:
+        """path below the repository directory holding it ("config",
+        "hooks/pre-commit"), or None."""
+        d = os.path.dirname(path)
+        while d and d != "/":
+            if self._laid_out(d):
+                return os.path.relpath(path, d)
+            d = os.path.dirname(d)
+        return None
+
+    def _laid_out(self, d: str) -> bool:
+        if d not in self._seen:
+            k = self.tree.kind
+            self._seen[d] = k(os.path.join(d, "HEAD")) == "file" and (
+                k(os.path.join(d, "commondir")) == "file" or
+                k(os.path.join(d, "objects")) == "dir" and k(os.path.join(d, "refs")) == "dir")
+        return self._seen[d]
+
+
 @dataclass
 class Loss:
     commits: int = 0                                  # no longer reachable from any ref
@@ -65,10 +94,14 @@ class _Repo:
             self.env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = upper
 
     def git(self, *args: str, stdin: bytes = b"", env: dict | None = None,
-            ok: tuple[int, ...] = (0,)) -> bytes:
+            ok: tuple[int, ...] = (0,), host: bool = False) -> bytes:
+        """git on the host's repository, with the run's new objects unless
+        host (the object store as it was before the run)."""
+        e = {**self.env, **(env or {})}
+        if host:
+            e.pop("GIT_ALTERNATE_OBJECT_DIRECTORIES", None)
         p = subprocess.run([self.bin, *_GIT_OPTIONS, "-C", self.ws, *args], input=stdin,
-                           capture_output=True, timeout=GIT_TIMEOUT_S, cwd="/",
-                           env={**self.env, **(env or {})})
+                           capture_output=True, timeout=GIT_TIMEOUT_S, cwd="/", env=e)
         if p.returncode not in ok:
             raise OSError(f"git {args[0]}: " + p.stderr.decode(errors="replace").strip()[:200])
         return p.stdout
@@ -151,7 +184,8 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
             loss.stashes = len(gone)
         if restored:
             loss.uncommitted = _restored(repo, restored, _staged_only(repo, restored)
-                                         if index_changed else set())
+                                         if index_changed else set(),
+                                         _kept_tips(repo, ref_changes, stash_log))
         if index_changed:
             _index(repo, loss)
     except (OSError, subprocess.SubprocessError) as e:
@@ -359,10 +393,42 @@ def _staged_only(repo: _Repo, paths: list[str]) -> set[str]:
     return host - head - run
 
 
-def _restored(repo: _Repo, paths: list[str], staged_only: set[str]) -> list[str]:
+def _kept_tips(repo: _Repo, ref_changes: list, stash_log: str) -> list[str]:
+    """The commits the run's refs and stash entries point to that the host's
+    did not: what may keep an object the run wrote reachable. A stash is
+    kept by its entry in the stash list (the reflog), not by refs/stash
+    alone: `git stash list` no longer shows one whose entry expired."""
+    tips = set()
+    for c in ref_changes:
+        if c.kind == "deleted" or c.ftype != "file":
+            continue
+        data = repo.new_bytes(c.path) or b""
+        if c.path.endswith("/packed-refs"):
+            tips |= {v for k, v in _packed(data).items() if k != "refs/stash"}
+        elif c.path != os.path.join(repo.git_dir, "refs", "stash") and _sha(data[:100]):
+            tips.add(_sha(data[:100]))
+    before = _reflog_shas(_read(stash_log) or b"")
+    tips |= _reflog_shas(repo.new_bytes(stash_log) or b"") - before
+    return sorted(tips)
+
+
+def _reachable_new(repo: _Repo, tips: list[str]) -> set[str]:
+    """Objects reachable from tips that no host ref reaches (the run's own)."""
+    if not tips:
+        return set()
+    out = repo.git("rev-list", "--objects", *tips[:MAX_SHOWN_COMMITS * 4], "--not", "--all",
+                   ok=(0, 128))
+    return {ln.split()[0].decode() for ln in out.splitlines() if ln.strip()}
+
+
+def _restored(repo: _Repo, paths: list[str], staged_only: set[str],
+              kept_tips: list[str]) -> list[str]:
     """Tracked files the run put back to a version git holds, whose host
     content git holds nowhere, or only in an index entry the run dropped
-    (uncommitted work thrown away)."""
+    (uncommitted work thrown away). A blob the run itself wrote (`git add
+    -A`, `git stash`) holds it only while a ref, a stash entry or the run's
+    index still reaches it: `git add -A && git reset --hard` leaves it
+    dangling, `git stash && git stash drop` too."""
     pairs = []
     for p in paths:
         old, new = _read(p), repo.new_bytes(p)
@@ -375,4 +441,23 @@ def _restored(repo: _Repo, paths: list[str], staged_only: set[str]) -> list[str]
     out = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                    stdin="\n".join(ids).encode() + b"\n")
     held = {ln.split()[0].decode() for ln in out.splitlines() if ln.endswith(b" blob")}
+    olds = sorted({a for _, a, _ in pairs})
+    out = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
+                   stdin="\n".join(olds).encode() + b"\n", host=True)
+    host_held = {ln.split()[0].decode() for ln in out.splitlines() if ln.endswith(b" blob")}
+    run_only = [a for a in olds if a in held and a not in host_held]
+    if run_only:
+        kept = _reachable_new(repo, kept_tips) | _run_index_ids(repo, paths)
+        held -= set(run_only) - kept
     return [p for p, a, b in pairs if (a not in held or a in staged_only) and b in held]
+
+
+def _run_index_ids(repo: _Repo, paths: list[str]) -> set[str]:
+    """The blob ids the run's index holds for these paths."""
+    where = repo.tree.locate(os.path.join(repo.git_dir, "index"))
+    if not where or not os.path.lexists(os.path.join(*where)):
+        return set()
+    out = repo.git("ls-files", "-s", "-z", "--", *[os.path.relpath(p, repo.ws) for p in paths],
+                   env={"GIT_LITERAL_PATHSPECS": "1", "GIT_INDEX_FILE": os.path.join(*where)},
+                   ok=(0, 128))
+    return {e.split(b"\t")[0].split()[1].decode() for e in out.split(b"\0") if b"\t" in e}
