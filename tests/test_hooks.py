@@ -348,7 +348,7 @@ def test_host_side_caper_commands_the_agent_writes_run_only_in_the_sandbox(proje
     # Codex: the hook's own wrapped command with a variable before it is another
     # command, wrapped again (its -c is the whole sneaky text)
     from caper.front.tasks import new_call
-    call = new_call(state, "sess-1", "make", TASK, "transcript")
+    call = new_call(state, "sess-1", "make", TASK, "transcript", str(project))
     wrapped = hooks.wrap("make", "sess-1", call)
     for sneaky in ("PYTHONPATH=. " + wrapped, "env PYTHONPATH=. " + wrapped):
         hook = hook_input("codex", sneaky, project, tmp_path / "none")
