@@ -33,6 +33,11 @@ HOME = "/home/u"
     ("/w/.environment", None), ("/other/.aws/credentials", None),
     ("/w/deploy/id_rsa", "ssh-private-key"), ("/w/deploy/gcp-sa.json", "gcloud-credentials"),
     ("/w/ci/service-account-prod.json", "gcloud-credentials"), ("/w/deploy/id_rsa.pub", None),
+    ("/w/.dev.vars", "dotenv"), ("/w/infra/prod.tfvars", "terraform-variables"),
+    ("/w/terraform.tfstate", "terraform-state"), ("/w/token.json", "oauth-token"),
+    ("/w/ios/AuthKey_ABC123.p8", "private-key"), ("/w/.htpasswd", "password-hashes"),
+    ("/etc/shadow-", "system-credentials"), ("/etc/letsencrypt/live/x/privkey.pem", "private-key"),
+    ("/run/secrets/db_password", "container-secrets"), ("/w/src/tokens.py", None),
 ])
 def test_default_protected_locations(path, kind):
     assert Protected(default_patterns(), HOME, "/w").kind(path) == kind
@@ -114,7 +119,13 @@ def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
     (".config/git/credentials", "git-credentials"), (".s3cfg", "aws-credentials"),
     (".config/github-copilot/apps.json", "github-copilot-token"), (".yarnrc.yml", "npm-token"),
     (".bundle/config", "rubygems-key"), (".config/composer/auth.json", "composer-token"),
-    (".boto", "gcloud-credentials"), (".databrickscfg", "databricks-token")])
+    (".boto", "gcloud-credentials"), (".databrickscfg", "databricks-token"),
+    # round 5: keys below ~/.ssh's subdirectories, whole tool directories, more stores
+    (".ssh/keys/github", "ssh-private-key"), (".ssh/keys/github.pub", None),
+    (".ssh/work/config", None), (".aws/sso/cache/t.json", "aws-credentials"),
+    (".kube/prod.yaml", "kube-config"), (".config/sops/age/keys.txt", "sops-key"),
+    (".curlrc", "curl-credentials"), (".histfile", "shell-history"),
+    (".config/containers/auth.json", "container-registry-login")])
 def test_credential_stores_by_location(rel, kind):
     """Round 3 read these unseen: a key under any name in ~/.ssh (its public
     halves, known_hosts, config and authorized_keys are none), Claude Code's
@@ -231,3 +242,15 @@ def test_a_home_mounted_at_another_path_is_protected_there_too(tmp_path):
         assert p.kind(f"{home}/.aws/credentials") == "aws-credentials"
     finally:
         subprocess.run(["umount", str(alias)], check=True)
+
+
+def test_a_credential_directory_that_is_a_symlink_is_protected_where_it_leads(tmp_path):
+    """Round 5: WSL's ~/.aws -> /mnt/c/Users/me/.aws (or a dotfile manager's
+    link): the keys read by the real path matched no ~ form."""
+    home, real = tmp_path / "home", tmp_path / "mnt" / "aws"
+    home.mkdir()
+    real.mkdir(parents=True)
+    (home / ".aws").symlink_to(real)
+    p = Protected(default_patterns(), str(home), "/w", homes=[])
+    assert p.kind(f"{real}/credentials") == "aws-credentials"
+    assert p.kind(f"{tmp_path}/mnt/other/credentials") is None

@@ -89,6 +89,24 @@ def _mount_forms(path: str, entries) -> list[str]:
         return [real]
 
 
+def _linked_forms(homes: "Sequence[str]", rel: str) -> list[str]:
+    """rel (a pattern below a home) where a directory on its literal way is
+    a symlink: the target's real path with the rest of the pattern."""
+    parts = rel.split("/")
+    out = []
+    for home in homes:
+        for i in range(1, len(parts)):
+            if any(c in parts[i - 1] for c in "*?["):
+                break
+            head = os.path.join(home, *parts[:i])
+            if os.path.islink(head):
+                real = os.path.realpath(head)
+                if real != head:
+                    out.append("/".join([real, *parts[i:]]))
+                break
+    return out
+
+
 def home_forms(home: str | None, homes: "Sequence[str]", entries=None
                ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(homes, place patterns): the run's home and every account's, each as
@@ -135,6 +153,11 @@ class Protected:
             if glob.startswith("~/"):
                 rules.append((home_rx + glob_regex(glob[1:]), p.kind))
                 rooted.append((home_rx + glob_regex(glob[1:]), p.kind))
+                # A directory on its way that is a symlink (~/.aws -> /mnt/c/Users/me/.aws,
+                # a dotfile manager's link): the pattern holds where it leads too.
+                for real in _linked_forms(homes, glob[2:]):
+                    rules.append((glob_regex(real), p.kind))
+                    rooted.append((glob_regex(real), p.kind))
                 continue
             if glob.startswith("/"):
                 rooted.append((glob_regex(glob), p.kind))
