@@ -646,7 +646,8 @@ class _Judge:
                 continue
             try:
                 with open(path, "rb") as f:
-                    keys = configkeys.changed_keys("git", None, f.read(configkeys.MAX_CONFIG_BYTES))
+                    keys = configkeys.changed_keys("git", None, f.read(configkeys.MAX_CONFIG_BYTES),
+                                                   self.ws)
             except OSError:
                 keys = None
             risky = [k for k in keys or [] if self._key_verdict("git", k, path) != "harmless"]
@@ -726,7 +727,7 @@ class _Judge:
                         data = f.read(configkeys.MAX_CONFIG_BYTES + 1)
                 except OSError:
                     return "unknown"
-                keys = configkeys.changed_keys("git", None, data)
+                keys = configkeys.changed_keys("git", None, data, self.ws)
                 if keys is None:
                     return "unknown"     # a file git may read and caper cannot
                 for kv in keys:
