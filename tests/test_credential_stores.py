@@ -223,3 +223,29 @@ def test_a_key_under_a_name_no_pattern_knows_is_a_credential_by_what_it_holds(tm
     out = run("rev notes.txt", cwd=str(ws), workspace=str(ws), approver="policy",
               state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
     assert out.report.read_credentials == [] and out.committed
+
+
+@pytest.mark.parametrize("rel, text", [
+    (".config/stripe/config.toml", 'secret_key = "sk_test_4eC39HqLyjWDarjtT1zdp7dc"\n'),
+    (".wakatime.cfg", "[settings]\napi_key = waka_0b8f4e3c-1234-4a5b-9c7d-abcdefabcdef\n"),
+    (".config/pip/pip.conf", "[global]\nindex-url = https://me:s3cretpass@pypi.corp/simple\n"),
+])
+def test_a_settings_file_with_a_secret_is_a_credential_by_what_it_holds(tmp_path, rel, text):
+    """Round 5: tools' settings files no pattern names (stripe, wakatime, a
+    pip.conf with a password in its URL) were returned reversed by a blocked
+    run. A settings file (outside the workspace, or config-shaped in it) with
+    a secret-named key's value or a URL password is a credential by content;
+    the workspace's code is not judged so (a `TOKEN_URL = ...` in a .py)."""
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    (home / rel).parent.mkdir(parents=True)
+    (home / rel).write_text(text)
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "settings.py").write_text('TOKEN_URL = "https://example.com/oauth/token"\n')
+    env = {**os.environ, "HOME": str(home)}
+    out = run(f"rev ~/{rel}", cwd=str(ws), workspace=str(ws), approver="policy",
+              state_dir=str(tmp_path / "state"), env=env)
+    assert "secret-setting" in out.report.read_credentials, out.report.card()
+    assert not out.committed and out.withheld
+    out = run("rev src/settings.py", cwd=str(ws), workspace=str(ws), approver="policy",
+              state_dir=str(tmp_path / "state"), env=env)
+    assert out.report.read_credentials == [] and out.committed, out.reason

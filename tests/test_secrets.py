@@ -125,7 +125,8 @@ def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
     (".ssh/work/config", None), (".aws/sso/cache/t.json", "aws-credentials"),
     (".kube/prod.yaml", "kube-config"), (".config/sops/age/keys.txt", "sops-key"),
     (".curlrc", "curl-credentials"), (".histfile", "shell-history"),
-    (".config/containers/auth.json", "container-registry-login")])
+    (".config/containers/auth.json", "container-registry-login"),
+    (".netrc.bak", "netrc"), (".pgpass.old", "postgres-password"), (".npmrc.bak", "npm-token")])
 def test_credential_stores_by_location(rel, kind):
     """Round 3 read these unseen: a key under any name in ~/.ssh (its public
     halves, known_hosts, config and authorized_keys are none), Claude Code's

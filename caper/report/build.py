@@ -45,7 +45,7 @@ from caper.sandbox.netdns import DnsQuery
 from caper.sandbox.netproxy import NetRecord, ProxyRequest
 from caper.fs.mountinfo import below
 from caper.report import stores
-from caper.report.secrets import Protected, Redactor
+from caper.report.secrets import Protected, Redactor, placeholder
 from caper.report.workspace import GIT_ROUTINE, TEMP_DIRS, PathView, history_names, history_values
 
 REPORT_VERSION = 1
@@ -891,12 +891,12 @@ _KEY_MARKERS = (b"PRIVATE KEY-----", b"PrivateKey", b"client-key-data", b'"priva
 _CRYPT_HASH = re.compile(rb"(?m)^[^:\n]+:\$(?:1|2[aby]|5|6|y|gy|7)\$[^:\n]{8,}:")
 _NOT_SCANNED_DIRS = ("/usr/", "/lib/", "/lib64/", "/proc/", "/sys/", "/dev/", "/bin/", "/sbin/")
 CONTENT_SCAN_FILES = 4000
-CONTENT_SCAN_BYTES = 256 * 1024
+CONTENT_SCAN_BYTES = 1 << 20
 CONTENT_NOT_SCANNED = "reads-not-scanned-for-keys"
 
 
-def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree,
-                            deadline: float) -> "tuple[list[tuple[Event, str, str]], int]":
+def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree, deadline: float,
+                            workspace: str) -> "tuple[list[tuple[Event, str, str]], int]":
     """(event, path, kind) of the files read that hold a private key or
     password hashes, as the run saw them; and how many were not looked at."""
     out, seen, unscanned = [], set(), 0
@@ -907,17 +907,47 @@ def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree,
         if len(seen) > CONTENT_SCAN_FILES or time.monotonic() > deadline:
             unscanned += 1
             continue
-        # The run's version where it made one, else the host's (which it read).
+        # The host's version (what a read before the run changed it saw) and
+        # the run's, where it made one.
         where = loc.locate(name)
-        blob = (read_blob(where[0], where[1], CONTENT_SCAN_BYTES) if where else None) or \
-            read_blob("/", name.lstrip("/"), CONTENT_SCAN_BYTES)
-        if blob is None:
-            continue
-        if any(m in blob.data for m in _KEY_MARKERS):
-            out.append((e, name, "private-key"))
-        elif _CRYPT_HASH.search(blob.data):
-            out.append((e, name, "password-hashes"))
+        blobs = [read_blob("/", name.lstrip("/"), CONTENT_SCAN_BYTES),
+                 read_blob(where[0], where[1], CONTENT_SCAN_BYTES) if where else None]
+        settings = not below(name, workspace) or _is_settings_file(name)
+        kind = next((k for b in blobs if b is not None for k in _content_kind(b.data, settings)),
+                    None)
+        if kind:
+            out.append((e, name, kind))
+        elif any(b is not None and not b.complete for b in blobs):
+            unscanned += 1               # a key past the part looked at stays unseen
     return out, unscanned
+
+
+# A settings line that holds a secret (`ossrhPassword=...`, `access-token: ...`,
+# `pass_phrase=...`, a URL with a password), in a settings file: one outside
+# the workspace (a tool's own config in ~ or /etc), or a config-shaped one in it.
+_SECRET_SETTING = re.compile(
+    rb"""(?im)^[ \t]*["']?[:\w.\-]*(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|"""
+    rb"""pass_?phrase|credentials?)[\w.\-]*["']?[ \t]*[:=][ \t]*["']?([^\s"'#,;<>]{8,})""")
+_URL_PASSWORD = re.compile(rb"://[^/\s:@]*:([^/\s@]{3,})@")
+_SETTINGS_SUFFIXES = (".conf", ".cfg", ".ini", ".toml", ".yaml", ".yml", ".json", ".properties",
+                      ".xml", ".config", ".env", "rc")
+
+
+def _is_settings_file(path: str) -> bool:
+    base = os.path.basename(path).lower()
+    return base.startswith(".") or base.endswith(_SETTINGS_SUFFIXES)
+
+
+def _content_kind(data: bytes, settings: bool) -> list[str]:
+    if any(m in data for m in _KEY_MARKERS):
+        return ["private-key"]
+    if _CRYPT_HASH.search(data):
+        return ["password-hashes"]
+    if settings and b"\0" not in data[:8192]:
+        for m in (*_SECRET_SETTING.finditer(data), *_URL_PASSWORD.finditer(data)):
+            if not placeholder(m.group(1).decode("utf-8", "replace")):
+                return ["secret-setting"]
+    return []
 
 
 def _in_object_store(path: str, workspace: str) -> bool:
@@ -1090,7 +1120,7 @@ def _draft(facts: RunFacts) -> _Draft:
 
     # A key or password hashes under a name no pattern knows (privkey.pem,
     # wg0.conf, admin.conf, /etc/shadow-) are credentials by what they hold.
-    found, unscanned = _credentials_by_content(an.other_reads, loc, deadline)
+    found, unscanned = _credentials_by_content(an.other_reads, loc, deadline, facts.workspace)
     if unscanned:
         uncertain[CONTENT_NOT_SCANNED] = unscanned
     for e, name, kind in found:

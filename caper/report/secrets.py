@@ -90,12 +90,13 @@ def _mount_forms(path: str, entries) -> list[str]:
 
 
 def _linked_forms(homes: "Sequence[str]", rel: str) -> list[str]:
-    """rel (a pattern below a home) where a directory on its literal way is
-    a symlink: the target's real path with the rest of the pattern."""
+    """rel (a pattern below a home) where a directory on its literal way, or
+    the file it names, is a symlink: the target's real path with the rest of
+    the pattern."""
     parts = rel.split("/")
     out = []
     for home in homes:
-        for i in range(1, len(parts)):
+        for i in range(1, len(parts) + 1):      # the file itself too (stow's ~/.kube/config)
             if any(c in parts[i - 1] for c in "*?["):
                 break
             head = os.path.join(home, *parts[:i])
