@@ -255,3 +255,24 @@ def test_a_credential_directory_that_is_a_symlink_is_protected_where_it_leads(tm
     p = Protected(default_patterns(), str(home), "/w", homes=[])
     assert p.kind(f"{real}/credentials") == "aws-credentials"
     assert p.kind(f"{tmp_path}/mnt/other/credentials") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to bind-mount")
+def test_a_directory_below_a_home_mounted_elsewhere_is_protected_there(tmp_path):
+    """Round 5: ~/.aws bound at /x was taken for another home (/x/.aws/...),
+    and /etc seen through a container's -v /:/host was no credential place:
+    a path below a mount that shows another directory is judged as that
+    directory's (mount_translations)."""
+    import subprocess
+    from caper.report.secrets import protected_for
+    home, alias = tmp_path / "home", tmp_path / "x"
+    (home / ".config").mkdir(parents=True)
+    alias.mkdir()
+    subprocess.run(["mount", "--bind", str(home / ".config"), str(alias)], check=True)
+    try:
+        p = protected_for(default_patterns(), str(home), str(tmp_path / "ws"))
+        assert p.kind(f"{alias}/gcloud/application_default_credentials.json") == \
+            "gcloud-credentials"
+        assert p.kind(f"{alias}/notes.txt") is None
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)

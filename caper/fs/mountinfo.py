@@ -11,6 +11,14 @@ from caper.errors import CHROOT_HINT, SetupError
 _ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
+# The kernel's own filesystems: nothing of the user's is on them.
+PSEUDO_FS = frozenset({
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "securityfs", "debugfs",
+    "tracefs", "bpf", "mqueue", "hugetlbfs", "fusectl", "configfs", "pstore", "binfmt_misc",
+    "autofs", "efivarfs", "rpc_pipefs", "nsfs",
+})
+
+
 @dataclass(frozen=True, slots=True)
 class MountEntry:
     point: str                      # the mount point, unescaped (may hold any byte)

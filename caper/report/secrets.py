@@ -108,6 +108,28 @@ def _linked_forms(homes: "Sequence[str]", rel: str) -> list[str]:
     return out
 
 
+def mount_translations(entries) -> tuple[tuple[str, str], ...]:
+    """(alias point, path it shows) for every mount that shows a directory
+    of a filesystem also mounted whole (or higher) elsewhere: `~/.aws` bound
+    at /x shows /home/u/.aws there, a container's `-v /:/host` shows /etc at
+    /host/etc. The longest alias first."""
+    from caper.fs.mountinfo import PSEUDO_FS
+    by_dev: dict[str, list] = {}
+    for m in entries or ():
+        if m.dev and m.fstype not in PSEUDO_FS:
+            by_dev.setdefault(m.dev, []).append(m)
+    out = set()
+    for mounts in by_dev.values():
+        canon = min(mounts, key=lambda m: (len(m.root), len(m.point)))
+        for m in mounts:
+            if m is canon or not (m.root + "/").startswith(canon.root.rstrip("/") + "/"):
+                continue
+            shows = os.path.normpath(os.path.join(canon.point, m.root[len(canon.root):].lstrip("/")))
+            if shows != m.point:
+                out.add((m.point, shows))
+    return tuple(sorted(out, key=lambda x: -len(x[0])))
+
+
 def home_forms(home: str | None, homes: "Sequence[str]", entries=None
                ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(homes, place patterns): the run's home and every account's, each as
@@ -128,7 +150,9 @@ class Protected:
 
     def __init__(self, patterns: "Sequence[ProtectedPattern]", home: str | None,
                  workspace: str | None = None, homes: "Sequence[str] | None" = None,
-                 forms: "tuple[tuple[str, ...], tuple[str, ...]] | None" = None):
+                 forms: "tuple[tuple[str, ...], tuple[str, ...]] | None" = None,
+                 translations: "Sequence[tuple[str, str]]" = ()):
+        self._translations = tuple(translations)     # mount_translations
         # Each home as written and as resolved: the tracer names a file by the
         # path the command used and by its real one, and a home may be a
         # symlink or below one (/home -> /data/home).
@@ -203,8 +227,16 @@ class Protected:
 
     def kind(self, path: str) -> str | None:
         """The kind of credential at path; None where none is, or where the
-        first matching rule's kind is empty (an exception to a later rule)."""
-        return _first(self._rx, self._kinds, path)
+        first matching rule's kind is empty (an exception to a later rule).
+        A path below a mount that shows another directory is asked as that
+        directory's too."""
+        k = _first(self._rx, self._kinds, path)
+        if k is None:
+            for alias, shows in self._translations:
+                if path == alias or path.startswith(alias.rstrip("/") + "/"):
+                    k = _first(self._rx, self._kinds, shows + path[len(alias.rstrip("/")):])
+                    break
+        return k
 
 
 def _alternation(rules: list[tuple[str, str]]) -> tuple[list[str], "re.Pattern | None"]:
@@ -230,13 +262,15 @@ def protected_for(patterns: tuple[ProtectedPattern, ...], home: str | None,
         entries = mountinfo.read()
     except (OSError, ValueError):
         entries = None
-    return _compiled(patterns, home, workspace, home_forms(home, account_homes(), entries))
+    return _compiled(patterns, home, workspace, home_forms(home, account_homes(), entries),
+                     mount_translations(entries))
 
 
 @functools.lru_cache(maxsize=32)
 def _compiled(patterns: tuple[ProtectedPattern, ...], home: str | None, workspace: str | None,
-              forms: tuple[tuple[str, ...], tuple[str, ...]]) -> Protected:
-    return Protected(patterns, home, workspace, forms=forms)
+              forms: tuple[tuple[str, ...], tuple[str, ...]],
+              translations: tuple[tuple[str, str], ...]) -> Protected:
+    return Protected(patterns, home, workspace, forms=forms, translations=translations)
 
 
 # Token shapes: (kind, pattern, anchors). The whole match is replaced. A

@@ -32,11 +32,7 @@ from caper.sandbox.trace import TRACER_THREAD, Mount
 
 # Filesystems whose contents are kernel state, not files: /proc, /sys and
 # /dev are rebuilt by the native core, the rest are never overlaid.
-PSEUDO_FS = frozenset({
-    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "securityfs", "debugfs",
-    "tracefs", "bpf", "mqueue", "hugetlbfs", "fusectl", "configfs", "pstore", "binfmt_misc",
-    "autofs", "efivarfs", "rpc_pipefs", "nsfs",
-})
+PSEUDO_FS = mountinfo.PSEUDO_FS
 KERNEL_TREES = ("/proc", "/sys", "/dev")
 DISCARD_THREAD = "caper-discard"
 # overlayfs refuses these as upper layers (no whiteouts, no trusted xattrs, or overlay itself).
