@@ -249,3 +249,15 @@ def test_a_settings_file_with_a_secret_is_a_credential_by_what_it_holds(tmp_path
     out = run("rev src/settings.py", cwd=str(ws), workspace=str(ws), approver="policy",
               state_dir=str(tmp_path / "state"), env=env)
     assert out.report.read_credentials == [] and out.committed, out.reason
+
+
+def test_a_library_that_holds_pem_markers_as_text_is_no_credential(tmp_path):
+    """libssl and Python's _ssl module hold "-----BEGIN PRIVATE KEY-----" as
+    strings: a binary file is not judged by content (every Python program
+    that imports ssl read one as a "credential" until this was seen)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "libfake.so").write_bytes(b"\x7fELF\0\0\0" + b"-----BEGIN PRIVATE KEY-----\n" * 3)
+    out = run("cat libfake.so >/dev/null", cwd=str(ws), workspace=str(ws), approver="policy",
+              state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
+    assert out.report.read_credentials == [] and out.committed, out.reason

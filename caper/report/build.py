@@ -939,11 +939,13 @@ def _is_settings_file(path: str) -> bool:
 
 
 def _content_kind(data: bytes, settings: bool) -> list[str]:
+    if b"\0" in data[:8192]:
+        return []         # a program or library: libssl holds "PRIVATE KEY-----" as text
     if any(m in data for m in _KEY_MARKERS):
         return ["private-key"]
     if _CRYPT_HASH.search(data):
         return ["password-hashes"]
-    if settings and b"\0" not in data[:8192]:
+    if settings:
         for m in (*_SECRET_SETTING.finditer(data), *_URL_PASSWORD.finditer(data)):
             if not placeholder(m.group(1).decode("utf-8", "replace")):
                 return ["secret-setting"]
