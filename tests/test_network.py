@@ -782,3 +782,26 @@ def test_a_connection_from_another_loopback_address_is_attributed_to_its_process
     assert out.stdout.text().startswith(b"HTTP/1.0 200")
     [n] = _proxied(out)
     assert n.allowed and "python" in n.by and "other.py" in n.argv
+
+
+def test_this_machines_own_addresses_and_metadata_services_are_internal():
+    """Round 5: an allowed name resolving to this machine's own (non-loopback)
+    address reached host services listening on 0.0.0.0, and metadata
+    services off the link-local range passed the internal check."""
+    import fcntl
+    import struct
+    from caper.sandbox.netproxy import _internal
+    assert _internal("168.63.129.16") and _internal("fd00:ec2::254") and not _internal("8.8.8.8")
+    own = []
+    for _, name in socket.if_nameindex():
+        if name == "lo":
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        own.append(socket.inet_ntoa(raw[20:24]))
+    if not own:
+        pytest.skip("no interface with an IPv4 address besides lo")
+    assert all(_internal(a) for a in own), own

@@ -732,14 +732,32 @@ def _resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(a[4][0] for a in found))
 
 
+# Clouds' metadata and configuration services off the link-local range (AWS's
+# IPv6 ones, Alibaba's, Azure's wire server, Oracle's).
+METADATA_ADDRESSES = frozenset({"fd00:ec2::254", "fd00:ec2::23", "100.100.100.200",
+                                "168.63.129.16", "192.0.0.192"})
+
+
 def _internal(address: str) -> bool:
     """An address of this machine or its link (loopback, link-local such as a cloud's
-    metadata service, unspecified, multicast, reserved): a name that resolves there is
-    not the host the user allowed by name."""
+    metadata service, unspecified, multicast, reserved, one of this machine's own
+    interfaces, a known metadata service): a name that resolves there is not the
+    host the user allowed by name."""
     ip = ipaddress.ip_address(address.split("%")[0])
     ip = getattr(ip, "ipv4_mapped", None) or ip
     return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or \
-        ip.is_reserved
+        ip.is_reserved or str(ip) in METADATA_ADDRESSES or _own(ip)
+
+
+def _own(ip) -> bool:
+    """ip is assigned to an interface of this machine (the kernel binds only those)."""
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
 
 
 def _parse(head: bytes, rec: ProxyRequest) -> str | None:
