@@ -149,9 +149,15 @@ _SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?
                           # SLACK_WEBHOOK_URL, DOCKER_AUTH_CONFIG: round 4
                           r"|_PWD$|(?:^|_)PASS$|PASSPHRASE|(?:^|_)DSN$|WEBHOOK"
                           r"|(?:^|_)AUTH_CONFIG$|(?:^|_)COOKIES?$"
-                          r"|(?:^|_)(?:BEARER|ROLE_ID|SECRET_ID|SEED|MNEMONIC|API)$")
+                          r"|(?:^|_)(?:BEARER|ROLE_ID|SECRET_ID|SEED|MNEMONIC|API|PW)$"
+                          # round 5: connection strings, CI's base64 keys, git's env config
+                          r"|CONNECTION_STRING|(?:^|_)KEY(?:_|$)|^GIT_CONFIG_VALUE_\d+$"
+                          r"|^BUNDLE_[A-Z0-9_]+__[A-Z0-9_]+$")
 # A value that is an HTTP credential by its scheme (`Basic dXNlcjpwYXNz`, `Bearer x`).
-_AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}")
+_AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}"
+                         # a connection string's key, a base64 PEM, a TOTP seed (round 5)
+                         r"|(?:^|;)\s*(?:accountkey|sharedaccesskey|password|pwd)=[^;]{6,}"
+                         r"|^LS0tLS1CRUdJTi|^otpauth://")
 
 
 class EnvConfig(_Strict):
@@ -164,7 +170,7 @@ def credential_var(name: str, value: str) -> bool:
     value (a token, a URL with a password), hold a credential?"""
     found: set[str] = set()
     Redactor().text(value, found)
-    return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.match(value))
+    return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.search(value))
 
 _POLICY_LISTS = ("harmless_outside", "persistence", "persistence_except", "temp_owned",
                  "formatters", "git_rewrites", "installers", "install_places")

@@ -94,17 +94,20 @@ class RunOutcome:
     def to_json(self) -> dict:
         """What the agent gets, by any front door."""
         report = self.agent_report
+        # Sealed: which rule fired, how sure, the steps and the notes are each
+        # a choice the run made after its read (a bit or more a run).
+        sealed = self.withheld
         return {
             "decision": self.decision, "reason": self.agent_reason,
             # A status is a number the run chose: 8 bits a run when sealed.
-            "exit_code": None if self.withheld else self.exit_code,
+            "exit_code": None if sealed else self.exit_code,
             "committed": self.committed, "approver": self.approver,
-            "confidence": self.confidence,
-            **({"boundary": self.boundary} if self.boundary else {}),
+            "confidence": None if sealed else self.confidence,
+            **({"boundary": self.boundary} if self.boundary and not sealed else {}),
             **({"ask": True} if self.ask else {}),
-            **({"steps": list(self.steps)} if self.steps else {}),
+            **({"steps": list(self.steps)} if self.steps and not sealed else {}),
             **({"held": self.held} if self.held else {}),
-            **({"notes": list(self.notes)} if self.notes else {}),
+            **({"notes": list(self.notes)} if self.notes and not sealed else {}),
             "stdout": self.stdout.text().decode(errors="replace"),
             "stderr": self.stderr.text().decode(errors="replace"),
             "stdout_bytes": self.stdout.total, "stderr_bytes": self.stderr.total,

@@ -69,6 +69,11 @@ CALLER_CREDENTIALS = {
     "REDIS_URL": "redis://:hunter23y@cache:6379/0",
     "UPSTREAM_AUTHORIZATION": "Basic dXNlcjpodW50ZXIyNHo=", "API_BEARER": "named-11",
     "VAULT_ROLE_ID": "named-12", "WALLET_SEED": "named-13",
+    # round 5
+    "AZURE_STORAGE_CONNECTION_STRING": "DefaultEndpointsProtocol=https;AccountKey=hunter25w==;",
+    "BUNDLE_RUBYGEMS__PKG__GITHUB__COM": "me:hunter26v", "GIT_CONFIG_VALUE_0": "named-14",
+    "LDAP_BIND_PW": "named-15", "DEPLOY_SSH": "LS0tLS1CRUdJTiBPUEVOU1NIIFBSSVZBVEUgS0VZLS0tLS0K",
+    "MFA": "otpauth://totp/me?secret=JBSWY3DPEHPK3PXP",
 }
 
 
@@ -77,7 +82,8 @@ def test_the_command_gets_no_credential_of_the_callers_environment_unless_allowe
         repo, tmp_path, door):
     ordinary = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "CI": "1", "TERM": "xterm",
                 "SSH_AUTH_SOCK": "/tmp/agent.sock", "TOKENIZERS_PARALLELISM": "false",
-                "OLDPWD": "/srv", "BYPASS_CACHE": "1"}
+                "OLDPWD": "/srv", "BYPASS_CACHE": "1", "BUNDLE_PATH": "vendor/bundle",
+                "GIT_CONFIG_COUNT": "0", "KEYBOARD": "us"}
     got = _command_env(repo, tmp_path, door, '[env]\nallow = ["GITHUB_TOKEN"]\n',
                        {**CALLER_CREDENTIALS, **ordinary})
     assert {k: got.get(k) for k in ordinary} == ordinary
@@ -118,6 +124,9 @@ def test_a_blocked_run_that_read_a_credential_gives_back_no_output_and_no_chosen
     assert r.processes.execs == [] and r.end.how == WITHHELD
     assert "withheld" in out.agent_reason and "aws" not in out.agent_reason
     assert "timings" not in out.to_json() or not out.to_json()["timings"]
+    # round 5: which rule fired and how sure are choices the run made too
+    doc = out.to_json()
+    assert doc["confidence"] is None and not {"boundary", "steps", "notes"} & set(doc), doc
 
 
 # Each number and name here is one the run chose after it read a credential:

@@ -862,7 +862,7 @@ def _git_named(argv: list[str], workspace: str, protected: Protected) -> list[tu
 
 # git subcommands that print file content from the object store (log -p and
 # the like are judged by their options).
-_CONTENT_COMMANDS = {"show", "cat-file", "grep", "archive", "format-patch", "bundle",
+_CONTENT_COMMANDS = {"show", "cat-file", "grep", "archive", "format-patch", "bundle", "diff",
                      "fast-export", "blame", "annotate", "whatchanged", "diff-tree", "stash",
                      "difftool", "instaweb", "unpack-objects", "verify-pack", "show-index"}
 _PATCH_OPTIONS = ("-p", "-u", "--patch", "-U", "--unified", "--full-diff", "--word-diff",
@@ -880,7 +880,7 @@ def _prints_content(argv: list[str]) -> bool:
     sub, rest = words[i], words[i + 1:]
     if sub in _CONTENT_COMMANDS:
         return True
-    return sub in ("log", "diff", "reflog", "rev-list") and any(
+    return sub in ("log", "reflog", "rev-list") and any(
         w.startswith(_PATCH_OPTIONS) for w in rest)
 
 
