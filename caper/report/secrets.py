@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Sequence
 
+from caper.fs import mountinfo
+
 # Shorter values are not treated as secrets: redacting every "true" or
 # "8080" found in a .env would blank the report without protecting anything.
 MIN_SECRET_LEN = 6
@@ -80,7 +82,6 @@ def account_homes() -> tuple[str, ...]:
 def _mount_forms(path: str, entries) -> list[str]:
     """path's real path and the other paths the mount table shows it at (a
     bind mount of /home at /srv/home, a btrfs pool's top level)."""
-    from caper.fs import mountinfo
     real = os.path.realpath(path)
     try:
         return [real] + (mountinfo.aliases(real, entries) if entries and os.path.isdir(real)
@@ -113,10 +114,9 @@ def mount_translations(entries) -> tuple[tuple[str, str], ...]:
     of a filesystem also mounted whole (or higher) elsewhere: `~/.aws` bound
     at /x shows /home/u/.aws there, a container's `-v /:/host` shows /etc at
     /host/etc. The longest alias first."""
-    from caper.fs.mountinfo import PSEUDO_FS
     by_dev: dict[str, list] = {}
     for m in entries or ():
-        if m.dev and m.fstype not in PSEUDO_FS:
+        if m.dev and m.fstype not in mountinfo.PSEUDO_FS:
             by_dev.setdefault(m.dev, []).append(m)
     out = set()
     for mounts in by_dev.values():
@@ -257,7 +257,6 @@ def protected_for(patterns: tuple[ProtectedPattern, ...], home: str | None,
                   workspace: str | None) -> Protected:
     """Protected, compiled once per configuration and set of accounts (an
     agent runs many commands)."""
-    from caper.fs import mountinfo
     try:
         entries = mountinfo.read()
     except (OSError, ValueError):
