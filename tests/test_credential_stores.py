@@ -261,3 +261,14 @@ def test_a_library_that_holds_pem_markers_as_text_is_no_credential(tmp_path):
     out = run("cat libfake.so >/dev/null", cwd=str(ws), workspace=str(ws), approver="policy",
               state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)})
     assert out.report.read_credentials == [] and out.committed, out.reason
+
+
+def test_the_systems_tls_settings_are_no_credential(tmp_path):
+    """openssl.cnf's `private_key = $dir/private/cakey.pem` names a path: a
+    TLS client reading it (every Python, node, curl) read no credential."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    out = run("python3 -c 'import ssl; ssl.create_default_context(); print(1)'", cwd=str(ws),
+              workspace=str(ws), approver="policy", state_dir=str(tmp_path / "state"),
+              env={**os.environ, "HOME": str(tmp_path)})
+    assert out.report.read_credentials == [] and out.committed, out.reason

@@ -896,7 +896,8 @@ CONTENT_NOT_SCANNED = "reads-not-scanned-for-keys"
 
 
 def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree, deadline: float,
-                            workspace: str) -> "tuple[list[tuple[Event, str, str]], int]":
+                            workspace: str, home: str | None
+                            ) -> "tuple[list[tuple[Event, str, str]], int]":
     """(event, path, kind) of the files read that hold a private key or
     password hashes, as the run saw them; and how many were not looked at."""
     out, seen, unscanned = [], set(), 0
@@ -912,7 +913,11 @@ def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree, dead
         where = loc.locate(name)
         blobs = [read_blob("/", name.lstrip("/"), CONTENT_SCAN_BYTES),
                  read_blob(where[0], where[1], CONTENT_SCAN_BYTES) if where else None]
-        settings = not below(name, workspace) or _is_settings_file(name)
+        # Settings lines are judged in the home's files (tools keep their tokens
+        # there) and the workspace's config-shaped ones; the system's settings
+        # (/etc/ssl/openssl.cnf's `private_key = $dir/...`) are not.
+        settings = bool(home) and below(name, home) and not below(name, workspace) or \
+            below(name, workspace) and _is_settings_file(name)
         kind = next((k for b in blobs if b is not None for k in _content_kind(b.data, settings)),
                     None)
         if kind:
@@ -923,8 +928,8 @@ def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree, dead
 
 
 # A settings line that holds a secret (`ossrhPassword=...`, `access-token: ...`,
-# `pass_phrase=...`, a URL with a password), in a settings file: one outside
-# the workspace (a tool's own config in ~ or /etc), or a config-shaped one in it.
+# `pass_phrase=...`, a URL with a password), in a settings file: one in the
+# home outside the workspace (a tool's own config), or a config-shaped one in it.
 _SECRET_SETTING = re.compile(
     rb"""(?im)^[ \t]*["']?[:\w.\-]*(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|"""
     rb"""pass_?phrase|credentials?)[\w.\-]*["']?[ \t]*[:=][ \t]*["']?([^\s"'#,;<>]{8,})""")
@@ -947,7 +952,9 @@ def _content_kind(data: bytes, settings: bool) -> list[str]:
         return ["password-hashes"]
     if settings:
         for m in (*_SECRET_SETTING.finditer(data), *_URL_PASSWORD.finditer(data)):
-            if not placeholder(m.group(1).decode("utf-8", "replace")):
+            value = m.group(1).decode("utf-8", "replace")
+            # a path or a variable (`$dir/private/cakey.pem`, `~/.keys/x`) is no secret
+            if not placeholder(value) and not value.startswith(("$", "/", "~", "./", "../", "%")):
                 return ["secret-setting"]
     return []
 
@@ -1122,7 +1129,8 @@ def _draft(facts: RunFacts) -> _Draft:
 
     # A key or password hashes under a name no pattern knows (privkey.pem,
     # wg0.conf, admin.conf, /etc/shadow-) are credentials by what they hold.
-    found, unscanned = _credentials_by_content(an.other_reads, loc, deadline, facts.workspace)
+    found, unscanned = _credentials_by_content(an.other_reads, loc, deadline, facts.workspace,
+                                               facts.home)
     if unscanned:
         uncertain[CONTENT_NOT_SCANNED] = unscanned
     for e, name, kind in found:
