@@ -83,12 +83,12 @@ def test_caper_trace_in_a_chroot_refuses(tmp_path):
 def test_the_same_tree_entered_with_pivot_root_runs(tmp_path):
     """The refusal is the chroot's, not the tree's: the same directory as the
     root of a mount namespace runs the command, and the report names the
-    read of .env in the workspace /work (by its kind: the agent's report of
-    a blocked credential read is sealed, and names no path)."""
+    read of .env in the workspace /work (sealed: the agent's report of a
+    blocked credential read names nothing but that it was withheld)."""
     p = _in_chroot(tmp_path, True, *RUN, "--json", "-c", "cat .env", pivot=True)
     assert p.returncode == 125, p.stdout + p.stderr
     out = json.loads(p.stdout)
     assert out["decision"] == "block" and "report" in out, out
     report = out["report"]
-    assert report["workspace"] == "/work" and "dotenv" in [r["kind"] for r in
-                                                            report["protected_reads"]], report
+    assert report["workspace"] == "/work" and report["withheld"], report
+    assert SECRET not in p.stdout
