@@ -805,3 +805,15 @@ def test_this_machines_own_addresses_and_metadata_services_are_internal():
     if not own:
         pytest.skip("no interface with an IPv4 address besides lo")
     assert all(_internal(a) for a in own), own
+
+
+def test_a_forwarded_request_whose_host_header_names_another_host_is_refused(registry, ws, home,
+                                                                             tmp_path):
+    """Round 5: the plain-HTTP proxy passed a foreign Host header on, so
+    another virtual host of the allowed front end was reached while the
+    report named the allowed one (the route already refused it)."""
+    out = _run(f"curl -sS -m 10 -H 'Host: other.example' http://{registry.host}/simple/",
+               ws, home, tmp_path, allow=[registry.host])
+    assert registry.requests == []
+    [req] = _proxied(out)
+    assert not req.allowed and "other.example" in (req.reason or ""), req

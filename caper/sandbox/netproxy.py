@@ -785,6 +785,16 @@ def _parse(head: bytes, rec: ProxyRequest) -> str | None:
         rec.host = host[:255] or None
         return f"not a host name and port: {target[:80]!r}"
     rec.host, rec.port = host, int(port)
+    if rec.method is not None:
+        # The origin serves by Host: another name there is another site of
+        # the allowed front end (a CDN's), one the user did not allow.
+        named = re.findall(rb"\r\nhost[ \t]*:[ \t]*([^\r\n]*)", head, re.I)
+        for h in named:
+            name = h.decode("latin-1").strip().lower().rstrip(".")
+            name = name[1:name.index("]")] if name.startswith("[") and "]" in name else \
+                name.rsplit(":", 1)[0] if name.count(":") == 1 else name
+            if name != host:
+                return f"the request's Host header names {name[:80]!r}, not {host!r}"
     return None
 
 
