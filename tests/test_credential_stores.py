@@ -272,3 +272,18 @@ def test_the_systems_tls_settings_are_no_credential(tmp_path):
               workspace=str(ws), approver="policy", state_dir=str(tmp_path / "state"),
               env={**os.environ, "HOME": str(tmp_path)})
     assert out.report.read_credentials == [] and out.committed, out.reason
+
+
+def test_a_token_in_a_submodules_config_is_a_credential(tmp_path):
+    """Round 5: actions/checkout writes its auth header into each
+    submodule's .git/modules/<name>/config; only the top repository's
+    config was looked at, and `rev` of the submodule's returned the token."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ws = _repo(tmp_path, "https://github.com/o/r.git")
+    sub = ws / ".git" / "modules" / "lib"
+    sub.mkdir(parents=True)
+    (sub / "config").write_text(f"[remote \"origin\"]\n\turl = https://x:{GH}@github.com/o/lib\n")
+    out = _go("rev .git/modules/lib/config", ws, home)
+    assert "git-config-token" in out.report.read_credentials, out.report.card()
+    _sealed(out, GH)

@@ -69,6 +69,28 @@ def _read(path: str) -> bytes | None:
         os.close(fd)
 
 
+MAX_SUBMODULE_CONFIGS = 64
+
+
+def _submodule_configs(workspace: str) -> list[str]:
+    """The config files of .git/modules/** (nested submodules too), at most
+    MAX_SUBMODULE_CONFIGS, without following symlinks."""
+    out, todo = [], [os.path.join(workspace, ".git", "modules")]
+    while todo and len(out) < MAX_SUBMODULE_CONFIGS:
+        d = todo.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            if e.name == "config" and e.is_file(follow_symlinks=False):
+                out.append(e.path)
+            elif e.is_dir(follow_symlinks=False) and e.name not in ("objects", "refs", "logs",
+                                                                      "hooks", "info"):
+                todo.append(e.path)
+    return out[:MAX_SUBMODULE_CONFIGS]
+
+
 def stores(home: str | None, workspace: str | None,
            xdg_config: str | None) -> tuple[ProtectedPattern, ...]:
     """The host's files that are credential stores by content, now, as
@@ -77,6 +99,8 @@ def stores(home: str | None, workspace: str | None,
     git = [p for p in (workspace and os.path.join(workspace, ".git", "config"),
                        home and os.path.join(home, ".gitconfig"),
                        xdg and os.path.join(xdg, "git", "config")) if p]
+    # Submodules' own configs (actions/checkout writes its auth header there).
+    git += _submodule_configs(workspace) if workspace else []
     settings = [os.path.join(d, ".claude", name) for d in (home, workspace) if d
                 for name in ("settings.json", "settings.local.json")]
     found: list[tuple[str, str]] = [(os.path.join(xdg, "git", "credentials"), GIT_STORE)] \
