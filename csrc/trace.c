@@ -1187,11 +1187,14 @@ static void take_executed_program(struct proc *p, struct pending *pd, int interp
  * its command line does not show: GIT_CONFIG_COUNT/KEY/VALUE,
  * GIT_CONFIG_PARAMETERS, GIT_CONFIG_GLOBAL ... set keys (commit.template =
  * .git/config makes git read its own configuration as data), GIT_DIR and
- * GIT_COMMON_DIR another repository's. Names only are looked at; an
- * environment that cannot be read counts as configuring. */
+ * GIT_COMMON_DIR another repository's, GIT_TRACE* and GIT_CURL_VERBOSE make
+ * it print configuration and headers (GIT_TRACE2_CONFIG_PARAMS='remote.*'
+ * prints a remote URL's token). Names only are looked at; an environment
+ * that cannot be read counts as configuring. */
 static int git_env(pid_t tid)
 {
-    static const char *const names[] = { "GIT_CONFIG", "GIT_DIR=", "GIT_COMMON_DIR=" };
+    static const char *const names[] = { "GIT_CONFIG", "GIT_DIR=", "GIT_COMMON_DIR=",
+                                          "GIT_TRACE", "GIT_CURL_VERBOSE=" };
     enum { CAP = 4 << 20 };   /* past the kernel's limit for argv and environment together */
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/environ", (int)tid);

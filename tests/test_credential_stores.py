@@ -287,3 +287,16 @@ def test_a_token_in_a_submodules_config_is_a_credential(tmp_path):
     out = _go("rev .git/modules/lib/config", ws, home)
     assert "git-config-token" in out.report.read_credentials, out.report.card()
     _sealed(out, GH)
+
+
+def test_git_told_to_trace_its_configuration_reads_a_credential(tmp_path):
+    """Round 5: GIT_TRACE2_CONFIG_PARAMS='remote.*' made `git status` print
+    the remote URL, token and all, while git's own read of its config did
+    not count as a credential read. A git whose environment names GIT_TRACE*
+    or GIT_CURL_VERBOSE is not reading its config only for itself."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ws = _repo(tmp_path, f"https://user:{GH}@github.com/o/r.git")
+    out = _go("GIT_TRACE2=1 GIT_TRACE2_CONFIG_PARAMS='remote.*' git status 2>&1 | rev", ws, home)
+    assert "git-config-token" in out.report.read_credentials, out.report.card()
+    _sealed(out, GH)
