@@ -203,6 +203,8 @@ KEY_FILES = {
     "vpn/wg0.conf": "[Interface]\nPrivateKey = yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\n",
     "k8s/admin.conf": "users:\n- user:\n    client-key-data: LS0tLS1CRUdJTiBFQyBQUklWQVRFIEtFWS0t\n",
     "backup/shadow.old": "root:$6$saltsalt$Q0k1uA2y4Vf8fakehashfakehashfakehash:19000:0:99999:7:::\n",
+    "keys/me.asc": "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBGVfakefakefake\n"
+                   "-----END PGP PRIVATE KEY BLOCK-----\n",
 }
 
 

@@ -887,7 +887,8 @@ def _prints_content(argv: list[str]) -> bool:
 # What a file that is a credential by its content holds. Looked for in every
 # file the run read that no pattern names, up to CONTENT_SCAN_FILES files of
 # CONTENT_SCAN_BYTES each (past that: the uncertain flag CONTENT_NOT_SCANNED).
-_KEY_MARKERS = (b"PRIVATE KEY-----", b"PrivateKey", b"client-key-data", b'"private_key"')
+_KEY_MARKERS = (b"PRIVATE KEY-----", b"PRIVATE KEY BLOCK-----", b"PrivateKey", b"client-key-data",
+                b'"private_key"')
 _CRYPT_HASH = re.compile(rb"(?m)^[^:\n]+:\$(?:1|2[aby]|5|6|y|gy|7)\$[^:\n]{8,}:")
 _NOT_SCANNED_DIRS = ("/usr/", "/lib/", "/lib64/", "/proc/", "/sys/", "/dev/", "/bin/", "/sbin/")
 CONTENT_SCAN_FILES = 4000
