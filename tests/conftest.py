@@ -41,11 +41,37 @@ def _pinned_record_keys() -> set[int]:
         return set()
 
 
+# Lists uid 65534's pinned record keys, or drops those given (argv), as that
+# user: root cannot see another user's keyring, whose quota (200 keys) every
+# rootless test's state directory takes one of.
+_NOBODY_KEYS = r"""
+import ctypes, os, sys
+serials = {int(ln.split()[0], 16) for ln in open("/proc/keys") if " caper-record-key:" in ln}
+if len(sys.argv) == 1:
+    print(" ".join(map(str, sorted(serials))))
+else:
+    call = ctypes.CDLL(None, use_errno=True).syscall
+    for s in set(map(int, sys.argv[1:])) & serials:
+        call(ctypes.c_long(250), ctypes.c_long(21), ctypes.c_long(s))   # keyctl INVALIDATE
+"""
+
+
+def _nobody_keys(*drop: int) -> set[int]:
+    if os.geteuid() != 0 or os.uname().machine != "x86_64" or not shutil.which("setpriv"):
+        return set()
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        "/usr/bin/python3", "-c", _NOBODY_KEYS, *map(str, drop)],
+                       capture_output=True, text=True, cwd="/", timeout=30)
+    return {int(x) for x in p.stdout.split()} if p.returncode == 0 else set()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _unpin_record_keys():
     """Every test state directory pins a record key (caper.state.record_key):
-    the session's are taken out of the keyring at its end, not left to expire."""
-    before = _pinned_record_keys()
+    the session's are taken out of the keyring at its end, root's and uid
+    65534's (the rootless tests'), not left to expire (a full quota makes
+    later pins fall back to the file)."""
+    before, nobody_before = _pinned_record_keys(), _nobody_keys()
     yield
     import ctypes
     from caper.state import _KEY_SYSCALLS
@@ -55,6 +81,9 @@ def _unpin_record_keys():
     syscall = ctypes.CDLL(None, use_errno=True).syscall
     for serial in _pinned_record_keys() - before:
         syscall(ctypes.c_long(nums[1]), ctypes.c_long(21), ctypes.c_long(serial))  # INVALIDATE
+    made = _nobody_keys() - nobody_before
+    if made:
+        _nobody_keys(*made)
 
 
 @pytest.fixture(scope="session")
