@@ -20,6 +20,7 @@ import pytest
 from helpers.gate import start_gate, stop_gate
 from helpers.policy import policy_project
 from helpers.report import AWS_SECRET, SECRET
+from helpers.rootless import SYSTEM_PY, as_nobody
 from helpers.trees import git, git_project
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +60,7 @@ else:
 def _nobody_keys(*drop: int) -> set[int]:
     if os.geteuid() != 0 or os.uname().machine != "x86_64" or not shutil.which("setpriv"):
         return set()
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        "/usr/bin/python3", "-c", _NOBODY_KEYS, *map(str, drop)],
-                       capture_output=True, text=True, cwd="/", timeout=30)
+    p = as_nobody(SYSTEM_PY, "-c", _NOBODY_KEYS, *map(str, drop), cwd="/", timeout=30)
     return {int(x) for x in p.stdout.split()} if p.returncode == 0 else set()
 
 

@@ -20,7 +20,8 @@ from caper.sandbox.events import End, Kind
 from caper.sandbox.limits import DEFAULT_MAX_MEMORY, DEFAULT_SHM_SIZE, DiskGuard, parse_size
 from caper.sandbox.trace import trace
 from caper.transaction import run
-from helpers.rootless import NOBODY, SYSTEM_PY, as_nobody, need_rootless_venv, run_as_nobody, source_root, why_not_rootless
+from helpers.rootless import (SYSTEM_PY, as_nobody, nobody_project, run_as_nobody, source_root,
+                              why_not_rootless)
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -524,21 +525,10 @@ def test_file_capabilities_are_shown_and_blocked(ws, tmp_path):
 
 
 def test_setuid_is_shown_and_blocked_rootless():
-    import shutil
-    import tempfile
-    need_rootless_venv()
-    base = tempfile.mkdtemp(prefix="caper-limits-")    # pytest's tmp_path is root's only
-    try:
-        os.chmod(base, 0o755)
-        ws, state = Path(base, "ws"), Path(base, "state")
-        for p in (ws, state):
-            p.mkdir()
-            os.chown(p, NOBODY, NOBODY)
+    with nobody_project("caper-limits-") as (ws, state):
         out = run_as_nobody(ws, "cp /bin/true u && chmod u+s u", "policy", state)
         assert not out["committed"] and "setuid" in out["reason"], out
         assert os.listdir(ws) == []
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
     # Rootless caper cannot grant file capabilities at all: setting
     # security.capability needs CAP_SETFCAP over the file's user namespace,
     # and the command's uid is not root there (setcap says "unable to set
@@ -597,21 +587,10 @@ def test_world_writable_new_entries_in_a_btrfs_workspace_are_shown_and_blocked(b
 
 
 def test_world_writable_new_entries_are_shown_and_blocked_rootless():
-    import shutil
-    import tempfile
-    need_rootless_venv()
-    base = tempfile.mkdtemp(prefix="caper-limits-")    # pytest's tmp_path is root's only
-    try:
-        os.chmod(base, 0o755)
-        ws, state = Path(base, "ws"), Path(base, "state")
-        for p in (ws, state):
-            p.mkdir()
-            os.chown(p, NOBODY, NOBODY)
+    with nobody_project("caper-limits-") as (ws, state):
         out = run_as_nobody(ws, WORLD_WRITABLE, "policy", state)
         assert not out["committed"] and "write for every user" in out["reason"], out
         assert os.listdir(ws) == []
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_file_written_and_made_world_writable_in_a_btrfs_workspace_is_judged(btrfs_ws):

@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -67,6 +69,23 @@ print(json.dumps({"committed": out.committed, "reason": out.reason, "exit": out.
                   "stdout": out.stdout.text().decode(), "notes": list(out.notes),
                   "backend": out.report.backend, "report": out.report.to_json()}))
 """
+
+
+@contextmanager
+def nobody_project(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """(workspace, state dir) of uid 65534's, in a temporary directory it can
+    reach (pytest's tmp_path is root's only), removed afterwards."""
+    need_rootless_venv()
+    base = tempfile.mkdtemp(prefix=prefix)
+    try:
+        os.chmod(base, 0o755)
+        ws, state = Path(base, "ws"), Path(base, "state")
+        for p in (ws, state):
+            p.mkdir()
+            os.chown(p, NOBODY, NOBODY)
+        yield ws, state
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def run_as_nobody(ws, command: str, approver: str, state, home=None) -> dict:
