@@ -11,7 +11,6 @@ import base64
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -99,12 +98,7 @@ def test_policy_allows_ordinary_work(env, case):
 # The same rules from recorded facts: the run's side of each file written by
 # hand over the same host trees, the report built from it (caper's own diff).
 def _sql(statement: str):
-    def effect(rec: Recording) -> None:
-        con = sqlite3.connect(rec.copy_up("app.db"))
-        con.execute(statement)
-        con.commit()
-        con.close()
-    return effect
+    return lambda rec: rec.sql("app.db", statement)
 
 
 def _net(read: str | None, address: str, port: int = 0):

@@ -39,12 +39,7 @@ def _delete(*paths: str):
 
 
 def _sql(script: str):
-    def effect(rec: Recording) -> None:
-        con = sqlite3.connect(rec.copy_up("app.db"))
-        con.executescript(script)
-        con.commit()
-        con.close()
-    return effect
+    return lambda rec: rec.sql("app.db", script)
 
 
 def test_a_file_git_config_includes_is_git_configuration(policy_env):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sqlite3
 from pathlib import Path
 
 from caper.changes import Change, Layer
@@ -30,8 +31,8 @@ _CLONE = 0x4100   # the clone flags of a forked shell child, as the tracer recor
 
 class Recording:
     """A run told by hand over real host trees: `program` starts a process,
-    `read` and `connect` are its calls; `write`, `chmod`, `chown`, `symlink`
-    and `copy_up` change the run's side of a path, `delete` removes one."""
+    `read` and `connect` are its calls; `write`, `chmod`, `chown`, `symlink`,
+    `sql` and `copy_up` change the run's side of a path, `delete` removes one."""
 
     def __init__(self, scratch: Path, workspace: Path, home: Path | None = None):
         self.workspace, self.home = workspace, home
@@ -93,6 +94,13 @@ class Recording:
     def symlink(self, path: str, target: str) -> None:
         """A new symlink at path (none there before) pointing to target."""
         os.symlink(target, self.copy_up(path))
+
+    def sql(self, path: str, script: str) -> None:
+        """Run script on the run's version of the SQLite database at path."""
+        con = sqlite3.connect(self.copy_up(path))
+        con.executescript(script)
+        con.commit()
+        con.close()
 
     def delete(self, path: str) -> None:
         host = self.host(path)
