@@ -89,6 +89,7 @@ class Journal:
         self.path = os.path.join(self.dir, jid + ".json")
         self.lock_path = os.path.join(self.dir, jid + ".lock")
         self.lock_fd: int | None = None
+        self._key: bytes | None = None     # record_key, read once per journal
 
     def lock(self, block: bool) -> bool:
         os.makedirs(self.dir, exist_ok=True)
@@ -115,7 +116,9 @@ class Journal:
     def _mac(self, data: dict) -> str:
         body = json.dumps(["journal", self.kind, self.id, data], sort_keys=True,
                           separators=(",", ":"))
-        return hmac.new(record_key(self.state_dir), body.encode(), hashlib.sha256).hexdigest()
+        if self._key is None:      # a commit writes its journal at each phase
+            self._key = record_key(self.state_dir)
+        return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
 
     def write(self, data: dict) -> None:
         """Atomically replace the record, durably, under its MAC."""
