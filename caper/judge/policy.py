@@ -1272,10 +1272,8 @@ class _Judge:
         # (A proxied or routed request leaves from the host: its loopback is the host's.)
         # The program it runs (a script named in argv) is code, not data it
         # sends; a credential is never the program, whatever argv says.
-        argv = set(n.argv or [])
         creds = [r for r in n.read_before or [] if self._credential(r)]
-        reads = [r for r in n.read_before or []
-                 if r not in argv and os.path.basename(r) not in argv]
+        reads = _data_reads(n)
         if n.family == "unix" and self.r.matches(self.r.escape_sockets, n.address):
             self.add(96, "block", f"it tried the host socket {_quote_clipped(n.address)}",
                      "a way out of the sandbox", None)
@@ -1334,8 +1332,7 @@ class _Judge:
         sent = [n for n in network if n.call in ("proxy", "route") and n.allowed
                 and n.result == "ok"]
         out, back = sum(n.sent or 0 for n in sent), sum(n.received or 0 for n in sent)
-        reads = sorted({r for n in sent for r in n.read_before or []
-                        if r not in (n.argv or []) and os.path.basename(r) not in (n.argv or [])})
+        reads = sorted({r for n in sent for r in _data_reads(n)})
         if len(sent) > 1 and reads and out > MIN_UPLOAD_BYTES and out > back and not any(
                 f.boundary == "repository data leaving the machine" for f in self.findings):
             self.add(80, "unsure", f"it read repository files ({', '.join(map(_quote_clipped, reads[:3]))}) "
@@ -1349,6 +1346,13 @@ class _Judge:
 
 # Directories of a deleted cache folder the policy reads on the host to see what it held.
 MAX_WALKED = 200
+
+def _data_reads(n) -> list[str]:
+    """What network attempt n's process read before it, but the program it
+    runs (a script named in argv is code, not data it sends)."""
+    argv = set(n.argv or [])
+    return [r for r in n.read_before or [] if r not in argv and os.path.basename(r) not in argv]
+
 
 # Bytes sent in one request through caper's proxy past which it is an upload,
 # whatever the method (a tunnel's is not visible): a package download sends a
