@@ -241,7 +241,8 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
         by_content = stores(home, workspace, (os.environ if env is None else env).get(
             "XDG_CONFIG_HOME"))
         protected = protected_for(default_patterns() + tuple(config.protected_patterns())
-                                  + tainted + own_config + by_content, home, workspace)
+                                  + tainted + own_config + by_content, home, workspace,
+                                  entries)
         try:
             t = time.perf_counter()
             proxy = Proxy(allow, credentials=protected) \

@@ -254,13 +254,15 @@ def _first(rx: "re.Pattern | None", kinds: list[str], path: str) -> str | None:
 
 
 def protected_for(patterns: tuple[ProtectedPattern, ...], home: str | None,
-                  workspace: str | None) -> Protected:
-    """Protected, compiled once per configuration and set of accounts (an
-    agent runs many commands)."""
-    try:
-        entries = mountinfo.read()
-    except (OSError, ValueError):
-        entries = None
+                  workspace: str | None, entries=None) -> Protected:
+    """Protected, compiled once per configuration, set of accounts and mount
+    table (an agent runs many commands); entries: the mount table, if the
+    caller has read it."""
+    if entries is None:
+        try:
+            entries = mountinfo.read()
+        except (OSError, ValueError):
+            entries = None
     return _compiled(patterns, home, workspace, home_forms(home, account_homes(), entries),
                      mount_translations(entries))
 
