@@ -52,7 +52,6 @@ that names the file and the field.
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 
 from typing import Literal, Mapping, Sequence
@@ -60,7 +59,7 @@ from typing import Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from caper.errors import ConfigError
-from caper.report.secrets import ProtectedPattern, Redactor
+from caper.report.secrets import ProtectedPattern, credential_var
 from caper.sandbox.netproxy import Allowlist
 
 
@@ -138,39 +137,10 @@ class LlmConfig(_Strict):
 
 # caper's own environment variables: never passed to the command it runs.
 OWN_ENV_PREFIX = "CAPER_"
-# A variable so named holds a credential (ANTHROPIC_API_KEY, GITHUB_TOKEN,
-# AWS_SECRET_ACCESS_KEY, PGPASSWORD, NPM_CONFIG__AUTH): reading the
-# environment is no syscall the tracer sees, so such a value would leave a
-# blocked run in any encoding (`printenv X | rev`). Not passed unless allowed.
-_SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?|AUTH|PAT)S?$"
-                          r"|PASSWORD|PASSWD|SECRET|(?:^|_)(?:ACCESS|PRIVATE|API)_?KEY(?:_|$)"
-                          r"|(?:^|_)(?:AUTH|SESSION|ACCESS|REFRESH|BEARER)_TOKEN(?:_|$)"
-                          # MYSQL_PWD (never PWD, OLDPWD), DB_PASS, SENTRY_DSN,
-                          # SLACK_WEBHOOK_URL, DOCKER_AUTH_CONFIG: round 4
-                          r"|_PWD$|(?:^|_)PASS$|PASSPHRASE|(?:^|_)DSN$|WEBHOOK"
-                          r"|(?:^|_)AUTH_CONFIG$|(?:^|_)COOKIES?$"
-                          r"|(?:^|_)(?:BEARER|ROLE_ID|SECRET_ID|SEED|MNEMONIC|API|PW)$"
-                          # round 5: connection strings, CI's base64 keys, git's env config
-                          r"|CONNECTION_STRING|(?:^|_)KEY(?:_|$)|^GIT_CONFIG_VALUE_\d+$"
-                          r"|^BUNDLE_[A-Z0-9_]+__[A-Z0-9_]+$")
-# A value that is an HTTP credential by its scheme (`Basic dXNlcjpwYXNz`, `Bearer x`).
-_AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}"
-                         # a connection string's key, a base64 PEM, a TOTP seed (round 5)
-                         r"|(?:^|;)\s*(?:accountkey|sharedaccesskey|password|pwd)=[^;]{6,}"
-                         r"|^LS0tLS1CRUdJTi|^otpauth://")
-
-
 class EnvConfig(_Strict):
     # Credential-named or credential-valued variables the command still gets.
     allow: list[str] = []
 
-
-def credential_var(name: str, value: str) -> bool:
-    """Does this environment variable, by its name or the shape of its
-    value (a token, a URL with a password), hold a credential?"""
-    found: set[str] = set()
-    Redactor().text(value, found)
-    return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.search(value))
 
 _POLICY_LISTS = ("harmless_outside", "persistence", "persistence_except", "temp_owned",
                  "formatters", "git_rewrites", "installers", "install_places")

@@ -423,7 +423,7 @@ def cmd_serve(args, parser) -> int:
     except ConfigError as e:
         print(f"caper serve: {e}", file=sys.stderr)
         return 1
-    return serve(state, args.idle or IDLE_S)
+    return serve(state, gate_argv, args.idle or IDLE_S)
 
 
 def cmd_session(args, parser) -> int:

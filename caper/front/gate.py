@@ -11,7 +11,8 @@ and of sockets only `_socket`: `socket` brings selectors and enum along, ~3 ms
 of every hook's `caper run`. The native client (csrc/client.c, what the
 hooks install where it is built) sends an "argv" request instead: its argv,
 context and stdin; the gate makes that `caper run` or `caper hook` itself
-(caper.front.cli.gate_argv) and answers with what to print.
+(the CLI's `gate_argv`, handed to `serve` by the CLI, so this module
+never imports the CLI) and answers with what to print.
 `caper run` asks the gate first and starts it when it is not there; if the
 gate cannot be reached or started it runs the command in its own process,
 with the same result. The gate
@@ -302,7 +303,9 @@ def _still_wanted(conn) -> bool:
         return False
 
 
-def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
+def serve(state_dir: str, run_argv, idle_s: float = IDLE_S) -> int:
+    """Serve the gate on `state_dir` until idle for `idle_s`; the native
+    client's argv requests go to `run_argv` (caper.front.cli.gate_argv)."""
     import hmac
     import socket
     import socketserver
@@ -366,7 +369,6 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
             stdin, base64; the answer is {"exit": N, "out": A, "err": B} and the
             A + B bytes it prints, or a decline (nothing ran: the client hands
             it to the Python CLI)."""
-            from caper.front.cli import gate_argv
             b64 = binascii.a2b_base64
             argv = [os.fsdecode(b64(a)) for a in req["argv_b64"]]
             doc = dict(req["caller"])
@@ -376,7 +378,7 @@ def serve(state_dir: str, idle_s: float = IDLE_S) -> int:
                 if eq:
                     env.setdefault(key, value)    # getenv(3) takes the first
             doc.update(env=env, cwd=os.fsdecode(b64(doc.pop("cwd_b64"))))
-            done = gate_argv(argv, doc, b64(req.get("stdin_b64", "")), state_dir,
+            done = run_argv(argv, doc, b64(req.get("stdin_b64", "")), state_dir,
                              lambda: _still_wanted(conn), client)
             if isinstance(done, str):
                 self._answer({"decline": done})

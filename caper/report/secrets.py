@@ -469,3 +469,33 @@ class Redactor:
             if hit and found is not None:
                 found.add(kind)
         return s
+
+
+# A variable so named holds a credential (ANTHROPIC_API_KEY, GITHUB_TOKEN,
+# AWS_SECRET_ACCESS_KEY, PGPASSWORD, NPM_CONFIG__AUTH): reading the
+# environment is no syscall the tracer sees, so such a value would leave a
+# blocked run in any encoding (`printenv X | rev`). Not passed unless allowed.
+_SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?|AUTH|PAT)S?$"
+                          r"|PASSWORD|PASSWD|SECRET|(?:^|_)(?:ACCESS|PRIVATE|API)_?KEY(?:_|$)"
+                          r"|(?:^|_)(?:AUTH|SESSION|ACCESS|REFRESH|BEARER)_TOKEN(?:_|$)"
+                          # MYSQL_PWD (never PWD, OLDPWD), DB_PASS, SENTRY_DSN,
+                          # SLACK_WEBHOOK_URL, DOCKER_AUTH_CONFIG: round 4
+                          r"|_PWD$|(?:^|_)PASS$|PASSPHRASE|(?:^|_)DSN$|WEBHOOK"
+                          r"|(?:^|_)AUTH_CONFIG$|(?:^|_)COOKIES?$"
+                          r"|(?:^|_)(?:BEARER|ROLE_ID|SECRET_ID|SEED|MNEMONIC|API|PW)$"
+                          # round 5: connection strings, CI's base64 keys, git's env config
+                          r"|CONNECTION_STRING|(?:^|_)KEY(?:_|$)|^GIT_CONFIG_VALUE_\d+$"
+                          r"|^BUNDLE_[A-Z0-9_]+__[A-Z0-9_]+$")
+# A value that is an HTTP credential by its scheme (`Basic dXNlcjpwYXNz`, `Bearer x`).
+_AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}"
+                         # a connection string's key, a base64 PEM, a TOTP seed (round 5)
+                         r"|(?:^|;)\s*(?:accountkey|sharedaccesskey|password|pwd)=[^;]{6,}"
+                         r"|^LS0tLS1CRUdJTi|^otpauth://")
+
+
+def credential_var(name: str, value: str) -> bool:
+    """Does this environment variable, by its name or the shape of its
+    value (a token, a URL with a password), hold a credential?"""
+    found: set[str] = set()
+    Redactor().text(value, found)
+    return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.search(value))

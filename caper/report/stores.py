@@ -16,8 +16,8 @@ import json
 import os
 import re
 
-from caper.config import credential_var
-from caper.report.secrets import MAX_SECRET_FILE, SHAPES, ProtectedPattern, placeholder
+from caper.report.secrets import (MAX_SECRET_FILE, SHAPES, ProtectedPattern, credential_var,
+                                  placeholder)
 
 GIT_CONFIG = "git-config-token"
 GIT_STORE = "git-credentials"
