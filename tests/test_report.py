@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import caper.report.build
+import caper.report.content
 from caper.config import Config, load_config
 from caper.errors import ConfigError, ReportError
 from caper.report.build import CAP_BYTES, Report, build
@@ -183,6 +185,116 @@ def test_sqlite_migration_dropping_a_table_is_visible(repo, tmp_path):
     ch = next(c for c in r.changes if c.path == "app.db")
     rows = {t.table: (t.rows_before, t.rows_after) for t in ch.tables}
     assert rows == {"users": (3, None), "orders": (1, 0), "audit": (None, 0)}
+
+
+def _users_db(path: Path, rows: int, wal: bool = False) -> None:
+    con = sqlite3.connect(path)
+    if wal:
+        con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE users(id INTEGER, email TEXT)")
+    con.executemany("INSERT INTO users VALUES (?, ?)", ((i, f"u{i}@x") for i in range(rows)))
+    con.commit()
+    con.close()
+
+
+def _judged_tables(rec: Recording, command: str, path: str):
+    from helpers.facts import judged
+    d, r = judged(rec.facts(command), "add an index to the users table")
+    return d, next(c for c in r.changes if c.path == path)
+
+
+def _upper(rec: Recording, path: str) -> Path:
+    """Where the run's version of path is, without copying the host's up."""
+    layer, rel = rec._upper(rec.host(path))
+    return Path(layer.upper) / rel
+
+
+def test_rows_deleted_in_a_write_ahead_log_are_counted(repo, tmp_path):
+    """The run deletes every row and leaves the deletion in app.db-wal, not
+    yet checkpointed, app.db itself unchanged: the next program to open
+    app.db sees no rows, so the report counts what the log says."""
+    _users_db(repo / "app.db", 20, wal=True)
+    rec = Recording(tmp_path / "run", repo)
+    con = sqlite3.connect(rec.copy_up("app.db"))
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("DELETE FROM users")
+    con.commit()
+    try:         # the connection stays open: its log is not checkpointed away
+        assert _upper(rec, "app.db-wal").stat().st_size > 0
+        d, wal = _judged_tables(rec, f"{sys.executable} migrate.py", "app.db-wal")
+    finally:
+        con.close()
+    [users] = [t for t in wal.tables if t.table == "users"]
+    assert (users.rows_before, users.rows_after) == (20, 0) and users.compared
+    assert d.decision == "block" and "database" in d.reason
+
+
+def test_a_planted_rollback_journal_is_applied_as_the_next_opener_would(repo, tmp_path):
+    """A hot journal beside a database rolls it back at the next open. The
+    host's app.db holds 3,000 rows; the run leaves it as it is and plants a
+    journal that takes it back to an empty table. The report reads the
+    database as SQLite will, with the journal applied."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    _users_db(scratch / "app.db", 0)
+    shutil.copyfile(scratch / "app.db", repo / "app.db")
+    # The journal of a transaction on the empty table, abandoned before its
+    # commit: it holds the empty table's pages.
+    subprocess.run([sys.executable, "-c", f"""
+import os, sqlite3
+con = sqlite3.connect({str(scratch / "app.db")!r}, isolation_level=None)
+con.execute("PRAGMA journal_mode=DELETE"); con.execute("PRAGMA cache_size=1")
+con.execute("BEGIN")
+con.executemany("INSERT INTO users VALUES (?, ?)", ((i, "u%d@x" % i) for i in range(3000)))
+os._exit(0)
+"""], check=True)
+    con = sqlite3.connect(repo / "app.db")      # the host's: the same table, filled
+    con.executemany("INSERT INTO users VALUES (?, ?)", ((i, f"u{i}@x") for i in range(3000)))
+    con.commit()
+    con.close()
+    before = 3000
+    rec = Recording(tmp_path / "run", repo)
+    shutil.copyfile(scratch / "app.db-journal", _upper(rec, "app.db-journal"))
+    d, journal = _judged_tables(rec, f"{sys.executable} migrate.py", "app.db-journal")
+    [users] = [t for t in journal.tables if t.table == "users"]
+    assert users.rows_before == before > 0 and users.rows_after == 0
+    assert d.decision == "block"
+
+
+def test_a_table_too_large_to_compare_row_by_row_is_compared_by_counts(repo, tmp_path,
+                                                                      monkeypatch):
+    """Past MAX_ROWS_COMPARED rows a table keeps its count when every email
+    is blanked; SQLite's per-column counts show the values that went."""
+    monkeypatch.setattr(caper.report.content, "MAX_ROWS_COMPARED", 100)
+    _users_db(repo / "app.db", 500)
+    rec = Recording(tmp_path / "run", repo)
+    con = sqlite3.connect(rec.copy_up("app.db"))
+    con.execute("UPDATE users SET email = NULL")
+    con.commit()
+    con.close()
+    d, ch = _judged_tables(rec, f"{sys.executable} migrate.py", "app.db")
+    [users] = ch.tables
+    assert (users.rows_before, users.rows_after, users.rows_lost) == (500, 500, 500)
+    assert d.decision == "block" and "database" in d.reason
+
+
+def test_a_database_the_report_could_not_read_to_the_end_is_unsure(repo, tmp_path, monkeypatch):
+    """When the row comparison runs out of time the table is marked not
+    compared, the report says so, and the policy does not allow the change."""
+    monkeypatch.setattr(caper.report.content, "MAX_ROWS_COMPARED", 100)
+    monkeypatch.setattr(caper.report.content, "SQLITE_ROWS_DEADLINE_S", -1)
+    _users_db(repo / "app.db", 500)
+    rec = Recording(tmp_path / "run", repo)
+    con = sqlite3.connect(rec.copy_up("app.db"))
+    con.execute("UPDATE users SET email = NULL WHERE id = 1")
+    con.commit()
+    con.close()
+    from helpers.facts import judged
+    d, r = judged(rec.facts(f"{sys.executable} migrate.py"), "add an index", raw=True)
+    ch = next(c for c in r.changes if c.path == "app.db")
+    assert [t.compared for t in ch.tables] == [False]
+    assert "database-tables-not-compared" in r.uncertain
+    assert d.decision == "unsure" and "could not read to the end" in d.reason
 
 
 def test_writes_outside_the_workspace_are_classified(repo, tmp_path, home):

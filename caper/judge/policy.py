@@ -1085,6 +1085,13 @@ class _Judge:
                      "permissions for other users", "keep your files your own", path)
 
     def tables(self, path: str, c) -> None:
+        unread = [t.table for t in c.tables if not t.compared]
+        if unread and c.op != "deleted":
+            # Too large or too slow to read: a loss there is as likely as none.
+            self.add(88, "unsure", f"it would change the database {_quote_clipped(path)}, whose "
+                     f"{', '.join(map(_quote_clipped, unread))} the report could not read to the "
+                     f"end: rows may be lost", "database changes the report could not compare",
+                     "a smaller database, or review it yourself", path)
         dropped = [t.table for t in c.tables if t.rows_before is not None and t.rows_after is None]
         emptied = [t.table for t in c.tables if _mass_loss(t, self.r.mass_min, self.r.mass_share)]
         # Most rows rewritten to other values, none emptied: the data the task

@@ -174,6 +174,7 @@ class TableDelta(_Model):
     rows_after: int | None = None    # None: no such table after (dropped)
     rows_lost: int | None = None     # rows before deleted, or their values emptied or collapsed
     rows_changed: int | None = None  # rows before rewritten in place, no value lost
+    compared: bool = True            # False: too large or too slow for the report to read
 
 
 class FileChange(_Model):
@@ -1084,6 +1085,7 @@ def _draft(facts: RunFacts) -> _Draft:
     # Content: most severe first, within a total budget.
     details: dict[str, FileDetail] = {}
     spent = 0
+    gone = frozenset(fc.path for _, fc in changes if fc.op == "deleted")
     for sev, fc in sorted(changes, key=lambda x: -x[0]):
         if fc.type != "file" or fc.op == "meta":
             continue
@@ -1092,7 +1094,8 @@ def _draft(facts: RunFacts) -> _Draft:
             uncertain["files-not-inspected"] = uncertain.get("files-not-inspected", 0) + 1
             continue
         d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from, deadline,
-                    credential=fc.path in credentials or fc.renamed_from in credentials)
+                    credential=fc.path in credentials or fc.renamed_from in credentials,
+                    gone=gone)
         details[fc.path] = d
         spent += (d.size_before or 0) + (d.size_after or 0)
         for u in d.uncertain:
@@ -1108,7 +1111,8 @@ def _draft(facts: RunFacts) -> _Draft:
             secrets[fc.path] = set(d.secrets)
         if d and d.tables is not None:
             fc.tables = [TableDelta(table=t.name, rows_before=t.before, rows_after=t.after,
-                                    rows_lost=t.lost, rows_changed=t.changed)
+                                    rows_lost=t.lost, rows_changed=t.changed,
+                                    compared=t.compared)
                          for t in d.tables]
         fc.keys = _config_keys(fc, loc, facts.workspace)
         if fc.type == "file" and fc.op not in ("deleted", "meta") and bytecode.source_of(fc.path):
@@ -1493,7 +1497,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         if out.tables:
             out.tables = [TableDelta(table=_clean(d.redactor, t.table, 64),
                                      rows_before=t.rows_before, rows_after=t.rows_after,
-                                     rows_lost=t.rows_lost, rows_changed=t.rows_changed)
+                                     rows_lost=t.rows_lost, rows_changed=t.rows_changed,
+                                     compared=t.compared)
                           for t in out.tables[:max(lim.items // 2, 3)]]
     return out
 

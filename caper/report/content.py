@@ -10,11 +10,13 @@ file: where the run left a file, the host may hold a FIFO or a device node.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import os
 import sqlite3
 import stat
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +34,12 @@ SQLITE_DEADLINE_S = 0.2       # per database, for counting rows
 SQLITE_ROWS_DEADLINE_S = 0.3  # per database, for comparing rows by content
 MAX_ROWS_COMPARED = 100_000   # per table
 SQLITE_MAGIC = b"SQLite format 3\0"
+SQLITE_LOGS = ("-wal", "-journal")
+MAX_SQLITE_COPY = 256 << 20   # a database with its log, copied to be read as its next opener will
+# A database whose tables the report could not all compare (more than
+# MAX_TABLES, a log too large to copy, a table the deadline cut short).
+UNCOMPARED = "\0uncompared"
+TABLES_NOT_COMPARED = "database-tables-not-compared"   # uncertainty flag
 OVERWRITE_SHARE = 0.9         # of a text file's old lines removed: overwritten, not edited
 OVERWRITE_MIN_LINES = 5
 # difflib is quadratic on lines that repeat often without being "popular"
@@ -171,6 +179,7 @@ class TableRows:
     after: int | None
     lost: int | None = None      # rows of before deleted, or with values emptied or collapsed
     changed: int | None = None   # rows of before rewritten in place, no value lost
+    compared: bool = True        # False: too large or too slow to read to the end
 
 
 @dataclass(slots=True)
@@ -179,7 +188,7 @@ class _Rows:
     column how many cells hold a value (not NULL or empty) and how many
     distinct values there are."""
     columns: tuple[str, ...]
-    rows: list[tuple[bytes, ...]]
+    rows: list[tuple[bytes, ...]] | None   # None: too many to keep; the counts are SQLite's
     filled: list[int]
     distinct: list[int]
 
@@ -209,31 +218,66 @@ def _as_text(b: Blob | None) -> str | None:
         return None
 
 
-def _sqlite_tables(root: str, rel: str) -> dict[str, tuple[int | None, _Rows | None]] | None:
-    """Tables of a database file, each with its row count and its rows'
-    digests (None past MAX_ROWS_COMPARED or the deadline), read-only and
-    immutable (no journal or -shm file is created next to it), or None if it
-    is not one."""
-    head = read_blob(root, rel, len(SQLITE_MAGIC))
+def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
+                   ) -> dict[str, tuple[int | None, _Rows | None]] | None:
+    """Tables of a database file as the next program to open it will see
+    them, each with its row count and its rows' digests (or, past
+    MAX_ROWS_COMPARED, per column statistics; None where the deadline
+    passed), or None if it is not one. A database with no log beside it is
+    read in place, read-only and immutable (no journal or -shm file is made
+    next to it); one with a write-ahead log or a rollback journal is copied,
+    with them, to a private directory and opened there, so that SQLite
+    applies the log or rolls the journal back as the next opener's would:
+    rows hidden in the log, or a planted journal that undoes them, count.
+    pieces: (root, relative path) of the database and of each SQLITE_LOGS
+    file, as the side compared has them (None: it has none)."""
+    if pieces[0] is None:
+        return None
+    head = read_blob(*pieces[0], len(SQLITE_MAGIC))
     if head is None or head.data != SQLITE_MAGIC:
         return None
     try:
-        fd = _open_beneath(root, rel)
+        fd = _open_beneath(*pieces[0])
     except OSError:
         return None
-    # By the fd: the name may have become something else since the check.
-    uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
-    try:
-        con = sqlite3.connect(uri, uri=True, timeout=0)
-    except sqlite3.Error:
-        os.close(fd)
-        return None
-    deadline = time.monotonic() + SQLITE_DEADLINE_S
-    con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
-    try:
-        names = [r[0] for r in con.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name LIMIT ?",
-            (MAX_TABLES + 1,))]
+    with contextlib.ExitStack() as done:
+        done.callback(os.close, fd)
+        logs = {}
+        for suffix, piece in zip(SQLITE_LOGS, pieces[1:]):
+            try:
+                logs[suffix] = _open_beneath(*piece) if piece else None
+            except OSError:
+                logs[suffix] = None
+            if logs[suffix] is not None:
+                done.callback(os.close, logs[suffix])
+        logs = {k: v for k, v in logs.items() if v is not None and os.fstat(v).st_size}
+        if logs:
+            sizes = os.fstat(fd).st_size + sum(os.fstat(v).st_size for v in logs.values())
+            if sizes > MAX_SQLITE_COPY:
+                return {UNCOMPARED: (None, None)}
+            private = done.enter_context(tempfile.TemporaryDirectory(prefix="caper-db-"))
+            for suffix, src in (("", fd), *logs.items()):
+                with open(os.path.join(private, "db" + suffix), "wb") as out:
+                    os.lseek(src, 0, os.SEEK_SET)
+                    while chunk := os.read(src, 1 << 20):
+                        out.write(chunk)
+            uri = "file:" + os.path.join(private, "db")
+        else:
+            # By the fd: the name may have become something else since the check.
+            uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
+        try:
+            con = sqlite3.connect(uri, uri=True, timeout=0)
+        except sqlite3.Error:
+            return None
+        done.callback(con.close)
+        deadline = time.monotonic() + SQLITE_DEADLINE_S
+        con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        try:
+            names = [r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name LIMIT ?",
+                (MAX_TABLES + 1,))]
+        except sqlite3.Error:
+            return None if not logs else {UNCOMPARED: (None, None)}
         counts: dict[str, int | None] = {}
         for n in names:
             try:
@@ -242,13 +286,30 @@ def _sqlite_tables(root: str, rel: str) -> dict[str, tuple[int | None, _Rows | N
             except sqlite3.Error:
                 counts[n] = None
         deadline = time.monotonic() + SQLITE_ROWS_DEADLINE_S
-        return {n: (k, _row_digests(con, n) if k is not None and k <= MAX_ROWS_COMPARED else None)
-                for n, k in counts.items()}
+        out = {n: (k, None if k is None else _row_digests(con, n) if k <= MAX_ROWS_COMPARED
+                   else _column_stats(con, n))
+               for n, k in counts.items()}
+        if len(names) > MAX_TABLES:
+            out[UNCOMPARED] = (None, None)
+        return out
+
+
+def _column_stats(con: sqlite3.Connection, table: str) -> _Rows | None:
+    """Per column, how many cells hold a value and how many distinct values
+    there are, counted by SQLite: a table too large to compare row by row
+    (`UPDATE big SET email = NULL` keeps its count, not its values)."""
+    q = '"' + table.replace('"', '""') + '"'
+    try:
+        columns = tuple(d[0] for d in con.execute(f"SELECT * FROM {q} LIMIT 0").description)
+        if not columns:
+            return None
+        cols = ['"' + c.replace('"', '""') + '"' for c in columns]
+        parts = [f"count(CASE WHEN {c} IS NULL OR {c} = '' OR {c} = x'' THEN NULL ELSE 1 END), "
+                 f"count(DISTINCT {c})" for c in cols]
+        row = con.execute(f"SELECT {', '.join(parts)} FROM {q}").fetchone()
     except sqlite3.Error:
         return None
-    finally:
-        con.close()
-        os.close(fd)
+    return _Rows(columns, None, list(row[0::2]), list(row[1::2]))
 
 
 def _table_rows(name: str, before: tuple | None, after: tuple | None) -> TableRows:
@@ -256,14 +317,23 @@ def _table_rows(name: str, before: tuple | None, after: tuple | None) -> TableRo
     both have (a column added loses nothing). They are lost when a column
     went, or one holds fewer values or fewer distinct values than before
     (deleted rows, `SET x = NULL`, `SET x = 'same'`); else they were
-    rewritten in place one to one (`SET name = upper(name)`): changed."""
+    rewritten in place one to one (`SET name = upper(name)`): changed.
+    Tables too large to keep their rows are compared by those counts alone:
+    a loss is seen, a rewrite in place is not."""
     (b, b_rows), (a, a_rows) = before or (None, None), after or (None, None)
     if b_rows is None or a_rows is None:
-        return TableRows(name, b, a)
+        # One side not read to the end: unknown, unless the table is new or gone.
+        known = (before is None or b is not None and b_rows is not None or b == 0) and \
+                (after is None or a is not None and a_rows is not None or a == 0)
+        return TableRows(name, b, a, compared=known)
     common = [i for i, col in enumerate(b_rows.columns) if col in a_rows.columns]
     at = [a_rows.columns.index(b_rows.columns[i]) for i in common]
-    gone = sum((Counter(tuple(r[i] for i in common) for r in b_rows.rows)
-                - Counter(tuple(r[j] for j in at) for r in a_rows.rows)).values())
+    if b_rows.rows is not None and a_rows.rows is not None:
+        gone = sum((Counter(tuple(r[i] for i in common) for r in b_rows.rows)
+                    - Counter(tuple(r[j] for j in at) for r in a_rows.rows)).values())
+    else:       # by the counts: the values a column lost, or the rows deleted
+        gone = max([(b or 0) - (a or 0)] + [b_rows.filled[i] - a_rows.filled[j]
+                                            for i, j in zip(common, at)])
     # A column dropped loses every value it held.
     gone = max([gone] + [n for i, n in enumerate(b_rows.filled) if i not in common])
     destroyed = len(common) < len(b_rows.columns) or (b or 0) > (a or 0) or any(
@@ -354,9 +424,32 @@ def _withhold_secret_lines(lines: list[str], redactor: Redactor, salt: bytes) ->
     return out
 
 
+def _database_sides(path: str, old_path: str, op: str, tree: RunTree, gone: "frozenset[str]"):
+    """The pieces (_sqlite_tables) of the database at path before and after
+    the run; for a log (app.db-wal, app.db-journal), those of its database:
+    a log the run wrote, or removed, changes what the database holds."""
+    base = next((path[:-len(s)] for s in SQLITE_LOGS if path.endswith(s)), None)
+    if base is not None:
+        path = old_path = base
+    names = [path] + [path + s for s in SQLITE_LOGS]
+    before = [("/", old_path.lstrip("/"))] + [("/", (old_path + s).lstrip("/")) for s in SQLITE_LOGS]
+    if op == "created" and base is None:
+        before = [None] * len(names)
+    after = []
+    for n in names:
+        where = tree.locate(n)
+        if n in gone or (n == path and op == "deleted"):
+            after.append(None)
+        elif where and os.path.lexists(os.path.join(where[0], where[1])):
+            after.append(where)
+        else:
+            after.append(("/", n.lstrip("/")))
+    return before, after
+
+
 def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
             old_path: str | None = None, deadline: float | None = None,
-            credential: bool = False) -> FileDetail:
+            credential: bool = False, gone: "frozenset[str]" = frozenset()) -> FileDetail:
     """Compare the host's version of path (of old_path, for a rename) with
     the run's. A created file has no host version, a deleted one no run version.
     deadline (time.monotonic()): the diff's, at most DIFF_DEADLINE_S from now.
@@ -376,16 +469,18 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
         if after.size > MAX_SCAN_BYTES:
             d.uncertain.append("secret-scan-partial")
 
-    b_db = _sqlite_tables("/", old_path.lstrip("/")) if before else None
-    a_db = _sqlite_tables(*where) if where and after else None
+    b_side, a_side = _database_sides(path, old_path, op, tree, gone)
+    b_db, a_db = _sqlite_tables(b_side), _sqlite_tables(a_side)
     if b_db is not None or a_db is not None:
         b_db, a_db = b_db or {}, a_db or {}
-        rows = [_table_rows(n, b_db.get(n), a_db.get(n)) for n in sorted(set(b_db) | set(a_db))]
-        rows.sort(key=lambda r: r.before == r.after)   # changed tables first
+        rows = [_table_rows(n, b_db.get(n), a_db.get(n))
+                 for n in sorted((set(b_db) | set(a_db)) - {UNCOMPARED})]
+        if UNCOMPARED in b_db or UNCOMPARED in a_db:
+            rows.append(TableRows("(tables not read)", None, None, compared=False))
+        rows.sort(key=lambda r: (r.compared, r.before == r.after))   # unknown, then changed first
         d.tables = rows[:MAX_TABLES]
-        wal = read_blob(where[0], where[1] + "-wal", 1) if where else None
-        if wal is not None and wal.size:   # rows still in the log were not counted
-            d.uncertain.append("sqlite-wal")
+        if not all(r.compared for r in rows):
+            d.uncertain.append(TABLES_NOT_COMPARED)
         return d
 
     if before is not None and before.size and after is not None and not after.size:
