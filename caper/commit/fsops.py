@@ -15,6 +15,7 @@ from typing import Sequence
 from caper.commit.journal import step
 from caper.errors import CommitError
 from caper.fs import mountinfo
+from caper.fs.syscalls import open_quiet
 
 MAX_OPEN_DIRS = 256                # directory fds kept open per tree
 COPY_CHUNK = 1 << 20
@@ -78,7 +79,7 @@ class DirFds:
         # (root needs no such help); its mode was read before, by lstat.
         self.own = own and os.geteuid() != 0
         self._opened_up: dict[str, int] = {}   # path -> the mode it had, to give back
-        self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root_fd = open_quiet(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._open: OrderedDict[tuple, int] = OrderedDict()
         self.dev = os.fstat(self._root_fd).st_dev
 
@@ -98,7 +99,7 @@ class DirFds:
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             try:
-                fd = os.open(rel[-1], flags, dir_fd=parent)
+                fd = open_quiet(rel[-1], flags, dir_fd=parent)
             except PermissionError:
                 if not self.own:
                     raise
@@ -106,7 +107,7 @@ class DirFds:
                 mode = os.stat(rel[-1], dir_fd=parent, follow_symlinks=False).st_mode
                 os.chmod(rel[-1], stat.S_IMODE(mode) | 0o700, dir_fd=parent)
                 self._opened_up[self.path(rel)] = stat.S_IMODE(mode)
-                fd = os.open(rel[-1], flags, dir_fd=parent)
+                fd = open_quiet(rel[-1], flags, dir_fd=parent)
             if self.own:
                 mode = os.fstat(fd).st_mode
                 if mode & 0o700 != 0o700:  # readable but not searchable: entries unreachable

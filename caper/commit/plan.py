@@ -21,7 +21,7 @@ from caper.commit.fsops import (
 )
 from caper.errors import CommitError
 from caper.fs import mountinfo
-from caper.fs.syscalls import open_by_handle, open_regular
+from caper.fs.syscalls import open_by_handle, open_quiet, open_regular
 from caper.state import MARKER
 
 COMPARE_MAX = 1 << 20             # bytes compared to tell a meta-only change from a write
@@ -839,15 +839,16 @@ class _UpperWalk:
                     if st.st_dev != lp.dev:
                         raise CommitError(f"{p}: {lp.boundary(p)} below a directory the run deletes; "
                                           "refusing", step="plan")
-                    cfd = os.open(n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    cfd = open_quiet(n, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     dir_fd=fd)
                     try:
                         count += walk(cfd, p, depth + 1)
                     finally:
                         os.close(cfd)
             return count
 
-        dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      dir_fd=lp.host_fd(hrel))
+        dfd = open_quiet(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=lp.host_fd(hrel))
         try:
             return walk(dfd, hp, len(hrel) + 1)
         finally:

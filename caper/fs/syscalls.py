@@ -45,16 +45,38 @@ def open_by_handle(mount_fd: int, handle_type: int, handle: bytes, flags: int) -
     return fd
 
 
+def open_quiet(path: str, flags: int, dir_fd: int | None = None) -> int:
+    """os.open for reading with O_NOATIME where caper may (its own files;
+    any file, as root): caper reads host files because of what a run did,
+    and a read that moved their access times would let a blocked run choose
+    which host files' atimes move (read file i or not), for anyone to stat.
+    Another user's file, caper not root (EPERM), is opened without it."""
+    try:
+        return os.open(path, flags | os.O_NOATIME, dir_fd=dir_fd)
+    except PermissionError as e:
+        if e.errno != errno.EPERM:
+            raise
+        return os.open(path, flags, dir_fd=dir_fd)
+
+
+def read_quiet(path: str, limit: int) -> bytes:
+    """The first `limit` bytes (all, for -1) of the file at path, opened as
+    open_quiet opens."""
+    with os.fdopen(open_quiet(path, os.O_RDONLY | os.O_CLOEXEC), "rb") as f:
+        return f.read(limit)
+
+
 def open_regular(name: str, dir_fd: int) -> int:
     """A read-only fd on name (below dir_fd, the last component not followed)
     if it is a regular file; OSError (EINVAL) for anything else. The object
     is looked at by an O_PATH fd first, which opens nothing: opening a FIFO,
     even non-blocking, releases a writer waiting on the host, and opening a
-    device runs its driver (a watchdog arms, a tape rewinds on close)."""
+    device runs its driver (a watchdog arms, a tape rewinds on close).
+    Opened as open_quiet opens: its access time does not move."""
     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", name)
-        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        return open_quiet(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(fd)

@@ -16,6 +16,7 @@ import subprocess
 import tomllib
 
 from caper.fs.programs import find_program, safe_path
+from caper.fs.syscalls import read_quiet
 
 GIT_TIMEOUT_S = 10
 MAX_CONFIG_BYTES = 256 * 1024
@@ -62,8 +63,7 @@ def git_included(git_dir: str | None, home: str | None, workspace: str | None) -
     while todo and len(seen) < MAX_INCLUDED:
         path = todo.pop()
         try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_CONFIG_BYTES + 1)
+            data = read_quiet(path, MAX_CONFIG_BYTES + 1)
         except OSError:
             continue
         if b"include" not in data.lower():
@@ -206,8 +206,7 @@ def git_values(path: str, key: str, workspace: str | None) -> list[str]:
     """The values of key (lowercase, dotted) in the git config file at path;
     none when it is missing, too big or does not parse."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+        data = read_quiet(path, MAX_CONFIG_BYTES + 1)
     except OSError:
         return []
     pairs = _pairs("git", data, workspace) or set()

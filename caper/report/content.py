@@ -35,7 +35,8 @@ SQLITE_ROWS_DEADLINE_S = 0.3  # per database, for comparing rows by content
 MAX_ROWS_COMPARED = 100_000   # per table
 SQLITE_MAGIC = b"SQLite format 3\0"
 SQLITE_LOGS = ("-wal", "-journal")
-MAX_SQLITE_COPY = 256 << 20   # a database with its log, copied to be read as its next opener will
+MAX_SQLITE_COPY = 256 << 20   # a database with its log, copied to be read as its next opener will;
+# a larger one's tables are not compared (the policy is unsure of its change)
 # A database whose tables the report could not all compare (more than
 # MAX_TABLES, a log too large to copy, a table the deadline cut short).
 UNCOMPARED = "\0uncompared"
@@ -223,12 +224,12 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
     """Tables of a database file as the next program to open it will see
     them, each with its row count and its rows' digests (or, past
     MAX_ROWS_COMPARED, per column statistics; None where the deadline
-    passed), or None if it is not one. A database with no log beside it is
-    read in place, read-only and immutable (no journal or -shm file is made
-    next to it); one with a write-ahead log or a rollback journal is copied,
-    with them, to a private directory and opened there, so that SQLite
-    applies the log or rolls the journal back as the next opener's would:
-    rows hidden in the log, or a planted journal that undoes them, count.
+    passed), or None if it is not one. The database is copied, with its
+    write-ahead log or rollback journal, to a private directory and opened
+    there: SQLite applies the log or rolls the journal back as the next
+    opener's would (rows hidden in the log, or a planted journal that undoes
+    them, count), nothing is made beside the original, and the original is
+    read only through caper's own fds (open_quiet: its access time stays).
     pieces: (root, relative path) of the database and of each SQLITE_LOGS
     file, as the side compared has them (None: it has none)."""
     if pieces[0] is None:
@@ -251,20 +252,16 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
             if logs[suffix] is not None:
                 done.callback(os.close, logs[suffix])
         logs = {k: v for k, v in logs.items() if v is not None and os.fstat(v).st_size}
-        if logs:
-            sizes = os.fstat(fd).st_size + sum(os.fstat(v).st_size for v in logs.values())
-            if sizes > MAX_SQLITE_COPY:
-                return {UNCOMPARED: (None, None)}
-            private = done.enter_context(tempfile.TemporaryDirectory(prefix="caper-db-"))
-            for suffix, src in (("", fd), *logs.items()):
-                with open(os.path.join(private, "db" + suffix), "wb") as out:
-                    os.lseek(src, 0, os.SEEK_SET)
-                    while chunk := os.read(src, 1 << 20):
-                        out.write(chunk)
-            uri = "file:" + os.path.join(private, "db")
-        else:
-            # By the fd: the name may have become something else since the check.
-            uri = f"file:/proc/self/fd/{fd}?mode=ro&immutable=1"
+        sizes = os.fstat(fd).st_size + sum(os.fstat(v).st_size for v in logs.values())
+        if sizes > MAX_SQLITE_COPY:
+            return {UNCOMPARED: (None, None)}
+        private = done.enter_context(tempfile.TemporaryDirectory(prefix="caper-db-"))
+        for suffix, src in (("", fd), *logs.items()):
+            with open(os.path.join(private, "db" + suffix), "wb") as out:
+                os.lseek(src, 0, os.SEEK_SET)
+                while chunk := os.read(src, 1 << 20):
+                    out.write(chunk)
+        uri = "file:" + os.path.join(private, "db")
         try:
             con = sqlite3.connect(uri, uri=True, timeout=0)
         except sqlite3.Error:

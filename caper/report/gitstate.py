@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from caper.report.content import RunTree, read_blob
 from caper.fs.mountinfo import below
 from caper.fs.programs import find_program, helper_env, safe_path
+from caper.fs.syscalls import read_quiet
 from caper.report.workspace import _GIT_ENV, _GIT_OPTIONS, GIT_TIMEOUT_S
 
 MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
@@ -133,8 +134,7 @@ def _host_loose(git_dir: str) -> dict[str, str]:
         for f in files:
             p = os.path.join(d, f)
             try:
-                with open(p, "rb") as fh:
-                    sha = _sha(fh.read(100))
+                sha = _sha(read_quiet(p, 100))
             except OSError:
                 continue
             if sha:
@@ -144,8 +144,7 @@ def _host_loose(git_dir: str) -> dict[str, str]:
 
 def _read(path: str) -> bytes | None:
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return read_quiet(path, -1)
     except OSError:
         return None
 

@@ -16,6 +16,7 @@ import json
 import os
 import re
 
+from caper.fs.syscalls import open_quiet
 from caper.report.secrets import (MAX_SECRET_FILE, SHAPES, ProtectedPattern, credential_var,
                                   placeholder)
 
@@ -56,7 +57,7 @@ def secret_values(kind: str, data: bytes) -> list[str]:
 def _read(path: str) -> bytes | None:
     """A small regular file's bytes, its last component not followed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_quiet(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
