@@ -51,6 +51,7 @@ that names the file and the field.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tomllib
@@ -165,9 +166,12 @@ class EnvConfig(_Strict):
     allow: list[str] = []
 
 
+@functools.lru_cache(maxsize=4096)
 def credential_var(name: str, value: str) -> bool:
     """Does this environment variable, by its name or the shape of its
-    value (a token, a URL with a password), hold a credential?"""
+    value (a token, a URL with a password), hold a credential? (Memoised:
+    it depends on nothing else, and the gate sees the same environment at
+    every run, ~40 variables at ~25 us each.)"""
     found: set[str] = set()
     Redactor().text(value, found)
     return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.search(value))
