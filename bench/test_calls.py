@@ -27,6 +27,11 @@ different minutes hard to compare. So this file also runs as a script
 that interleaves them (every round runs each variant once, in turn):
 
     python3 bench/test_calls.py [--rounds 40] [--json bench/results-calls.json]
+
+With `--baseline DIR` (another checkout, its native core built) every
+variant that starts a process runs from that checkout too, in the same
+rounds, with a gate and state directory of its own: before and after side by
+side (`VARIANT@base` in the JSON, and a before/after table).
 """
 from __future__ import annotations
 
@@ -60,20 +65,22 @@ def call_env(workdir):
     return make_call_env(workdir)
 
 
-def make_call_env(workdir: str) -> tuple[str, dict]:
+def make_call_env(workdir: str, root: str = str(ROOT), tag: str = "") -> tuple[str, dict]:
     """A workspace (a git repo of a few files), a state dir and a HOME of the
-    bench's own; the gate started."""
+    bench's own; the gate of the checkout `root` started (tag: the state
+    dir's suffix, one per checkout)."""
     ws, home = os.path.join(workdir, "calls-ws"), os.path.join(workdir, "calls-home")
-    os.makedirs(ws, exist_ok=True)
-    os.makedirs(home, exist_ok=True)
-    for i in range(20):
-        with open(os.path.join(ws, f"f{i}.txt"), "w") as f:
-            f.write(f"{i}\n")
-    subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+    if not os.path.isdir(ws):
+        os.makedirs(ws)
+        os.makedirs(home)
+        for i in range(20):
+            with open(os.path.join(ws, f"f{i}.txt"), "w") as f:
+                f.write(f"{i}\n")
+        subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
     env = {k: v for k, v in os.environ.items()
            if k not in ("CAPER_NO_GATE", "PYTHONDONTWRITEBYTECODE", "CLAUDE_PROJECT_DIR")}
-    env.update(CAPER_STATE_DIR=os.path.join(workdir, "calls-state"), HOME=home,
-               PYTHONPATH=str(ROOT))
+    env.update(CAPER_STATE_DIR=os.path.join(workdir, "calls-state" + tag), HOME=home,
+               PYTHONPATH=root)
     subprocess.run(PYTHON_CAPER + ["run", "--approver", "allow", "-q", "-c", "true"], cwd=ws,
                    env=env, check=True, capture_output=True)         # start the gate
     return ws, env
@@ -98,9 +105,11 @@ def _call(head: list[str], ws: str, env: dict, command: str) -> None:
 
 
 def call_fn(variant: str, workload: str, ws: str, env: dict):
-    """One call of the variant, as a function of no arguments."""
+    """One call of the variant, as a function of no arguments (the
+    checkout's: env's PYTHONPATH)."""
     cmd = WORKLOADS[workload]
-    head = [CLIENT] if variant.endswith("client") else PYTHON_CAPER
+    client = os.path.join(env["PYTHONPATH"], "caper_native", "caper-client")
+    head = [client] if variant.endswith("client") else PYTHON_CAPER
     run = ["run", "--approver", "allow", "-q", "-c", cmd]
     if variant == "native":
         fn = lambda: subprocess.run(["bash", "-c", cmd], cwd=ws, env=env, capture_output=True,
@@ -171,11 +180,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="the per-call bench, variants interleaved")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--json", help="write the medians and every time here")
+    ap.add_argument("--baseline", help="another checkout: its variants run in the same rounds")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="a comma-separated subset")
     args = ap.parse_args()
+    variants = [v for v in VARIANTS if v == "native" or v in args.variants.split(",")]
+    base = [v for v in variants if v not in ("native", "run-inprocess")] if args.baseline else []
     workdir = tempfile.mkdtemp(prefix="caper-bench-calls-")
     try:
         ws, env = make_call_env(workdir)
-        fns = {(v, w): call_fn(v, w, ws, env) for w in WORKLOADS for v in VARIANTS}
+        fns = {(v, w): call_fn(v, w, ws, env) for w in WORKLOADS for v in variants}
+        if base:
+            _, base_env = make_call_env(workdir, os.path.abspath(args.baseline), "-base")
+            fns.update({(v + "@base", w): call_fn(v, w, ws, base_env)
+                        for w in WORKLOADS for v in base})
+        envs = {key: base_env if key[0].endswith("@base") else env for key in fns}
         times: dict = {key: [] for key in fns}
         cpu_ms: dict = {key: [] for key in fns}
         for fn in fns.values():
@@ -183,12 +201,15 @@ def main() -> int:
         start = cpu_snapshot()
         for _ in range(args.rounds):
             for key, fn in fns.items():
-                c0 = _own_cpu_s() + _gate_cpu_s(env, children=True)
+                c0 = _own_cpu_s() + _gate_cpu_s(envs[key], children=True)
                 t0 = time.perf_counter()
                 fn()
                 times[key].append((time.perf_counter() - t0) * 1000)
-                cpu_ms[key].append((_own_cpu_s() + _gate_cpu_s(env, children=True) - c0) * 1000)
+                cpu_ms[key].append((_own_cpu_s() + _gate_cpu_s(envs[key], children=True) - c0)
+                                   * 1000)
         cpu = cpu_delta(start, cpu_snapshot())
+        with open("/proc/loadavg") as f:
+            load_end = " ".join(f.read().split()[:3])
     finally:
         from conftest import _stop_gates
         _stop_gates(workdir)
@@ -196,7 +217,8 @@ def main() -> int:
     med = {key: statistics.median(t) for key, t in times.items()}
     cpu_med = {key: statistics.mean(t) for key, t in cpu_ms.items()}   # ticks: a mean, not a median
     print(f"{args.rounds} interleaved rounds, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-          f", {machine()}; other processes used {cpu['foreign_cpu_s'] / cpu['wall_s']:.0%} of a "
+          f", {machine()} (at the end: {load_end}); other processes used "
+          f"{cpu['foreign_cpu_s'] / cpu['wall_s']:.0%} of a "
           f"CPU meanwhile (the bench's gate included).\n")
     print("Wall-clock medians in ms, (×) the ratio to native, +ms what caper adds; CPU: the "
           "mean CPU time of a call, in ms, of every process it involves (the bench, its "
@@ -205,17 +227,30 @@ def main() -> int:
     print("| variant | " + " | ".join(f"`{w}` ms (×) | `{w}` +ms | `{w}` CPU ms"
                                      for w in WORKLOADS) + " |")
     print("|---|" + "---:|---:|---:|" * len(WORKLOADS))
-    for v in VARIANTS:
+    for v in variants + [b + "@base" for b in base]:
         cells = []
         for w in WORKLOADS:
             m, n = med[(v, w)], med[("native", w)]
             cells += [f"{m:.1f} ({m / n:.2f}×)", "–" if v == "native" else f"{m - n:.1f}",
                       f"{cpu_med[(v, w)]:.0f}"]
         print(f"| {v} | " + " | ".join(cells) + " |")
+    if base:
+        print(f"\nBefore (`{args.baseline}`) and after (this checkout), +ms over native, "
+              "and after/before of the wall-clock medians:\n")
+        print("| variant | " + " | ".join(f"`{w}` before | `{w}` after | `{w}` ratio"
+                                         for w in WORKLOADS) + " |")
+        print("|---|" + "---:|---:|---:|" * len(WORKLOADS))
+        for v in base:
+            cells = []
+            for w in WORKLOADS:
+                n, b, a = med[("native", w)], med[(v + "@base", w)], med[(v, w)]
+                cells += [f"{b - n:.1f}", f"{a - n:.1f}", f"{a / b:.2f}"]
+            print(f"| {v} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                        "machine": machine(), "rounds": args.rounds, "cpu": cpu,
+                       "baseline": args.baseline, "load_average_end": load_end,
                        "median_ms": {f"{v}/{w}": round(m, 2) for (v, w), m in med.items()},
                        "mean_cpu_ms": {f"{v}/{w}": round(m, 1) for (v, w), m in cpu_med.items()},
                        "all_ms": {f"{v}/{w}": [round(x, 2) for x in t]

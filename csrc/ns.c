@@ -378,18 +378,24 @@ static _Noreturn void run_init(const struct caper_config *c, int sync_fd, int st
         die_inside(status_fd, &f, 126);
     }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    /* EOF: the tracer died before seizing us. */
+    /* Two bytes from the tracer. The first: our ids are mapped (the mounts
+     * below need them). The second: we are in the sandbox's cgroups and
+     * seized, which must hold before the command starts. Joining a v1
+     * cgroup waits for an RCU grace period (4-15 ms measured on a 2-CPU VM:
+     * bench/README.md), so our own setup runs meanwhile; a setup failure is
+     * said only after the second byte, once the tracer watches for it.
+     * EOF: the tracer died before seizing us. */
+    if (read(sync_fd, &go, 1) != 1)
+        _exit(127);
+    setsid();  /* no controlling terminal: /dev/tty and TIOCSTI reach nothing */
+    const char *host = c->hostname ? c->hostname : "caper";
+    int set_up = mount_setup(c, &f) == 0;
+    if (set_up && sethostname(host, strlen(host)) < 0) { /* cosmetic */ }
+    set_up = set_up && loopback_up(&f) == 0 && (c->proxy_fd < 0 || proxy_listen(c, &f) == 0);
     if (read(sync_fd, &go, 1) != 1)
         _exit(127);
     close(sync_fd);
-    setsid();  /* no controlling terminal: /dev/tty and TIOCSTI reach nothing */
-    if (mount_setup(c, &f) < 0)
-        die_inside(status_fd, &f, 126);
-    const char *host = c->hostname ? c->hostname : "caper";
-    if (sethostname(host, strlen(host)) < 0) { /* cosmetic */ }
-    if (loopback_up(&f) < 0)
-        die_inside(status_fd, &f, 126);
-    if (c->proxy_fd >= 0 && proxy_listen(c, &f) < 0)
+    if (!set_up)
         die_inside(status_fd, &f, 126);
     /* The snapshot's conflict threshold: a host change stamped below it must
      * have happened before the command could look. Waiting here overlaps the
@@ -519,6 +525,11 @@ int spawn_sandbox(const struct caper_config *c, struct spawn *s, struct caper_fa
         ok = 0;
     if (ok && check_root_view(pid, f) < 0)
         ok = 0;
+    /* init sets its mounts up while we join it to its cgroups (run_init) */
+    if (ok && write(sync[1], "i", 1) != 1) {
+        fail_set(f, CAPER_STEP_PIPE, errno, "write(sync pipe)");
+        ok = 0;
+    }
     for (const char *const *procs = c->cgroup_procs; ok && procs && *procs; procs++) {
         char text[32];
         snprintf(text, sizeof text, "%d", pid);

@@ -493,9 +493,12 @@ _AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=
                          r"|^LS0tLS1CRUdJTi|^otpauth://")
 
 
+@functools.lru_cache(maxsize=4096)
 def credential_var(name: str, value: str) -> bool:
     """Does this environment variable, by its name or the shape of its
-    value (a token, a URL with a password), hold a credential?"""
+    value (a token, a URL with a password), hold a credential? (Memoised:
+    it depends on nothing else, and the gate sees the same environment at
+    every run, ~40 variables at ~25 us each.)"""
     found: set[str] = set()
     Redactor().text(value, found)
     return bool(_SECRET_NAME.search(name) or found or _AUTH_VALUE.search(value))
