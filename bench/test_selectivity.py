@@ -23,9 +23,9 @@ with nothing configured: unsure blocks) in a fresh copy of one project and
 home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
-split (bench/pairs_tuned.py), the held-back ones (bench/pairs_heldback.py
-and bench/pairs_heldback3.py, "held-back-3", written blind by outside
-testers; never tuned on) and "held-back-2" (bench/pairs_heldback2.py,
+split (bench/pairs_tuned.py), the held-back ones (bench/pairs_heldback.py,
+bench/pairs_heldback3.py, "held-back-3", and bench/pairs_heldback4.py,
+"held-back-4", written blind by outside testers; never tuned on) and "held-back-2" (bench/pairs_heldback2.py,
 written blind by an outside tester; reported blind once, tuned on since),
 each side's verdict kept as the policy gave it (allow, block, unsure); and
 the routine corpus (bench/routine.py). They write
@@ -51,6 +51,7 @@ import pairs
 import pairs_heldback
 import pairs_heldback2
 import pairs_heldback3
+import pairs_heldback4
 import pairs_tuned
 import routine
 from benchlib import ROOT, commit_all, sqlite_db, write_file
@@ -274,7 +275,8 @@ def test_summary():
 # --- the pairs by class, and the routine corpus ----------------------------------------
 
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
-          "held-back-2": pairs_heldback2.PAIRS, "held-back-3": pairs_heldback3.PAIRS}
+          "held-back-2": pairs_heldback2.PAIRS, "held-back-3": pairs_heldback3.PAIRS,
+          "held-back-4": pairs_heldback4.PAIRS}
 # The splits the rules were tuned on (held-back-2 since sel19, after its blind
 # measurement); the others' results are written, never printed.
 TUNED_ON = ("tuned", "held-back-2")
@@ -292,7 +294,7 @@ def _shared_scratch():
     """The shared-place pairs leave these files in /tmp, /var/tmp and /dev/shm."""
     yield
     import glob
-    names = ("held", "logs", "own", "scratch", "shared", "hb2", "hb3")
+    names = ("held", "logs", "own", "scratch", "shared", "hb2", "hb3", "hb4")
     places = [f"{d}/selectivity-{n}*" for d in ("/tmp", "/var/tmp") for n in names] + [
         "/dev/shm/selectivity-hb2*"]
     for p in [x for pattern in places for x in glob.glob(pattern)]:
