@@ -760,9 +760,14 @@ static int reaches_credential(struct tracer *t, struct proc *p, struct pending *
         if (h->kind == CAPER_EV_OPEN && (pd->resolve & (RESOLVE_IN_ROOT | RESOLVE_BENEATH)))
             while (*raw == '/')
                 raw++;
-        if (tracee_real_path(p->tid, pd->dirfd[i], raw, follow, real, sizeof real) > 0 &&
-            credential_stop(set, real, below))
+        ssize_t n = tracee_real_path(p->tid, pd->dirfd[i], raw, follow, real, sizeof real);
+        if (n > 0 && credential_stop(set, real, below)) {
+            /* the event names what the call would have reached (string 3) */
+            memcpy(pd->s[2], real, (size_t)n + 1);
+            pd->ev.s[2] = pd->s[2];
+            pd->ev.n[2] = (size_t)n;
             return 1;
+        }
     }
     return 0;
 }
