@@ -788,7 +788,8 @@ def _build(draft: "_Draft", pinned: frozenset[str]) -> Report:
     report._draft = draft
     report._late = draft.late
     report._read_credentials = sorted(
-        {kind for _, e, kind, _ in draft.protected_reads if e.ok}
+        # the call the run was stopped in counts: the command reached the credential
+        {kind for _, e, kind, _ in draft.protected_reads if e.ok or e.seq == draft.an.stopped_at}
         | {k for ks in (*draft.out_secrets.values(), *draft.secrets.values()) for k in ks})
     return report
 
