@@ -754,14 +754,18 @@ static int reaches_credential(struct tracer *t, struct proc *p, struct pending *
     for (int i = 0; i < (exchange ? 2 : 1); i++) {
         if (!pd->ev.s[i])
             continue;               /* unreadable: the kernel cannot read it either */
-        if (credential_stop(set, pd->ev.s[i], below))
-            return 1;
         const char *raw = pd->raw[i];
         if (h->kind == CAPER_EV_OPEN && (pd->resolve & (RESOLVE_IN_ROOT | RESOLVE_BENEATH)))
             while (*raw == '/')
                 raw++;
+        /* Only a name that leads to something: a call on a missing one fails
+         * (ENOENT from ~/.npmrc at every npm start), and reaches nothing. */
         ssize_t n = tracee_real_path(p->tid, pd->dirfd[i], raw, follow, real, sizeof real);
-        if (n > 0 && credential_stop(set, real, below)) {
+        if (n <= 0)
+            continue;
+        if (credential_stop(set, pd->ev.s[i], below))
+            return 1;
+        if (credential_stop(set, real, below)) {
             /* the event names what the call would have reached (string 3) */
             memcpy(pd->s[2], real, (size_t)n + 1);
             pd->ev.s[2] = pd->s[2];
