@@ -299,7 +299,10 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
             decision = (Decision("block", f"stopped at a credential read ({stopped[1]}) before "
                                  "the command got it: the approver blocks every run that reads "
                                  "a credential, so the rest of it was not run and nothing was "
-                                 "committed", approver="caper", boundary="credentials")
+                                 "committed. Boundary: credentials. Safer: leave credential "
+                                 "files to the tools that read them where they run, outside "
+                                 "commands caper judges", approver="caper",
+                                 boundary="credentials")
                         if stopped else
                         Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
