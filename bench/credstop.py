@@ -58,7 +58,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for variant in times:
                 stop = CredentialStop(protected.stop_globs, protected.translations,
-                                      protected.reached) if variant == "stop" else None
+                                      protected.reached, protected.stop_homes,
+                                      protected.stop_below_home) if variant == "stop" else None
                 t = time.perf_counter()
                 events, result = trace(argv, cwd=root, stop_at=stop).run()
                 times[variant].append(time.perf_counter() - t)
@@ -67,6 +68,7 @@ def main() -> None:
         med = {v: statistics.median(ts) for v, ts in times.items()}
         per_open_us = (med["stop"] - med["no-stop"]) / args.files * 1e6
         out = {"files": args.files, "rounds": args.rounds, "globs": len(protected.stop_globs),
+               "homes": len(protected.stop_homes), "below_home": len(protected.stop_below_home),
                "median_s": med, "min_s": {v: min(ts) for v, ts in times.items()},
                "stops": stops, "per_open_us": per_open_us}
         print(json.dumps(out, indent=1))

@@ -404,7 +404,8 @@ def _credential_stop(protected: Protected, tree: RunTree) -> CredentialStop:
         if hit is None or hit[1] == GIT_CONFIG or (not below and tree.settings_only(hit[0])):
             return None
         return hit
-    return CredentialStop(protected.stop_globs, protected.translations, reaches)
+    return CredentialStop(protected.stop_globs, protected.translations, reaches,
+                          protected.stop_homes, protected.stop_below_home)
 
 
 def _work_dirs(workspace: str | None, home: str | None, env: Mapping[str, str]) -> list[str]:

@@ -218,6 +218,12 @@ struct caper_credentials {
     uint32_t n_translations;
     const char *const *translations; /* pairs: a mount point, the path it shows (the
                                         longest first; the first that holds is used) */
+    /* Globs below a home (each starts with '/', all rooted), matched after
+     * any of homes (globs of home directories) matches a leading part. */
+    const char *const *homes;
+    const char *const *home_globs;
+    uint32_t n_homes;
+    uint32_t n_home_globs;
     /* 1: stop the run. name: the path a call would reach, as the host prints it;
      * below: 1 if it is a directory (or a file) a link or rename would give a new
      * name, so what lies below it counts too. Called in the tracer's thread while

@@ -7,40 +7,40 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Whether glob g matches all of s; below: or s is a directory on g's way
- * (s is used up where g goes on with a '/' or a '**'). */
-static int glob_match(const char *g, const char *s, int below)
+/* Whether glob g matches all of s up to e; below: or s is a directory on
+ * g's way (s is used up where g goes on with a '/' or a '**'). */
+static int glob_match(const char *g, const char *s, const char *e, int below)
 {
     for (;;) {
         if (*g == '\0')
-            return *s == '\0';
-        if (*s == '\0' && below && (*g == '/' || (g[0] == '*' && g[1] == '*')))
+            return s == e;
+        if (s == e && below && (*g == '/' || (g[0] == '*' && g[1] == '*')))
             return 1;
         if (g[0] == '*' && g[1] == '*') {
             if (g[2] == '/') {          /* no directory, or any run ending in '/' */
-                if (glob_match(g + 3, s, below))
+                if (glob_match(g + 3, s, e, below))
                     return 1;
-                for (const char *q = s; *q; q++)
-                    if (*q == '/' && glob_match(g + 3, q + 1, below))
+                for (const char *q = s; q < e; q++)
+                    if (*q == '/' && glob_match(g + 3, q + 1, e, below))
                         return 1;
                 return 0;
             }
             for (const char *q = s;; q++) {
-                if (glob_match(g + 2, q, below))
+                if (glob_match(g + 2, q, e, below))
                     return 1;
-                if (!*q)
+                if (q == e)
                     return 0;
             }
         }
         if (*g == '*') {
             for (const char *q = s;; q++) {
-                if (glob_match(g + 1, q, below))
+                if (glob_match(g + 1, q, e, below))
                     return 1;
-                if (!*q || *q == '/')
+                if (q == e || *q == '/')
                     return 0;
             }
         }
-        if (*s == '\0')
+        if (s == e)
             return 0;
         if (*g == '?') {
             if (*s == '/')
@@ -56,13 +56,38 @@ static int glob_match(const char *g, const char *s, int below)
     }
 }
 
+/* One glob per home and home pattern would be homes x patterns matches an
+ * open (~1,700 with every account's home): a home first, at each '/' of the
+ * path, then the patterns below it on the rest. */
+static int below_a_home(const struct caper_credentials *set, const char *path, const char *e,
+                        int below)
+{
+    if (!set->n_home_globs)
+        return 0;
+    for (uint32_t h = 0; h < set->n_homes; h++) {
+        if (below && glob_match(set->homes[h], path, e, 1))
+            return 1;                   /* a directory above a home, or the home */
+        for (const char *q = path + 1; q <= e; q++) {
+            if (q != e && *q != '/')
+                continue;
+            if (!glob_match(set->homes[h], path, q, 0))
+                continue;
+            for (uint32_t i = 0; i < set->n_home_globs; i++)
+                if (glob_match(set->home_globs[i], q, e, below))
+                    return 1;
+        }
+    }
+    return 0;
+}
+
 static int any_glob(const struct caper_credentials *set, const char *path, int below)
 {
+    const char *e = path + strlen(path);
     for (uint32_t i = 0; i < set->n_globs; i++)
-        if (glob_match(set->globs[i], path, 0) ||
-            (below && set->rooted[i] && glob_match(set->globs[i], path, 1)))
+        if (glob_match(set->globs[i], path, e, 0) ||
+            (below && set->rooted[i] && glob_match(set->globs[i], path, e, 1)))
             return 1;
-    return 0;
+    return below_a_home(set, path, e, below);
 }
 
 int caper_credential_candidate(const struct caper_credentials *set, const char *path,

@@ -247,13 +247,21 @@ def test_which_judgements_stop_at_a_credential_read(monkeypatch):
 
 def test_every_credential_the_report_names_is_a_candidate_of_the_tracer(home, repo):
     protected = protected_for(default_patterns(), str(home), str(repo))
-    keep = []
     k = ffi.new("struct caper_credentials *")
-    globs = [ffi.new("char[]", g.encode()) for g, _ in protected.stop_globs]
-    arr = ffi.new("char *[]", globs)
+
+    def strings(items):
+        c = [ffi.new("char[]", x.encode()) for x in items]
+        arr = ffi.new("char *[]", c or [ffi.NULL])
+        keep.append((c, arr))
+        return arr
+    keep: list = []
     rooted = ffi.new("uint8_t[]", [int(r) for _, r in protected.stop_globs])
-    k.globs, k.rooted, k.n_globs, k.n_translations = arr, rooted, len(globs), 0
-    keep += [globs, arr, rooted]
+    k.globs, k.rooted, k.n_globs = strings([g for g, _ in protected.stop_globs]), rooted, \
+        len(protected.stop_globs)
+    k.homes, k.n_homes = strings(protected.stop_homes), len(protected.stop_homes)
+    k.home_globs, k.n_home_globs = strings(protected.stop_below_home), \
+        len(protected.stop_below_home)
+    k.n_translations = 0
     paths = [f"{home}/.aws/credentials", f"{home}/.ssh/id_ed25519", f"{repo}/.env",
              f"{repo}/sub/dir/.env.local", "/root/.ssh/id_rsa", "/home/u/.netrc",
              "/etc/ssl/private/x.key", f"{repo}/a/b/server.key", f"{home}/.docker/config.json",

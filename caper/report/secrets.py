@@ -183,6 +183,7 @@ class Protected:
         # The same homes as the tracer's globs (caper.h: caper_credentials).
         home_globs = [*map(_glob_quote, homes), "/root", "/home/*", *map(_place_glob, places)]
         stop: list[tuple[str, bool]] = []   # (glob, rooted): stop_globs
+        below_home: list[str] = []
         rules: list[tuple[str, str]] = []
         rooted: list[tuple[str, str]] = []   # the ~ and absolute ones, for held_below
         # For held_below: each ~ or absolute pattern's path below its root
@@ -199,7 +200,7 @@ class Protected:
                 dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
             user_glob = glob.replace("\\", "\\\\")   # the tracer's globs quote with '\\'
             if glob.startswith("~/") and p.kind:
-                stop += [(h + user_glob[1:], True) for h in home_globs]
+                below_home.append(user_glob[1:])
                 stop += [("/".join([real.replace("\\", "\\\\"), *user_glob[2:].split("/")[i:]]),
                           True) for real, i in _linked_forms_at(homes, glob[2:])]
             elif glob.startswith("/") and p.kind:
@@ -231,6 +232,8 @@ class Protected:
         self._kinds, self._rx = _alternation(rules)
         self._rooted_kinds, self._rooted_rx = _alternation(rooted)
         self.stop_globs: tuple[tuple[str, bool], ...] = tuple(dict.fromkeys(stop))
+        self.stop_homes = tuple(dict.fromkeys(home_globs))       # and below each of them:
+        self.stop_below_home = tuple(dict.fromkeys(below_home))  # (caper.h: homes, home_globs)
         self.translations = self._translations
 
     def reached(self, name: str, below: bool) -> tuple[str, str] | None:

@@ -54,16 +54,18 @@ _SHARED_LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
 
 class CredentialStop:
     """The credentials a run is stopped at, at its first access (caper.h:
-    caper_credentials). globs: (glob, rooted), the tracer's candidates, at
-    least every name reaches answers for; translations: (mount point, the path
-    it shows); reaches(name, below): the (path, kind) of the credential a call
+    caper_credentials). globs: (glob, rooted), the tracer's candidates, with
+    below_home's globs below any of homes' at least every name reaches answers
+    for; translations: (mount point, the path it shows); reaches(name, below): the (path, kind) of the credential a call
     reaching name would reach (below: a link or rename, which reaches what is
     below it too), or None. The first answer is kept in `reached`."""
 
     def __init__(self, globs: Sequence[tuple[str, bool]],
                  translations: Sequence[tuple[str, str]],
-                 reaches: "Callable[[str, bool], tuple[str, str] | None]"):
+                 reaches: "Callable[[str, bool], tuple[str, str] | None]",
+                 homes: Sequence[str] = (), below_home: Sequence[str] = ()):
         self.globs, self.translations, self._reaches = tuple(globs), tuple(translations), reaches
+        self.homes, self.below_home = tuple(homes), tuple(below_home)
         self.reached: tuple[str, str] | None = None
 
     def check(self, name: str, below: bool) -> bool:
@@ -245,6 +247,9 @@ class Trace:
         k.rooted, k.n_globs = rooted, len(globs)
         k.translations = self._strings([os.fsencode(x) for pair in stop.translations for x in pair])
         k.n_translations = len(stop.translations)
+        k.homes = self._strings([os.fsencode(h) for h in stop.homes])
+        k.home_globs = self._strings([os.fsencode(g) for g in stop.below_home])
+        k.n_homes, k.n_home_globs = len(stop.homes), len(stop.below_home)
 
         def check(name, below) -> int:
             return stop.check(os.fsdecode(ffi.string(name)), bool(below))
