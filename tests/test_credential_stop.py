@@ -18,6 +18,10 @@ import ctypes
 import json
 import mmap
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -295,3 +299,34 @@ def test_rootless_a_blocked_credential_read_stops_the_run(route):
         assert out["stdout"] == "" and AWS_SECRET not in json.dumps(out)
         report = json.loads(out["report"])
         assert not any(c["path"].endswith("after") for c in report.get("changes", [])), report
+
+
+BIND_RUN = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import caper
+out = caper.run(sys.argv[2], cwd=sys.argv[3], workspace=sys.argv[3], approver="block",
+                env={"PATH": "/usr/bin:/bin", "HOME": sys.argv[4]}, state_dir=sys.argv[5])
+print(json.dumps({"reason": out.reason, "changes": [c.path for c in out.report.all_changes]}))
+"""
+
+
+def test_a_credential_reached_through_a_bind_mount_stops_the_run(repo, home, tmp_path):
+    """~/.aws bound at another path: the mount table says what it shows
+    (protected_for's translations), and the tracer asks that name too. The
+    bind is made in a mount namespace of the test's own, never the host's."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    alias = tmp_path / "elsewhere"
+    alias.mkdir()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = (f"mount --bind {shlex.quote(str(home / '.aws'))} {shlex.quote(str(alias))} && "
+              + shlex.join([sys.executable, "-P", "-c", BIND_RUN, root,
+                            f"cat {alias}/credentials; touch after", str(repo), str(home),
+                            str(tmp_path / "state")]))
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert STOPPED in out["reason"] and "(aws-credentials)" in out["reason"], out
+    assert not any(c.endswith("after") for c in out["changes"]) and AWS_SECRET not in p.stdout
