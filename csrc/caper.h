@@ -209,8 +209,8 @@ struct caper_endpoint {
  * absolute path: a backslash quotes the next character, '*' is any run of
  * characters but '/', '?' one such character, '**' any run at all, and '**'
  * followed by '/' is also no directory at all. rooted[i]: globs[i] names a
- * fixed place (a home's, an absolute one), so a directory on its way holds what it names: moving or linking that
- * directory is reaching it. */
+ * fixed place (a home's, an absolute one), so a directory on its way holds
+ * what it names: moving or linking that directory is reaching it. */
 struct caper_credentials {
     const char *const *globs;
     const uint8_t *rooted;

@@ -56,9 +56,10 @@ class CredentialStop:
     """The credentials a run is stopped at, at its first access (caper.h:
     caper_credentials). globs: (glob, rooted), the tracer's candidates, with
     below_home's globs below any of homes' at least every name reaches answers
-    for; translations: (mount point, the path it shows); reaches(name, below): the (path, kind) of the credential a call
-    reaching name would reach (below: a link or rename, which reaches what is
-    below it too), or None. The first answer is kept in `reached`."""
+    for; translations: (mount point, the path it shows); reaches(name,
+    below): the (path, kind) of the credential a call reaching name would
+    reach (below: a link or rename, which reaches what is below it too), or
+    None. The first answer is kept in `reached`."""
 
     def __init__(self, globs: Sequence[tuple[str, bool]],
                  translations: Sequence[tuple[str, str]],
