@@ -295,7 +295,10 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                                     config_file=config_file,
                                     xdg_config_home=(os.environ if env is None else env).get(
                                         "XDG_CONFIG_HOME", ""))
-            stopped = stop.reached if stop and result.end == End.CREDENTIAL else None
+            # (reached is None where the tracer stopped without asking: a shared
+            # descriptor table, caper.h's stop_at)
+            stopped = (stop.reached or ("", "credential")) \
+                if stop and result.end == End.CREDENTIAL else None
             decision = (Decision("block", f"stopped at a credential read ({stopped[1]}) before "
                                  "the command got it: the approver blocks every run that reads "
                                  "a credential, so the rest of it was not run and nothing was "

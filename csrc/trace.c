@@ -69,6 +69,9 @@ struct pending {
      * with "#!"). */
     uint8_t src_known, src_script;
     uint64_t resolve; /* openat2: its RESOLVE_* flags as read at the stop */
+    /* stop_at: what an open's name led to at its stop, asked there and let
+     * through (checked[0] == 0: nothing, or not asked) */
+    char checked[CAPER_PATH_MAX];
     dev_t src_dev;
     ino_t src_ino;
 };
@@ -772,8 +775,26 @@ static int reaches_credential(struct tracer *t, struct proc *p, struct pending *
             pd->ev.n[2] = (size_t)n;
             return 1;
         }
+        if (h->kind == CAPER_EV_OPEN)
+            memcpy(pd->checked, real, (size_t)n + 1);
     }
     return 0;
+}
+
+/* At an open's exit: whether what it opened (string 3) stops the run. What
+ * its stop let through already is let through (the name led there then
+ * too); anything else was reached by a name rewritten or a file made after
+ * that stop. The descriptor is in the process's table now: where another
+ * task shares that table (CLONE_FILES), which could read from it while
+ * Python is asked, a candidate stops the run without asking. */
+static int opened_credential(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    const char *what = pd->ev.s[2];
+    if (!what || (pd->checked[0] && strcmp(pd->checked, what) == 0))
+        return 0;
+    if (p->shares_files)
+        return caper_credential_candidate(t->c->stop_at, what, 0);
+    return credential_stop(t->c->stop_at, what, 0);
 }
 
 /* The run ends here: this call's event says where (refused, with err), and
@@ -852,6 +873,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     pd->dest.len = 0;
     pd->dest_bad = pd->quiet = pd->noise = pd->src_known = 0;
     pd->resolve = 0;
+    pd->checked[0] = '\0';
     struct caper_event *h = &pd->ev.h;
     h->sysno = s->nr;
     h->arch = si.arch;
@@ -1112,9 +1134,9 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
             pd->ev.s[2] = pd->s[2];
         }
     }
-    if (t->c->stop_at && pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && pd->ev.s[2] &&
+    if (t->c->stop_at && pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 &&
         ((pd->ev.h.flags & O_ACCMODE) != O_WRONLY || (pd->ev.h.flags & O_PATH)) &&
-        credential_stop(t->c->stop_at, pd->ev.s[2], 0)) {
+        opened_credential(t, p, pd)) {
         /* Opened, not yet returned: the descriptor dies with the process. */
         stop_run(t, p, pd, rv);
         return;
