@@ -20,19 +20,20 @@ from caper.errors import (
 )
 from caper.fs import mountinfo
 from caper.held import hold
-from caper.judge import ApprovalRequest, Approver, Decision, get_approver, resolve_unsure
+from caper.judge import (ApprovalRequest, Approver, Decision, blocks_every_credential_read,
+                         get_approver, resolve_unsure)
 from caper.judge.session import TAINT_KIND, open_sessions
 from caper.report.build import Report, RunFacts, build, notes
 from caper.report.content import RunTree
-from caper.report.secrets import ProtectedPattern, default_patterns, protected_for
-from caper.report.stores import stores
+from caper.report.secrets import Protected, ProtectedPattern, default_patterns, protected_for
+from caper.report.stores import GIT_CONFIG, stores
 from caper.report.workspace import find_workspace
 from caper.request import RunRequest
 from caper.sandbox.events import End, Output, RunResult
 from caper.sandbox.inherit import Caller
 from caper.sandbox.limits import DEFAULT_MAX_MEMORY, DiskGuard
 from caper.sandbox.netproxy import NetRecord, Proxy
-from caper.sandbox.trace import trace
+from caper.sandbox.trace import CredentialStop, trace
 from caper.state import KEPT_S, known_state_dirs, state_dir as checked_state_dir, workspace_lock
 from caper.upkeep import tidy
 from caper.view.btrfs import BtrfsConflict, BtrfsSnapshot, is_subvolume
@@ -243,6 +244,14 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
         protected = protected_for(default_patterns() + tuple(config.protected_patterns())
                                   + tainted + own_config + by_content, home, workspace,
                                   entries)
+        roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
+        roots += [(workspace, bsnap.path)] if bsnap else []
+        tree = RunTree.of(roots)
+        # Where the verdict on a credential read is a block already, the run
+        # ends at that read: nothing after it (the call's time, the page
+        # cache, bytes through an allowed host) can carry the value out.
+        stop = _credential_stop(protected, tree) \
+            if blocks_every_credential_read(judge, config.on_unsure) else None
         try:
             t = time.perf_counter()
             proxy = Proxy(allow, credentials=protected) \
@@ -254,7 +263,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                            new_root=snap.stage, not_before_ns=snap.not_before_ns,
                            disk_guard=DiskGuard.for_state_dir(state_dir),
                            max_memory=request.max_memory, proxy=proxy.start() if proxy else None,
-                           **config.limits.trace_kwargs())
+                           stop_at=stop, **config.limits.trace_kwargs())
                 events, result = tr.run()
             finally:
                 net = proxy.close() if proxy else NetRecord()
@@ -266,13 +275,11 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
             timings["run_ms"] = (time.perf_counter() - t) * 1000
 
             t = time.perf_counter()
-            roots = [(layer.mount_point, layer.upper) for layer in snap.layers]
-            roots += [(workspace, bsnap.path)] if bsnap else []
             try:
                 report = build(RunFacts(
                     command=text, events=events, result=result,
                     changes=changes + workspace_changes, workspace=workspace,
-                    tree=RunTree.of(roots), home=home, protected=protected,
+                    tree=tree, home=home, protected=protected,
                     backend="btrfs" if bsnap else "overlay", held=tuple(snap.held),
                     aliases=tuple(snap.aliases), net=net))
             except CaperError:
@@ -288,7 +295,19 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                                     config_file=config_file,
                                     xdg_config_home=(os.environ if env is None else env).get(
                                         "XDG_CONFIG_HOME", ""))
-            decision = (Decision("block", f"the run's changes cannot be committed: {unplanned}",
+            # (reached is None where the tracer stopped without asking: a shared
+            # descriptor table, caper.h's stop_at)
+            stopped = (stop.reached or ("", "credential")) \
+                if stop and result.end == End.CREDENTIAL else None
+            decision = (Decision("block", f"stopped at a credential read ({stopped[1]}) before "
+                                 "the command got it: the approver blocks every run that reads "
+                                 "a credential, so the rest of it was not run and nothing was "
+                                 "committed. Boundary: credentials. Safer: leave credential "
+                                 "files to the tools that read them where they run, outside "
+                                 "commands caper judges", approver="caper",
+                                 boundary="credentials")
+                        if stopped else
+                        Decision("block", f"the run's changes cannot be committed: {unplanned}",
                                  approver="caper") if unplanned else
                         Decision("block", report.late, approver="caper") if report.late else
                         _decide(judge, asked, result, config.on_unsure))
@@ -350,7 +369,8 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
             # report shows, its secrets redacted, at every front door.
             stdout, stderr = (result.stdout, result.stderr) if committed else \
                 (report.redacted_output("stdout"), report.redacted_output("stderr"))
-            if not committed and report.read_credentials:
+            sealed = not committed and (bool(report.read_credentials) or stopped is not None)
+            if sealed:
                 # Redaction is verbatim: once a credential was read, an encoded
                 # copy can be in any byte, name, size or time the run chose. A
                 # committed run returns its output as it was: its approver saw
@@ -364,7 +384,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                               confidence=decision.confidence, boundary=decision.boundary,
                               ask=decision.ask, steps=decision.steps, held=held,
                               notes=set_aside + notes(report) + commit_notes,
-                              withheld=not committed and bool(report.read_credentials))
+                              withheld=sealed)
         finally:
             if kept == snap.scratch:
                 snap.keep()
@@ -374,6 +394,21 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                 bsnap.keep()
             elif bsnap:   # the old workspace after a swap, else the unused snapshot
                 later(bsnap.finish if bsnap.swapped else bsnap.discard)
+
+
+def _credential_stop(protected: Protected, tree: RunTree) -> CredentialStop:
+    """The tracer's stop at the credentials the report counts as read:
+    protected's, but a file of settings only (no value to carry, not a
+    credential read to the policy) and git's configuration (git reads its
+    own at every command; the report counts only other readers, whom the
+    tracer cannot tell apart here: judged after the run, as before)."""
+    def reaches(name: str, below: bool) -> "tuple[str, str] | None":
+        hit = protected.reached(name, below)
+        if hit is None or hit[1] == GIT_CONFIG or (not below and tree.settings_only(hit[0])):
+            return None
+        return hit
+    return CredentialStop(protected.stop_globs, protected.translations, reaches,
+                          protected.stop_homes, protected.stop_below_home)
 
 
 def _work_dirs(workspace: str | None, home: str | None, env: Mapping[str, str]) -> list[str]:

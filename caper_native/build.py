@@ -16,7 +16,8 @@ from cffi import FFI
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
 SOURCES = ["run.c", "ns.c", "mount.c", "seccomp.c", "sysent.c", "trace.c", "emit.c",
-           "paths.c", "output.c", "unixsock.c", "names.c"]
+           "paths.c", "output.c", "unixsock.c", "names.c",
+           "credstop.c"]
 
 
 

@@ -77,8 +77,11 @@ enum caper_end {
     CAPER_END_TRACE_FAILED = 7, /* the tracer lost control; the sandbox was killed */
     CAPER_END_MEMORY_LIMIT = 8, /* set by Python: the memory cgroup killed a process */
     CAPER_END_DISK_LIMIT   = 9, /* the upper layers' filesystem ran low; the sandbox was killed */
-    CAPER_END_EVENT_LIMIT  = 10 /* the run cost caper more events or bytes than max_events or
+    CAPER_END_EVENT_LIMIT  = 10, /* the run cost caper more events or bytes than max_events or
                                    max_event_bytes; the sandbox was killed */
+    CAPER_END_CREDENTIAL   = 11 /* a call would have given the command a credential
+                                   (caper_config.stop_at): the sandbox was killed with
+                                   the caller stopped in that call, before it returned */
 };
 
 /* Where a failure happened (caper_result.step). Python maps each to an exception. */
@@ -199,6 +202,35 @@ struct caper_endpoint {
     uint32_t datagram;           /* 1: UDP (caper's DNS); 0: a TCP listener */
     uint32_t on_lo;              /* 1: addr/32 is first added to lo (it is not in 127/8) */
 };
+/* Credential locations a run is stopped at (caper_config.stop_at), compiled by
+ * Python (caper/report/secrets.py: Protected.stop_globs). The tracer only finds
+ * candidates: a name that matches one of globs (or does after one translation)
+ * is handed to check, which decides. A glob is matched against the whole
+ * absolute path: a backslash quotes the next character, '*' is any run of
+ * characters but '/', '?' one such character, '**' any run at all, and '**'
+ * followed by '/' is also no directory at all. rooted[i]: globs[i] names a
+ * fixed place (a home's, an absolute one), so a directory on its way holds
+ * what it names: moving or linking that directory is reaching it. */
+struct caper_credentials {
+    const char *const *globs;
+    const uint8_t *rooted;
+    uint32_t n_globs;
+    uint32_t n_translations;
+    const char *const *translations; /* pairs: a mount point, the path it shows (the
+                                        longest first; the first that holds is used) */
+    /* Globs below a home (each starts with '/', all rooted), matched after
+     * any of homes (globs of home directories) matches a leading part. */
+    const char *const *homes;
+    const char *const *home_globs;
+    uint32_t n_homes;
+    uint32_t n_home_globs;
+    /* 1: stop the run. name: the path a call would reach, as the host prints it;
+     * below: 1 if it is a directory (or a file) a link or rename would give a new
+     * name, so what lies below it counts too. Called in the tracer's thread while
+     * the calling process waits in its stop. */
+    int (*check)(const char *name, uint32_t below);
+};
+
 struct caper_config {
     const char *const *argv;     /* NULL terminated; argv[0] is looked up in PATH */
     const char *const *envp;     /* NULL terminated */
@@ -235,6 +267,10 @@ struct caper_config {
                                     endpoint, in order, then its /proc/net/tcp and udp */
     const struct caper_endpoint *endpoints;
     uint32_t n_endpoints;        /* at most CAPER_MAX_ENDPOINTS */
+    const struct caper_credentials *stop_at; /* NULL: never stop at a credential; else
+                                    an open for reading (O_PATH too), a link or a
+                                    rename that would reach one ends the run
+                                    (CAPER_END_CREDENTIAL) in that call */
 };
 
 /* Held output of one stream: the first head_len bytes, the last tail_len bytes
@@ -312,6 +348,12 @@ int caper_can_remount_tree(void);
 /* Wait, in the thread that called caper_run, for the init it left exiting
  * (result.reap_pid). 0, or -errno. */
 int caper_reap(int32_t pid);
+
+/* Whether path is a candidate of set (one of its globs matches it, after the
+ * first translation that holds if none does); below: or it is a directory on
+ * the way of a rooted glob. 1 or 0. (The tracer's matcher, for tests.) */
+int caper_credential_candidate(const struct caper_credentials *set, const char *path,
+                               uint32_t below);
 
 /* Free the output buffers of a result. */
 void caper_result_free(struct caper_result *result);

@@ -245,6 +245,8 @@ int tracee_start(pid_t tid, int dirfd);
 /* The path of the object tracee_open finds, with every symlink resolved, as
  * the host prints it (for a pivoted sandbox: its own view). Length, or -1
  * with errno set (ENOENT: the name does not exist; EACCES: unsafe to find). */
+/* credstop.c: 1 if the set's check says a call reaching name stops the run. */
+int credential_stop(const struct caper_credentials *set, const char *name, int below);
 ssize_t tracee_real_path(pid_t tid, int dirfd, const char *raw, int follow, char *out, size_t cap);
 /* 1 if the object fd is on a mount of tid's mount namespace. */
 int in_mount_ns_of(pid_t tid, int fd);

@@ -68,6 +68,10 @@ struct pending {
     /* exec: the program checked (src_known 0: none; src_script: it starts
      * with "#!"). */
     uint8_t src_known, src_script;
+    uint64_t resolve; /* openat2: its RESOLVE_* flags as read at the stop */
+    /* stop_at: what an open's name led to at its stop, asked there and let
+     * through (checked[0] == 0: nothing, or not asked) */
+    char checked[CAPER_PATH_MAX];
     dev_t src_dev;
     ino_t src_ino;
 };
@@ -77,6 +81,7 @@ struct proc {
     pid_t tid, ppid;
     uint8_t attached, announced, held, is_init, is_command, in_call;
     uint8_t shares_files;  /* its descriptor table is another task's too (CLONE_FILES) */
+    uint8_t frozen;        /* it stopped the run in a call: never resumed, it dies there */
     uint64_t falloc;     /* bytes granted to the fallocate() it is in, until its exit */
     char *cwd;
     struct pending *pend;
@@ -150,6 +155,8 @@ static void kill_sandbox(struct tracer *t, uint32_t end)
 
 static void resume(struct proc *p, int sig)
 {
+    if (p->frozen)
+        return;
     ptrace(p->in_call || p->falloc ? PT_SYSCALL : PT_CONT, p->tid, 0, sig);
 }
 
@@ -722,6 +729,94 @@ static void act_on_names(struct tracer *t, struct proc *p, struct pending *pd)
     deny(p->tid, (int)-r);
 }
 
+/* ---- stopping at a credential (caper_config.stop_at) ------------------------ */
+
+/* Whether an open (for reading: O_PATH too, whose descriptor reopens through
+ * /proc), a link or a rename about to run would reach a credential: by the
+ * name as written and resolved, and by the object the name leads to inside
+ * the sandbox (symlinks, /proc/self/root, a bind). openat2's RESOLVE_IN_ROOT
+ * and RESOLVE_BENEATH read an absolute name below dirfd: asked that way too.
+ * The kernel reads the name again after this stop; the exit stop asks what was
+ * opened (stopped_at_exit), for a name another thread rewrote meanwhile. */
+static int reaches_credential(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    const struct caper_credentials *set = t->c->stop_at;
+    struct caper_event *h = &pd->ev.h;
+    int below = h->kind == CAPER_EV_LINK || h->kind == CAPER_EV_RENAME;
+    if (h->kind == CAPER_EV_OPEN) {
+        if ((h->flags & O_ACCMODE) == O_WRONLY && !(h->flags & O_PATH))
+            return 0;
+    } else if (!below) {
+        return 0;
+    }
+    int follow = h->kind == CAPER_EV_OPEN ? !(h->flags & O_NOFOLLOW) && !(h->flags & O_EXCL)
+                                          : h->kind == CAPER_EV_LINK &&
+                                            (h->flags & AT_SYMLINK_FOLLOW);
+    int exchange = h->kind == CAPER_EV_RENAME && (h->flags & RENAME_EXCHANGE);
+    char real[CAPER_PATH_MAX];
+    for (int i = 0; i < (exchange ? 2 : 1); i++) {
+        if (!pd->ev.s[i])
+            continue;               /* unreadable: the kernel cannot read it either */
+        const char *raw = pd->raw[i];
+        if (h->kind == CAPER_EV_OPEN && (pd->resolve & (RESOLVE_IN_ROOT | RESOLVE_BENEATH)))
+            while (*raw == '/')
+                raw++;
+        /* Only a name that leads to something: a call on a missing one fails
+         * (ENOENT from ~/.npmrc at every npm start), and reaches nothing. */
+        ssize_t n = tracee_real_path(p->tid, pd->dirfd[i], raw, follow, real, sizeof real);
+        if (n <= 0)
+            continue;
+        if (credential_stop(set, pd->ev.s[i], below))
+            return 1;
+        if (credential_stop(set, real, below)) {
+            /* the event names what the call would have reached (string 3) */
+            memcpy(pd->s[2], real, (size_t)n + 1);
+            pd->ev.s[2] = pd->s[2];
+            pd->ev.n[2] = (size_t)n;
+            return 1;
+        }
+        if (h->kind == CAPER_EV_OPEN)
+            memcpy(pd->checked, real, (size_t)n + 1);
+    }
+    return 0;
+}
+
+/* At an open's exit: whether what it opened (string 3) stops the run. What
+ * its stop let through already is let through (the name led there then
+ * too); anything else was reached by a name rewritten or a file made after
+ * that stop. The descriptor is in the process's table now: where another
+ * task shares that table (CLONE_FILES), which could read from it while
+ * Python is asked, a candidate stops the run without asking. */
+static int opened_credential(struct tracer *t, struct proc *p, struct pending *pd)
+{
+    const char *what = pd->ev.s[2];
+    if (!what || (pd->checked[0] && strcmp(pd->checked, what) == 0))
+        return 0;
+    if (p->shares_files)
+        return caper_credential_candidate(t->c->stop_at, what, 0);
+    return credential_stop(t->c->stop_at, what, 0);
+}
+
+/* The run ends here: this call's event says where (refused, with err), and
+ * every process of the sandbox is killed now, each by itself, before this one
+ * (its parent, woken by its death, must not go on to act on it); this one
+ * stays in its stop until it dies (the kernel skips a call whose caller is
+ * killed at its seccomp stop, and an exit stop never returns to the process).
+ * A child too new to be in the table dies at its first stop (trace_loop). */
+static void stop_run(struct tracer *t, struct proc *p, struct pending *pd, int64_t err)
+{
+    pd->ev.h.info |= CAPER_INFO_REFUSED;
+    pd->ev.h.result = err;
+    emit_folded(t, p, &pd->ev);
+    p->frozen = 1;
+    for (int i = 0; i < BUCKETS; i++)
+        for (struct proc *q = t->buckets[i]; q; q = q->next)
+            if (q != p)
+                kill(q->tid, SIGKILL);
+    kill(p->tid, SIGKILL);
+    kill_sandbox(t, CAPER_END_CREDENTIAL);
+}
+
 static void on_seccomp(struct tracer *t, struct proc *p)
 {
     struct ptrace_syscall_info si;
@@ -777,6 +872,8 @@ static void on_seccomp(struct tracer *t, struct proc *p)
     pd->dest.raw = NULL;
     pd->dest.len = 0;
     pd->dest_bad = pd->quiet = pd->noise = pd->src_known = 0;
+    pd->resolve = 0;
+    pd->checked[0] = '\0';
     struct caper_event *h = &pd->ev.h;
     h->sysno = s->nr;
     h->arch = si.arch;
@@ -810,6 +907,7 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         if (tracee_read(p->tid, a[2], &how, sizeof how) >= 0) {
             h->flags = (uint32_t)how.flags;
             h->mode = (uint32_t)how.mode;
+            pd->resolve = how.resolve;
         } else {
             h->info |= CAPER_INFO_UNREADABLE;
         }
@@ -884,6 +982,10 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         break;
     }
 
+    if (t->c->stop_at && reaches_credential(t, p, pd)) {
+        stop_run(t, p, pd, -EACCES);
+        return;
+    }
     if (t->c->n_noise && !t->noise_off && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
         (s->kind == CAPER_EV_RENAME || s->kind == CAPER_EV_LINK || s->kind == CAPER_EV_SYMLINK ||
          s->kind == CAPER_EV_UNLINK || s->kind == CAPER_EV_RMDIR || s->kind == CAPER_EV_MKDIR ||
@@ -1031,6 +1133,13 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
             pd->ev.n[2] = (size_t)n;
             pd->ev.s[2] = pd->s[2];
         }
+    }
+    if (t->c->stop_at && pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 &&
+        ((pd->ev.h.flags & O_ACCMODE) != O_WRONLY || (pd->ev.h.flags & O_PATH)) &&
+        opened_credential(t, p, pd)) {
+        /* Opened, not yet returned: the descriptor dies with the process. */
+        stop_run(t, p, pd, rv);
+        return;
     }
     if (pd->noise) {
         /* Noise only if nothing was opened, or what was is noise too. */
@@ -1362,6 +1471,11 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
         }
         if (!WIFSTOPPED(st))
             continue;
+        if (t.killed && r->end == CAPER_END_CREDENTIAL) {
+            kill(pid, SIGKILL);         /* stopped at a credential: nothing acts any more */
+            p->frozen = 1;
+            continue;
+        }
         int sig = WSTOPSIG(st), event = (unsigned)st >> 16;
         if (sig == (SIGTRAP | 0x80)) {
             on_syscall_exit(&t, p);

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from caper.report.build import WITHHELD
-from helpers.report import AWS_SECRET, go
+from helpers.report import AWS_SECRET, JUDGED_AFTER, go
 from helpers.gate import stop_gate
 
 APPROVER_KEY = "sk-proj-Abc123ApproverKey-77e1d"
@@ -112,7 +112,7 @@ def _leaks(text: str) -> list[str]:
 
 def test_a_blocked_run_that_read_a_credential_gives_back_no_output_and_no_chosen_name(
         repo, tmp_path, home):
-    out = go(ENCODE, repo, tmp_path, home=home)
+    out = go(ENCODE, repo, tmp_path, home=home, **JUDGED_AFTER)
     assert not out.committed and out.report.read_credentials == ["aws-credentials"]
     agent_sees = out.card() + json.dumps(out.to_json()) + out.agent_reason
     assert _leaks(agent_sees) == [], agent_sees
@@ -139,7 +139,7 @@ CHOSEN = ("cat ~/.aws/credentials >/dev/null; mkdir -p gen/x; "
 
 
 def test_a_sealed_report_carries_no_name_or_number_the_run_chose(repo, tmp_path, home):
-    out = go(CHOSEN, repo, tmp_path, home=home)
+    out = go(CHOSEN, repo, tmp_path, home=home, **JUDGED_AFTER)
     full = out.report
     assert not out.committed and out.withheld
     approver_sees = full.card()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.gate import stop_gate
-from helpers.report import AWS_SECRET, SECRET, go
+from helpers.report import AWS_SECRET, JUDGED_AFTER, SECRET, go
 from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
 from helpers.trees import git
 
@@ -77,7 +77,8 @@ def test_a_credential_read_by_another_name_is_reported_and_redacted(repo, tmp_pa
     setup, name, cred = ROUTES[route]
     name = name.format(repo=repo, home=key_home)
     (repo / "exfil.py").write_text(EXFIL)
-    r = go(f"{setup} && {PY} exfil.py '{name}'", repo, tmp_path, home=key_home).report
+    r = go(f"{setup} && {PY} exfil.py '{name}'", repo, tmp_path, home=key_home,
+           **JUDGED_AFTER).report
     kind = "dotenv" if ".env" in setup + name else "ssh-private-key"
     assert (cred, kind) in [(p.path, p.kind.removeprefix("copied:"))
                             for p in r.protected_reads], r.card()
@@ -90,7 +91,7 @@ def test_a_credential_read_by_another_name_is_reported_and_redacted(repo, tmp_pa
 
 def test_the_report_says_which_name_led_to_the_credential(repo, tmp_path, key_home):
     r = go('ln -s "$PWD/.env" /tmp/e && cat /tmp/e && ln .env h', repo, tmp_path,
-           home=key_home).report
+           home=key_home, **JUDGED_AFTER).report
     reads = {(p.path, p.op, p.via) for p in r.protected_reads}
     assert (".env", "open", "/tmp/e") in reads and (".env", "link", "h") in reads, reads
     assert 'credential read: ".env" (dotenv) as "/tmp/e"' in r.card() or \
@@ -108,7 +109,7 @@ def test_a_blocked_runs_outcome_carries_only_the_redacted_output(repo, tmp_path)
     report's own copy is redacted whole, both ends of a long one too; not
     even the sizes are given (round 5: 2^h bytes carried h)."""
     out = go("cat .env; cat .env >&2; head -c 300000 /dev/zero | tr '\\0' a; cat .env",
-             repo, tmp_path)
+             repo, tmp_path, **JUDGED_AFTER)
     assert not out.committed and out.withheld
     for name in ("stdout", "stderr"):
         text = out.report.redacted_output(name).text().decode()
@@ -156,7 +157,7 @@ def test_the_policy_blocks_a_credential_read_by_another_name_then_sent(repo, tmp
     setup, name, _ = ROUTES.get(route, ("true", ".env", ".env"))
     (repo / "exfil.py").write_text(EXFIL)
     out = go(f"{setup} && {PY} exfil.py '{name.format(repo=repo, home=key_home)}'", repo, tmp_path,
-             home=key_home, approver="policy")
+             home=key_home, **JUDGED_AFTER)
     assert out.decision == "block" and "credentials leaving" in out.reason, out.reason
     assert SECRET not in out.reason and SECRET not in out.stdout.text().decode()
 
@@ -218,7 +219,7 @@ def test_a_credential_name_changed_after_the_tracers_look_is_still_a_credential_
     Before, the run returned the secret in every try."""
     prog = cfixture(fixture, "-pthread")
     cred = os.path.relpath(home / ".aws" / "credentials", repo)   # shorter than the decoy
-    out = go(f"{prog} {cred}", repo, tmp_path, home)
+    out = go(f"{prog} {cred}", repo, tmp_path, home, **JUDGED_AFTER)
     assert out.exit_code == 0, out.report.card()
     assert any(r.kind == "aws-credentials" for r in out.report.protected_reads), \
         out.report.protected_reads
@@ -303,7 +304,7 @@ def test_a_credential_directory_moved_through_a_symlinked_name_is_a_credential_r
     read and a blocked run returned the key. Moving a directory that holds
     credentials (Protected.held_below) is a read of them, wherever it goes."""
     out = go("mkdir ~/dd && ln -s ~/dd ~/L && mv ~/.ssh ~/L/s && rev ~/dd/s/id_ed25519",
-             repo, tmp_path, home=key_home, approver="policy")
+             repo, tmp_path, home=key_home, **JUDGED_AFTER)
     assert "ssh-private-key" in out.report.read_credentials, out.report.card()
     assert not out.committed and out.withheld
     assert SSH_SECRET[::-1] not in out.card() + out.stdout.text().decode()

@@ -17,6 +17,8 @@ def test_demo_blocks_a_and_c_and_builds_b():
     a, b, c = p.stdout.split("\n=== ")[1:4]
     assert "verdict: BLOCKED" in a and 'deleted dir "src" [tracked]' in a and '".git"' in a
     assert "verdict: ALLOWED and committed" in b
-    assert "verdict: BLOCKED" in c and "credentials leaving" in c and "sk_live" not in c
+    # auto with no LLM blocks every credential read: the run stops at the read of .env
+    assert "verdict: BLOCKED" in c and "stopped at a credential read (dotenv)" in c \
+        and "sk_live" not in c
     assert "A: src/ still there, .git/ still there" in p.stdout
     assert "B: build/app rebuilt, prints: 2 + 3 = 5" in p.stdout

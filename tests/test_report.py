@@ -22,7 +22,7 @@ from caper.errors import ConfigError, ReportError
 from caper.report.build import CAP_BYTES, Report, build
 from helpers.facts import Recording
 from helpers.trees import git, git_project, tree
-from helpers.report import AWS_SECRET, SECRET, go
+from helpers.report import AWS_SECRET, JUDGED_AFTER, SECRET, go
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_env_read_then_connect_shows_the_read_as_provenance(repo, tmp_path):
               "except OSError: pass\n"
               "print(data)\n")
     (repo / "exfil.py").write_text(script)
-    r = go(f"{sys.executable} exfil.py", repo, tmp_path).report
+    r = go(f"{sys.executable} exfil.py", repo, tmp_path, **JUDGED_AFTER).report
     net = {(n.call, n.protocol, n.port): n for n in r.network}
     tcp, udp = net[("connect", "tcp", 443)], net[("sendto", "udp", 53)]
     for n in (tcp, udp):
@@ -81,7 +81,7 @@ def test_env_read_then_connect_shows_the_read_as_provenance(repo, tmp_path):
 
 def test_protected_read_is_recorded_even_when_nothing_else_happens(repo, tmp_path, home):
     r = go("cat ~/.aws/credentials > /dev/null; head -c1 ~/.ssh/id_ed25519 || true",
-           repo, tmp_path, home=home).report
+           repo, tmp_path, home=home, **JUDGED_AFTER).report
     reads = {(p.path, p.kind, p.result) for p in r.protected_reads}
     assert ("~/.aws/credentials", "aws-credentials", None) in reads
     assert ("~/.ssh/id_ed25519", "ssh-private-key", "ENOENT") in reads   # the attempt counts
@@ -159,7 +159,7 @@ def test_no_diff_line_of_any_file_shows_a_secret_of_its_old_or_new_version(repo,
 
 def test_secret_copied_into_a_written_file_is_evidence_and_redacted(repo, tmp_path, home):
     r = go("cp ~/.aws/credentials leaked.txt; echo hi >> src/m1.c", repo, tmp_path,
-           home=home).report
+           home=home, **JUDGED_AFTER).report
     leak = next(c for c in r.changes if c.path == "leaked.txt")
     assert leak.op == "created" and leak.secrets == ["aws-credentials"]   # the file's values
     assert r.changes[0].path == "leaked.txt"      # the most severe change comes first
@@ -442,7 +442,7 @@ def test_a_system_write_comes_first(repo, tmp_path):
 
 def test_a_write_outside_after_reading_a_credential_carries_the_read(repo, tmp_path, home):
     r = go(f"cp .env ~/stash; {sys.executable} -c 'print(1)' --token={SECRET}",
-           repo, tmp_path, home=home).report
+           repo, tmp_path, home=home, **JUDGED_AFTER).report
     stash = next(c for c in r.changes if c.path == "~/stash")
     assert stash.where == "home" and stash.read_before == [".env"]
     assert stash.secrets == ["dotenv"]

@@ -22,7 +22,8 @@ from caper.judge.policy import PolicyApprover
 from caper.request import APPROVERS
 
 __all__ = ["APPROVERS", "AllowApprover", "ApprovalRequest", "Approver", "AutoApprover",
-           "BlockApprover", "Decision", "get_approver", "resolve_unsure"]
+           "BlockApprover", "Decision", "blocks_every_credential_read", "get_approver",
+           "resolve_unsure"]
 
 
 @dataclass(frozen=True)
@@ -90,3 +91,30 @@ def get_approver(name_or_approver: str | Approver, config: Config | None = None,
                               "model in config.toml, or CAPER_LLM_BASE_URL and CAPER_LLM_MODEL)")
         return llm
     return AutoApprover(PolicyApprover(config.policy), llm, config.on_unsure)
+
+
+def blocks_every_credential_read(judge: Approver, on_unsure: str) -> bool:
+    """Whether judge, with on_unsure applied to its verdict as the run's is
+    (caper.transaction._decide), blocks every run that read a credential
+    whatever else it did: then the run is stopped at that read (the tracer's
+    stop_at), and nothing the command does after it can carry the value out.
+
+    | judge                    | on_unsure     | a credential read     |
+    |--------------------------|---------------|-----------------------|
+    | block                    | any           | blocked: stop         |
+    | allow                    | any           | committed             |
+    | llm, or auto with an LLM | any           | the LLM decides       |
+    | policy, auto without LLM | block         | unsure -> block: stop |
+    | policy, auto without LLM | allow, ask    | allowed, or a human   |
+    | any other (the API's)    | any           | unknown               |
+
+    The policy's verdict on a credential read is at least unsure
+    (_Judge.transformed), and no finding turns unsure into allow. A file of
+    settings only is no credential read to the policy: the stop's check
+    skips those (caper.transaction._credential_stop)."""
+    if isinstance(judge, BlockApprover):
+        return True
+    if isinstance(judge, AutoApprover):
+        return judge.llm is None and isinstance(judge.policy, PolicyApprover) and \
+            judge.on_unsure == "block" and on_unsure == "block"
+    return isinstance(judge, PolicyApprover) and on_unsure == "block"

@@ -40,7 +40,7 @@ from caper.report import gitstate
 from caper.report.content import MAX_DIFF_BYTES, FileDetail, RunTree, inspect, read_blob
 from caper.display import quote
 from caper.sandbox.aliases import Aliases
-from caper.sandbox.events import Event, Family, Info, Kind, Output, Refusal, RunResult
+from caper.sandbox.events import End, Event, Family, Info, Kind, Output, Refusal, RunResult
 from caper.sandbox.netdns import DnsQuery
 from caper.sandbox.netproxy import NetRecord, ProxyRequest
 from caper.fs.mountinfo import below
@@ -541,6 +541,10 @@ class _Analysis:
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
+        # The call the tracer stopped the run in, at a credential (End.CREDENTIAL).
+        self.stopped_at = next((e.seq for e in reversed(facts.events) if e.info & Info.REFUSED
+                                and e.kind in (Kind.OPEN, Kind.LINK, Kind.RENAME)), None) \
+            if facts.result.end == End.CREDENTIAL else None
         for e in facts.events:
             self._take(e, facts, view)
 
@@ -606,21 +610,12 @@ class _Analysis:
                     self.uncertain["a-process-could-see-the-sandbox"] += 1
         elif k in _WRITE_KINDS and e.ok and e.path:
             self.writers[e.path] = (e.pid, e.seq)
+        elif k in (Kind.RENAME, Kind.LINK) and e.path and e.path2 and self.stopped_at == e.seq:
+            self.linked_credentials(e, facts.protected, p)   # refused: the run ended in it
         elif k in (Kind.RENAME, Kind.LINK, Kind.SYMLINK) and e.ok and e.path2:
             self.writers[e.path2] = (e.pid, e.seq)
             if k != Kind.SYMLINK and e.path:
-                # A credential linked or moved elsewhere (or a directory holding
-                # one) is read by that name from now on: the link or rename
-                # itself counts as reading it. (The tracer made the call from
-                # the names it reports: no other source is possible.)
-                for names in Aliases.sources(e):
-                    # A directory holding one (~/.aws, a home) moves them all,
-                    # whatever the new name resolves to.
-                    cred = self.credential(facts.protected, *names) or next(
-                        filter(None, (facts.protected.held_below(n) for n in names if n)), None)
-                    if cred:
-                        self.protected.append((e, cred[1], cred[0]))
-                        p.reads.append((e.seq, cred[0]))
+                self.linked_credentials(e, facts.protected, p)
                 self.aliases.take(e)
             if k == Kind.RENAME and e.path:
                 self.writers[e.path] = (e.pid, e.seq)
@@ -638,6 +633,20 @@ class _Analysis:
             self.uncertain[CRASHES] += 1
         elif k == Kind.LOST:
             self.uncertain["events-lost"] += max(1, e.arg0)
+
+    def linked_credentials(self, e: Event, protected: Protected, p) -> None:
+        """A credential linked or moved elsewhere (or a directory holding
+        one) is read by that name from now on: the link or rename itself
+        counts as reading it. (The tracer made the call from the names it
+        reports: no other source is possible.)"""
+        for names in Aliases.sources(e):
+            # A directory holding one (~/.aws, a home) moves them all,
+            # whatever the new name resolves to.
+            cred = self.credential(protected, *names) or next(
+                filter(None, (protected.held_below(n) for n in names if n)), None)
+            if cred:
+                self.protected.append((e, cred[1], cred[0]))
+                p.reads.append((e.seq, cred[0]))
 
     def original(self, path: str) -> str:
         return self.aliases.original(path)
@@ -780,7 +789,8 @@ def _build(draft: "_Draft", pinned: frozenset[str]) -> Report:
     report._draft = draft
     report._late = draft.late
     report._read_credentials = sorted(
-        {kind for _, e, kind, _ in draft.protected_reads if e.ok}
+        # the call the run was stopped in counts: the command reached the credential
+        {kind for _, e, kind, _ in draft.protected_reads if e.ok or e.seq == draft.an.stopped_at}
         | {k for ks in (*draft.out_secrets.values(), *draft.secrets.values()) for k in ks})
     return report
 

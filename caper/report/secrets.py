@@ -95,6 +95,12 @@ def _linked_forms(homes: "Sequence[str]", rel: str) -> list[str]:
     the file it names, is a symlink: the target's real path with the rest of
     the pattern."""
     parts = rel.split("/")
+    return ["/".join([real, *parts[i:]]) for real, i in _linked_forms_at(homes, rel)]
+
+
+def _linked_forms_at(homes: "Sequence[str]", rel: str) -> list[tuple[str, int]]:
+    """_linked_forms' (the link's real path, how many parts of rel it stands for)."""
+    parts = rel.split("/")
     out = []
     for home in homes:
         for i in range(1, len(parts) + 1):      # the file itself too (stow's ~/.kube/config)
@@ -104,9 +110,22 @@ def _linked_forms(homes: "Sequence[str]", rel: str) -> list[str]:
             if os.path.islink(head):
                 real = os.path.realpath(head)
                 if real != head:
-                    out.append("/".join([real, *parts[i:]]))
+                    out.append((real, i))
                 break
     return out
+
+
+def _glob_quote(literal: str) -> str:
+    """A path as the tracer's glob of exactly it."""
+    return re.sub(r"([\\*?])", r"\\\1", literal)
+
+
+def _place_glob(place_rx: str) -> str:
+    """A place pattern of home_forms (an escaped path, then "/[^/]+" for a
+    place of homes) as the tracer's glob."""
+    wild = place_rx.endswith("/[^/]+")
+    literal = re.sub(r"\\(.)", r"\1", place_rx[:-len("/[^/]+")] if wild else place_rx)
+    return _glob_quote(literal) + ("/*" if wild else "")
 
 
 def mount_translations(entries) -> tuple[tuple[str, str], ...]:
@@ -161,6 +180,10 @@ class Protected:
         homes, places = forms
         self._homes = homes
         home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX, *places]) + ")"
+        # The same homes as the tracer's globs (caper.h: caper_credentials).
+        home_globs = [*map(_glob_quote, homes), "/root", "/home/*", *map(_place_glob, places)]
+        stop: list[tuple[str, bool]] = []   # (glob, rooted): stop_globs
+        below_home: list[str] = []
         rules: list[tuple[str, str]] = []
         rooted: list[tuple[str, str]] = []   # the ~ and absolute ones, for held_below
         # For held_below: each ~ or absolute pattern's path below its root
@@ -175,6 +198,17 @@ class Protected:
                 self._tails.append(tail)
                 parts = tail.split("/")[:-1]
                 dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+            user_glob = glob.replace("\\", "\\\\")   # the tracer's globs quote with '\\'
+            if glob.startswith("~/") and p.kind:
+                below_home.append(user_glob[1:])
+                stop += [("/".join([real.replace("\\", "\\\\"), *user_glob[2:].split("/")[i:]]),
+                          True) for real, i in _linked_forms_at(homes, glob[2:])]
+            elif glob.startswith("/") and p.kind:
+                stop.append((user_glob, True))
+            elif "/" in glob and p.kind and workspace:
+                stop.append((_glob_quote(workspace.rstrip("/")) + "/" + user_glob, False))
+            elif "/" not in glob and p.kind:
+                stop.append(("**/" + user_glob, False))
             if glob.startswith("~/"):
                 rules.append((home_rx + glob_regex(glob[1:]), p.kind))
                 rooted.append((home_rx + glob_regex(glob[1:]), p.kind))
@@ -197,6 +231,19 @@ class Protected:
                                    f"(?:{home_rx})", re.S)
         self._kinds, self._rx = _alternation(rules)
         self._rooted_kinds, self._rooted_rx = _alternation(rooted)
+        self.stop_globs: tuple[tuple[str, bool], ...] = tuple(dict.fromkeys(stop))
+        self.stop_homes = tuple(dict.fromkeys(home_globs))       # and below each of them:
+        self.stop_below_home = tuple(dict.fromkeys(below_home))  # (caper.h: homes, home_globs)
+        self.translations = self._translations
+
+    def reached(self, name: str, below: bool) -> tuple[str, str] | None:
+        """(path, kind) of the credential a call reaching name reaches: name
+        itself, or with below (a link or rename gives it a new name) one below
+        it; None if none. The tracer's stop asks this (caper.h: check)."""
+        k = self.kind(name)
+        if k:
+            return name, k
+        return self.held_below(name) if below else None
 
     def held_below(self, directory: str) -> tuple[str, str] | None:
         """(path, kind) of a credential location below directory, if it holds

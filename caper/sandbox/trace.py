@@ -17,7 +17,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from caper.sandbox import DEFAULT_TIMEOUT_S
 from caper.sandbox._native import ffi, lib
@@ -50,6 +50,30 @@ DEFAULT_OUTPUT_TAIL = 64 * 1024
 DEFAULT_NOISE_PREFIXES = ("/usr/lib/locale", "/usr/share/locale", "/usr/lib/x86_64-linux-gnu/gconv")
 BASELINE_COMMAND = ("/bin/sh", "-c", "true")
 _SHARED_LIBRARY = re.compile(r"\.so(\.[0-9]+)*$")
+
+
+class CredentialStop:
+    """The credentials a run is stopped at, at its first access (caper.h:
+    caper_credentials). globs: (glob, rooted), the tracer's candidates, with
+    below_home's globs below any of homes' at least every name reaches answers
+    for; translations: (mount point, the path it shows); reaches(name,
+    below): the (path, kind) of the credential a call reaching name would
+    reach (below: a link or rename, which reaches what is below it too), or
+    None. The first answer is kept in `reached`."""
+
+    def __init__(self, globs: Sequence[tuple[str, bool]],
+                 translations: Sequence[tuple[str, str]],
+                 reaches: "Callable[[str, bool], tuple[str, str] | None]",
+                 homes: Sequence[str] = (), below_home: Sequence[str] = ()):
+        self.globs, self.translations, self._reaches = tuple(globs), tuple(translations), reaches
+        self.homes, self.below_home = tuple(homes), tuple(below_home)
+        self.reached: tuple[str, str] | None = None
+
+    def check(self, name: str, below: bool) -> bool:
+        hit = self._reaches(name, below)
+        if hit and self.reached is None:
+            self.reached = hit
+        return hit is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +115,14 @@ class Trace:
                  not_before_ns: int = 0, disk_guard: "DiskGuard | None" = None,
                  shm_size: int = DEFAULT_SHM_SIZE, max_events: int = DEFAULT_MAX_EVENTS,
                  max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
-                 caller: Caller | None = None, proxy: "ProxyEnd | None" = None):
+                 caller: Caller | None = None, proxy: "ProxyEnd | None" = None,
+                 stop_at: "CredentialStop | None" = None):
         """caller: the context the command inherits (caper.sandbox.inherit), where this
         process is not the caller's own; None: this process's. proxy: the way out
         (caper.sandbox.netproxy): its sockets are made in the sandbox's network
-        and handed over, and it sees every event before the caller does."""
+        and handed over, and it sees every event before the caller does.
+        stop_at: the credentials whose first access ends the run in that call
+        (End.CREDENTIAL; what was reached: stop_at.reached)."""
         self._keep: list = []  # cffi objects that must outlive the native call
         self.argv = _argv(command, caller.shell if caller else DEFAULT_SHELL)
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -180,6 +207,7 @@ class Trace:
                 arr[i].on_lo = a >> 24 != 127
             self._keep.append(arr)
             cfg.endpoints, cfg.n_endpoints = arr, len(eps)
+        cfg.stop_at = self._credentials(stop_at) if stop_at is not None else ffi.NULL
         self._proxy = proxy
         self._cfg = cfg
         self._res = ffi.new("struct caper_result *")
@@ -210,6 +238,26 @@ class Trace:
             k.set_groups, k.gid, k.groups, k.n_groups = 1, caller.gid, groups, len(caller.groups)
             self._keep.append(groups)
         self._keep += [k, lims]
+        return k
+
+    def _credentials(self, stop: "CredentialStop"):
+        k = ffi.new("struct caper_credentials *")
+        globs = [os.fsencode(g) for g, _ in stop.globs]
+        k.globs = self._strings(globs)
+        rooted = ffi.new("uint8_t[]", [int(r) for _, r in stop.globs] or [0])
+        k.rooted, k.n_globs = rooted, len(globs)
+        k.translations = self._strings([os.fsencode(x) for pair in stop.translations for x in pair])
+        k.n_translations = len(stop.translations)
+        k.homes = self._strings([os.fsencode(h) for h in stop.homes])
+        k.home_globs = self._strings([os.fsencode(g) for g in stop.below_home])
+        k.n_homes, k.n_home_globs = len(stop.homes), len(stop.below_home)
+
+        def check(name, below) -> int:
+            return stop.check(os.fsdecode(ffi.string(name)), bool(below))
+        # A failure in check stops the run: fail closed.
+        callback = ffi.callback("int(*)(const char *, uint32_t)", check, error=1)
+        k.check = callback
+        self._keep += [k, rooted, callback]
         return k
 
     def _cstr(self, b: bytes):
@@ -320,6 +368,8 @@ class Trace:
                 error = (f"the run made more than {c.max_events} events or "
                          f"{c.max_event_bytes >> 20} MiB of event records, caper's limit of what "
                          "one run may cost it; the sandbox was killed")
+            elif end == End.CREDENTIAL:
+                error = "stopped at a credential read"
             elif end == End.MEMORY_LIMIT:
                 error = (f"the sandbox used more than {self.max_memory >> 20} MiB of memory "
                          "(its cgroup's limit); the process was killed")
