@@ -1471,8 +1471,11 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
         }
         if (!WIFSTOPPED(st))
             continue;
-        if (t.killed && r->end == CAPER_END_CREDENTIAL) {
-            kill(pid, SIGKILL);         /* stopped at a credential: nothing acts any more */
+        if (t.killed && (r->end == CAPER_END_CREDENTIAL || r->end == CAPER_END_EVENT_LIMIT)) {
+            /* Stopped at a credential, or past the event cap: nothing acts, or
+             * costs caper an event, any more (init's death would reach the
+             * others only after the kernel tore its namespace down). */
+            kill(pid, SIGKILL);
             p->frozen = 1;
             continue;
         }
