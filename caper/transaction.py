@@ -245,7 +245,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
                                   entries)
         try:
             t = time.perf_counter()
-            proxy = Proxy(allow, credentials=protected) \
+            proxy = Proxy(allow, credentials=protected, timeout=request.timeout) \
                 if allow else None
             command_env = config.command_env(os.environ if env is None else env)
             try:
