@@ -254,7 +254,7 @@ def _run(request: RunRequest, judge, state_dir: str, history: tuple, config: "Co
             if blocks_every_credential_read(judge, config.on_unsure) else None
         try:
             t = time.perf_counter()
-            proxy = Proxy(allow, credentials=protected) \
+            proxy = Proxy(allow, credentials=protected, timeout=request.timeout) \
                 if allow else None
             command_env = config.command_env(os.environ if env is None else env)
             try:

@@ -24,6 +24,7 @@ import os
 import re
 import selectors
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -241,7 +242,8 @@ class Proxy:
     start() it before the trace, close() it after: the NetRecord."""
 
     def __init__(self, allow: Allowlist, *, credentials: "CredentialPlaces",
-                 port: int = PROXY_PORT, resolv_conf: str | None = None):
+                 port: int = PROXY_PORT, resolv_conf: str | None = None,
+                 timeout: float | None = None):
         if not allow:
             raise ConfigError("a proxy without allowed hosts would refuse everything: run "
                               "without one")
@@ -270,6 +272,14 @@ class Proxy:
         self.requests: list[ProxyRequest] = []
         self._queries: dict[tuple, DnsQuery] = {}
         self._serving: list[threading.Thread] = []
+        # Every socket a connection's thread holds, so that close() can wake
+        # (shut down) whatever one of them waits on: a silent upstream holds nothing.
+        self._open: set[socket.socket] = set()
+        # Upstreams of tunnels cut after a credential read, kept as they were until
+        # the run ends: how and when the run closes its side is not passed on.
+        self._held: list[socket.socket] = []
+        self._timeout = timeout
+        self._deadline = float("inf")
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The variables that send the command's HTTP clients here, over base (the
@@ -291,6 +301,8 @@ class Proxy:
         self._know.emitted = emitted
 
     def start(self) -> "Proxy":
+        if self._timeout is not None:
+            self._deadline = time.monotonic() + self._timeout
         for target, name in ((self._serve, "caper-proxy"), (self._serve_dns, "caper-dns")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -298,10 +310,21 @@ class Proxy:
         return self
 
     def close(self) -> NetRecord:
-        """Stop serving (the sandbox is gone); wait briefly for open connections."""
+        """Stop serving (the sandbox is gone): every connection's sockets are shut
+        down, which ends whatever its thread waits on, and its thread joined."""
         self._stop.set()
+        with self._lock:
+            for s in self._open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass      # not connected (yet): its connect() is bounded
         for t in self._serving + list(self._threads):
-            t.join(10)
+            t.join(CONNECT_TIMEOUT_S)
+        with self._lock:
+            for s in self._held:
+                _reset(s)
+            self._held.clear()
         for s in [self._ours, self._theirs] + [s for s, _ in self._sockets]:
             s.close()
         for fd in self._tables:
@@ -310,6 +333,23 @@ class Proxy:
         self._tables = (-1, -1)
         with self._lock:
             return NetRecord(tuple(self.requests), tuple(self._queries.values()), self._served)
+
+    def _left(self, most: float) -> float:
+        """A blocking call's timeout: most, or what is left of the run's time when
+        less (a little above zero, so that the call fails rather than blocks)."""
+        return max(0.01, min(most, self._deadline - time.monotonic()))
+
+    def _track(self, s: socket.socket) -> socket.socket:
+        with self._lock:
+            if self._stop.is_set():
+                s.close()
+                raise ConnectionAbortedError("the run has ended")
+            self._open.add(s)
+        return s
+
+    def _untrack(self, s: socket.socket) -> None:
+        with self._lock:
+            self._open.discard(s)
 
     # -- serving --------------------------------------------------------------------------
     def _receive_sockets(self) -> None:
@@ -454,7 +494,7 @@ class Proxy:
             ProxyRequest(scheme="tcp", via="route", host=route.host, port=conn.getsockname()[1])
         upstream = None
         try:
-            conn.settimeout(30)
+            self._track(conn).settimeout(self._left(30))
             inode = self._peer_inode(0, peer, conn.getsockname())
             who = self._know.who(inode, ATTRIBUTE_S) if inode else None
             if who:
@@ -478,10 +518,18 @@ class Proxy:
             rec.duration_ms = round((time.monotonic() - t0) * 1000, 1)
             for s in (conn, upstream):
                 if s is not None:
-                    s.close()
+                    self._untrack(s)
+            conn.close()
             with self._lock:
                 self.requests.append(rec)
                 self._active -= 1
+                held = upstream is not None and rec.result == "cut"
+                if held and not self._stop.is_set():
+                    self._held.append(upstream)    # close() resets it
+                elif held:
+                    _reset(upstream)
+            if upstream is not None and not held:
+                upstream.close()
 
     def _asked(self, conn: socket.socket, rec: ProxyRequest) -> bytes | None:
         """A proxy request: what to send upstream first, or None when refused."""
@@ -549,10 +597,17 @@ class Proxy:
             return None
         last: OSError | None = None
         for a in usable:
+            s = self._track(socket.socket(socket.AF_INET6 if ":" in a else socket.AF_INET,
+                                          socket.SOCK_STREAM))
             try:
-                s = socket.create_connection((a, rec.port), CONNECT_TIMEOUT_S)
+                s.settimeout(self._left(CONNECT_TIMEOUT_S))
+                s.connect((a, rec.port))
             except OSError as e:
+                self._untrack(s)
+                s.close()
                 last = e
+                if self._stop.is_set():
+                    break
                 continue
             rec.upstream = f"[{a}]:{rec.port}" if ":" in a else f"{a}:{rec.port}"
             return s
@@ -586,7 +641,10 @@ class Proxy:
     def _relay(self, conn: socket.socket, upstream: socket.socket, first: bytes,
                rec: ProxyRequest) -> None:
         """Copy both ways until both sides are done; every chunk from the
-        sandbox is checked against what its process has read by then."""
+        sandbox, and its half-close, is checked against what its process has read
+        by then. A cut tunnel's upstream is held as it is (_one), so what the run
+        does after a credential read (send more, close its side, or not) is not
+        passed on. Every write waits at most IDLE_S, and no longer than the run."""
         pending, hello = first, rec.scheme == "https"
         sel = selectors.DefaultSelector()
         for s in (conn, upstream):
@@ -603,7 +661,7 @@ class Proxy:
                     if cut:
                         rec.result, rec.reason = "cut", cut
                         return
-                    upstream.setblocking(True)
+                    upstream.settimeout(self._left(IDLE_S))
                     upstream.sendall(pending)
                     upstream.setblocking(False)
                     rec.sent += len(pending)
@@ -611,6 +669,9 @@ class Proxy:
                 ready = sel.select(1.0)
                 if self._stop.is_set():
                     return        # the sandbox is gone: nothing more is its
+                if time.monotonic() >= self._deadline:
+                    rec.result, rec.reason = "cut", "the run's time is up"
+                    return
                 if not ready:
                     if time.monotonic() - last > IDLE_S:
                         rec.result, rec.reason = "cut", f"idle for {IDLE_S:.0f} s"
@@ -626,6 +687,11 @@ class Proxy:
                     except ConnectionResetError:
                         data = b""
                     if not data:
+                        leak = self._leak(rec) if src is conn else None
+                        if leak:
+                            rec.result, rec.reason = "cut", leak + " (its close is not " \
+                                "passed on)"
+                            return
                         sel.unregister(src)
                         open_ -= 1
                         try:
@@ -636,7 +702,7 @@ class Proxy:
                     if src is conn:
                         pending = data
                     else:
-                        dst.setblocking(True)
+                        dst.settimeout(self._left(IDLE_S))
                         try:
                             dst.sendall(data)
                         except (BrokenPipeError, ConnectionResetError):
@@ -653,6 +719,13 @@ class Proxy:
         if rec.sni and rec.sni != rec.host and not self.allow.allows(rec.sni, rec.port or 443):
             return f"the tunnel to {rec.host} asked TLS for {rec.sni}, which is not allowed"
         return None
+
+
+def _reset(s: socket.socket) -> None:
+    """Close s abortively (RST): how a cut tunnel's upstream ends, whatever the
+    run did on its side after the cut."""
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
 
 
 def _read_head(conn: socket.socket) -> tuple[bytes, bytes]:
@@ -724,10 +797,10 @@ def _localhost(host: str) -> bool:
 
 
 def _resolve(host: str, port: int) -> list[str]:
-    """The addresses of host, as this machine resolves it (a localhost name:
-    127.0.0.1, as RFC 6761 asks of resolvers)."""
+    """The addresses of host, as this machine resolves it (a localhost name: the
+    loopback, 127.0.0.1 and, where this machine has IPv6, ::1, as RFC 6761 asks)."""
     if _localhost(host):
-        return ["127.0.0.1"]
+        return ["127.0.0.1"] + ["::1"] * _own(ipaddress.ip_address("::1"))
     found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(a[4][0] for a in found))
 
