@@ -60,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from caper.errors import ConfigError
 from caper.report.secrets import ProtectedPattern, credential_var
-from caper.sandbox.netproxy import Allowlist
+from caper.sandbox.allowlist import Allowlist
 
 
 class _Strict(BaseModel):

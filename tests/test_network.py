@@ -23,7 +23,8 @@ from hypothesis import given, settings, strategies as st
 from caper.config import Config, NetworkConfig
 from caper.errors import ConfigError
 from caper.sandbox import netdns
-from caper.sandbox.netproxy import Allowlist, _sni
+from caper.sandbox.allowlist import Allowlist
+from caper.sandbox.netproxy import _sni
 from caper.transaction import run
 from registry import NPM_PACKAGE, WHEEL, Registry, command_env
 from helpers.gate import stop_gate

@@ -28,9 +28,9 @@ import gc, json, os, sys, threading
 sys.path.insert(0, sys.argv[1])
 import caper
 a = json.loads(sys.argv[2])
-def once():
+def once():   # on_unsure ask: a credential read is judged after the run, not stopped at
     return caper.run(a["command"], cwd=a["ws"], workspace=a["ws"], approver="policy",
-                     state_dir=a["state"], allow_net=a["allow"], timeout=a["timeout"],
+                     on_unsure="ask", state_dir=a["state"], allow_net=a["allow"], timeout=a["timeout"],
                      env={"PATH": "/usr/bin:/bin", "HOME": a["state"]})
 def counts():       # the proxy's threads and this process's sockets (caper's cleanup
     fds = []        # of the run's state goes on in its own thread, with its own files)

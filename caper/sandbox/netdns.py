@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from caper.sandbox.netproxy import Allowlist
+    from caper.sandbox.allowlist import Allowlist
 
 DNS_PORT = 53
 ROUTE_NET = ipaddress.IPv4Network("127.83.0.0/16")   # the routes' addresses, one per name
