@@ -198,23 +198,6 @@ def test_as_a_normal_user_blocks_harm_and_commits_what_a_native_run_makes(agent,
         (native_index.stat().st_mode, native_index.stat().st_uid)
 
 
-@pytest.mark.parametrize("agent", AGENTS)
-def test_as_a_normal_user_with_caper_gone_the_call_does_not_run(agent, installed, start, base):
-    """caper installed through an interpreter of the user's that then
-    disappears: the agent does not run the command."""
-    model, client, project, _ = start(agent, commands(HARMFUL))
-    python = base / agent / "gone" / "python"
-    python.parent.mkdir()
-    python.symlink_to(ROOTLESS_VENV)
-    chown_tree(python.parent)
-    p = client.caper("install", agent, cwd=project, python=str(python))
-    assert p.returncode == 0, p.stderr
-    python.unlink()
-    client.run(TASK, project)
-    assert model.asked == ([] if agent == "gemini" else [HARMFUL])
-    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
-
-
 def test_as_a_normal_user_claude_code_keeps_deny_rules_and_asks_for_a_held_run(installed,
                                                                              start):
     """uid 65534's Claude Code, the user's own `Bash(rm:*)` deny rule: `rm -rf
@@ -250,3 +233,44 @@ def test_as_a_normal_user_claude_code_keeps_deny_rules_and_asks_for_a_held_run(i
         [["-rf", "build"], ["commit", model.asked[2].split()[-1]]]
     assert (project / "src" / "main.c").exists()
     assert client.sh("git status --porcelain -- src", project).stdout == ""
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_as_a_normal_user_no_gate_no_state_dir_or_no_caper_runs_nothing_ungated(agent, installed,
+                                                                               start, base):
+    """caper installed through an interpreter of the user's. The user's gate
+    cannot start (its lock is a directory): the harmful call is still
+    judged, in the hook's own process, and blocked. Then the state directory
+    becomes another user's: the safe call does not run, and the model is
+    told why. Then the state directory is fine again but the interpreter is
+    gone (caper uninstalled, its venv deleted): the safe call does not run."""
+    venv = base / agent / "venv"          # the user's venv, by a link that can go
+
+    def script(results):
+        if not results:
+            return HARMFUL
+        if len(results) == 1:
+            os.chown(state, 0, 0)
+            return SAFE
+        if len(results) == 2:
+            os.chown(state, NOBODY, NOBODY)
+            venv.unlink()
+            return SAFE
+        return None
+    model, client, project, _ = start(agent, script)
+    state = client.home / ".local" / "state" / "caper"
+    (state / "gate.lock").mkdir(parents=True)
+    venv.symlink_to(Path(ROOTLESS_VENV).parents[1])
+    chown_tree(base / agent)
+    state.chmod(0o700)
+    p = client.caper("install", agent, cwd=project, python=str(venv / "bin" / "python"))
+    assert p.returncode == 0, p.stderr
+    run = client.run(TASK, project)
+    assert model.asked == [HARMFUL, SAFE, SAFE], (run.stdout, run.stderr)
+    blocked, refused, gone = model.results
+    assert "running in this process" in blocked and "gate.lock: Is a directory" in blocked
+    assert "blocked" in blocked and 'deleted dir "src"' in blocked, blocked
+    assert (project / "src" / "main.c").exists() and (project / ".git").is_dir()
+    assert f"{state} belongs to uid 0" in refused and "not run" in refused, refused
+    assert f"{venv}/bin/python" in gone, gone     # why it did not run
+    assert not (project / "build").exists()
