@@ -170,11 +170,15 @@ def test_as_a_normal_user_blocks_harm_and_commits_what_a_native_run_makes(agent,
     Codex's AGENTS.md or environment message); the safe twin and a `git commit`
     (new objects, read-only files, the index, the branch) are committed as
     the same commands run natively by the same user leave them."""
-    model, client, project, twin = start(agent, commands(HARMFUL, SAFE, GIT_COMMIT))
+    # Codex and Gemini cannot ask their user: the model's `caper commit ID`
+    # is refused (Claude Code's asks: the held-run test below).
+    apply = () if agent == "claude-code" else ("caper commit 0123456789abcdef",)
+    model, client, project, twin = start(agent, commands(HARMFUL, SAFE, GIT_COMMIT, *apply))
     install_caper(client, project)
     run = client.run(TASK, project)
-    assert model.asked == [HARMFUL, SAFE, GIT_COMMIT], (run.stdout, run.stderr)
-    blocked, safe, committed = model.results
+    assert model.asked == [HARMFUL, SAFE, GIT_COMMIT, *apply], (run.stdout, run.stderr)
+    blocked, safe, committed, *refused = model.results
+    assert all("only the user may apply" in r and "no held run" not in r for r in refused), refused
     assert "blocked" in blocked and 'deleted dir "src"' in blocked, blocked
     # What the user typed, and only that (the prompt hook recorded it).
     assert f'The task: "{TASK}".' in blocked, blocked
