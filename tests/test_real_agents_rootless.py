@@ -284,3 +284,50 @@ def test_as_a_normal_user_no_gate_no_state_dir_or_no_caper_runs_nothing_ungated(
     assert f"{state} belongs to uid 0" in refused and "not run" in refused, refused
     assert f"{venv}/bin/python" in gone, gone     # why it did not run
     assert not (project / "build").exists()
+
+
+def _wait_for_sandboxed(runs: Path, tail: str, limit_s: float = 120) -> None:
+    """Until a run's upper layer (under caper's runs/) holds a path ending in tail."""
+    import time
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if any(d.endswith(tail) for d, _, _ in os.walk(runs)):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {tail} in any run's scratch under {runs}")
+
+
+def test_as_a_normal_user_a_git_commit_racing_the_users_own_is_not_half_applied(installed, start):
+    """The agent's `git commit` (new objects, index, branch) in the sandbox,
+    then the user commits natively in the same repository before the run
+    ends: caper sees the user's commit as one the run would lose and holds
+    the run; the user's `caper commit ID` is refused, naming the git paths
+    changed on the host. Nothing of the run's is applied: the user's commit
+    stays, the run's is not there, the repository is sound."""
+    import threading
+
+    slow = "echo 'int helper;' > src/helper.c && git add src/helper.c && git commit -qm agent " \
+           "&& sleep 3 && echo committed"
+    model, client, project, _ = start("claude-code", commands(slow))
+    install_caper(client, project)
+    runs = client.home / ".local" / "state" / "caper" / "runs"
+
+    def user_commits():
+        _wait_for_sandboxed(runs, "/.git/refs/heads")
+        client.sh("echo docs > README && git add README && git commit -qm user", project)
+    user = threading.Thread(target=user_commits)
+    user.start()
+    run = client.run(TASK, project, "--allowedTools", "Bash")
+    user.join()
+    [told] = model.results
+    assert "held for a human" in told and "1 commits on no branch" in told, (told, run.stdout)
+    held = re.search(r"caper commit ([0-9a-f]{16})", told).group(1)
+    refused = client.caper("commit", held, cwd=project)
+    assert refused.returncode != 0 and "changed on the host during the run" in refused.stderr
+    assert f"{project}/.git/refs/heads/master" in refused.stderr, refused.stderr
+    log = client.sh("git fsck --strict && git log --format=%s", project)
+    assert log.returncode == 0 and log.stdout.split() == ["user", "init"], log
+    assert not (project / "src" / "helper.c").exists()
+    assert client.sh("git status --porcelain -- src README", project).stdout == ""
+    blob = client.sh("echo 'int helper;' | git hash-object --stdin", project).stdout.strip()
+    assert client.sh(f"git cat-file -e {blob}", project).returncode != 0   # no object of the run's
