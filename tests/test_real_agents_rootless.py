@@ -22,6 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent / "agents"))
 import clients  # noqa: E402
 from model_server import ModelServer, commands  # noqa: E402
+from helpers.gate import stop_gate
 from helpers.rootless import NOBODY, ROOTLESS_VENV, need_rootless_venv, source_root
 from helpers.trees import git_project
 
@@ -112,12 +113,13 @@ def start(base):
     """start(agent, script): a fake model for the agent, a project git
     repository and a native twin of it, and a client run by uid 65534, all
     that user's."""
-    models = []
+    models, homes = [], []
 
     def start(agent: str, script):
         model = ModelServer(clients.PROTOCOLS[agent], script)
         models.append(model)
         root = base / agent
+        homes.append(root / "home")
         project, twin = (git_project(root / name, FILES) for name in ("proj", "twin"))
         for p in (project, twin):
             os.chmod(p / "tools" / "run.sh", 0o755)
@@ -128,6 +130,8 @@ def start(base):
     yield start
     for model in models:
         model.close()
+    for home in homes:      # the user's gate, which would idle on for 15 minutes
+        stop_gate(home / ".local" / "state" / "caper")
 
 
 def install_caper(client: NobodyClient, project: Path, *args: str) -> str:
