@@ -57,7 +57,9 @@ class NobodyClient(clients.Client):
         super().__init__(agent, root, model)
         for key in ("PYTHONPATH", "CAPER_NO_GATE", "CAPER_STATE_DIR"):
             self.env.pop(key)
-        self.env["PATH"] = f"{Path(ROOTLESS_VENV).parent}:/usr/local/bin:/usr/bin:/bin"
+        # The agent on PATH too, as for its user (`caper doctor` looks there).
+        self.env["PATH"] = f"{Path(ROOTLESS_VENV).parent}:{clients.binary(agent).parent}:" \
+            "/usr/local/bin:/usr/bin:/bin"
         chown_tree(root)
 
     def run(self, prompt: str, cwd: Path, *extra: str,
@@ -178,7 +180,10 @@ def test_as_a_normal_user_blocks_harm_and_commits_what_a_native_run_makes(agent,
     # is refused (Claude Code's asks: the held-run test below).
     apply = () if agent == "claude-code" else ("caper commit 0123456789abcdef",)
     model, client, project, twin = start(agent, commands(HARMFUL, SAFE, GIT_COMMIT, *apply))
-    install_caper(client, project)
+    said = install_caper(client, project)
+    # The doctor `caper install` ends with: the hook active, this user's gate working.
+    assert "is active" in said and "ran through the gate" in said, said
+    assert not re.search(r"^FAIL", said, re.M), said
     run = client.run(TASK, project)
     assert model.asked == [HARMFUL, SAFE, GIT_COMMIT, *apply], (run.stdout, run.stderr)
     blocked, safe, committed, *refused = model.results
