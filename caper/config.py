@@ -59,7 +59,7 @@ from typing import Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from caper.errors import ConfigError
-from caper.report.secrets import ProtectedPattern, credential_var
+from caper.report.secrets import ProtectedPattern, credential_var, git_env_config, git_env_pair
 from caper.sandbox.allowlist import Allowlist
 
 
@@ -178,12 +178,15 @@ class Config(_Strict):
         """env without caper's own variables and the caller's credentials,
         the command's environment: every CAPER_* (the approver's key and
         settings, the state and config paths), the variable [llm] api_key_env
-        names, and every credential_var not in [env] allow. The command is
+        names, and every credential_var not in [env] allow; git's environment
+        configuration kept whole (secrets.git_env_config). The command is
         what caper judges; its approver's credential is not its to read."""
         own = {self.llm.api_key_env} - {None}
         allow = set(self.env.allow) - own
-        return {k: v for k, v in env.items() if not k.startswith(OWN_ENV_PREFIX)
-                and k not in own and (k in allow or not credential_var(k, v))}
+        return {**{k: v for k, v in env.items() if not k.startswith(OWN_ENV_PREFIX)
+                   and k not in own and k != "GIT_CONFIG_COUNT" and not git_env_pair(k)
+                   and (k in allow or not credential_var(k, v))},
+                **git_env_config(env, allow)}
 
 
 def config_path(env: "Mapping[str, str] | None" = None) -> str:

@@ -93,6 +93,34 @@ def test_the_command_gets_no_credential_of_the_callers_environment_unless_allowe
         got.values())
 
 
+# What Gemini CLI gives its shell (0.61: eight overrides), then a pair that
+# carries a credential, then one the user allowed.
+GEMINI_GIT_OVERRIDES = [("credential.helper", ""), ("core.fsmonitor", ""), ("core.hooksPath", ""),
+                        ("core.sshCommand", ""), ("core.pager", "cat"), ("core.editor", ""),
+                        ("sequence.editor", ""), ("diff.external", "")]
+
+
+def test_gits_environment_configuration_stays_one_list_without_its_credentials(repo, tmp_path):
+    """GIT_CONFIG_COUNT names pairs GIT_CONFIG_KEY_<n>/VALUE_<n>; a pair
+    missing makes every git fail ("missing config key"). The command gets
+    the pairs that hold no credential, renumbered, and their count: not
+    the extraHeader's value, and the allowed one."""
+    pairs = GEMINI_GIT_OVERRIDES + [("http.extraHeader", "Authorization: Basic aHVudGVyMjd4Cg=="),
+                                    ("commit.gpgSign", "false")]
+    env = {"GIT_CONFIG_COUNT": str(len(pairs))}
+    for n, (key, value) in enumerate(pairs):
+        env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
+    got = _command_env(repo, tmp_path, "cli", '[env]\nallow = ["GIT_CONFIG_VALUE_9"]\n', env)
+    count = int(got["GIT_CONFIG_COUNT"])
+    assert [(got[f"GIT_CONFIG_KEY_{n}"], got[f"GIT_CONFIG_VALUE_{n}"]) for n in range(count)] == \
+        GEMINI_GIT_OVERRIDES + [("commit.gpgSign", "false")]
+    assert f"GIT_CONFIG_KEY_{count}" not in got and "aHVudGVyMjd4Cg==" not in str(got)
+    git = subprocess.run(["git", "config", "--get", "core.pager"], cwd=repo, capture_output=True,
+                         text=True, env={**os.environ, **{k: v for k, v in got.items()
+                                                          if k.startswith("GIT_CONFIG")}})
+    assert git.returncode == 0 and git.stdout == "cat\n", git.stderr
+
+
 ENCODE = ('base64 -w0 ~/.aws/credentials; echo; rev ~/.aws/credentials; '
           'fold -w1 ~/.aws/credentials >&2; '
           'touch "$(sed -n 3p ~/.aws/credentials | cut -d= -f2 | rev | tr / _)"; '

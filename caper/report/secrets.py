@@ -17,7 +17,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from caper.fs import mountinfo
 
@@ -538,6 +538,49 @@ _AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=
                          # a connection string's key, a base64 PEM, a TOTP seed (round 5)
                          r"|(?:^|;)\s*(?:accountkey|sharedaccesskey|password|pwd)=[^;]{6,}"
                          r"|^LS0tLS1CRUdJTi|^otpauth://")
+
+
+# git's configuration in the environment: GIT_CONFIG_COUNT pairs
+# GIT_CONFIG_KEY_<n> (a name) and GIT_CONFIG_VALUE_<n>, one list: a count
+# naming a pair that is missing is a fatal error of every git command (Gemini
+# CLI sets eight, all its shell's gits would fail).
+_GIT_ENV_PAIR = re.compile(r"^GIT_CONFIG_(?:KEY|VALUE)_\d+$")
+# Keys whose value is a display or editing program or an identity, never a
+# credential; any other key's value may be one (http.extraHeader, a
+# credential.helper that echoes a token, a url.insteadOf with a password).
+_GIT_PLAIN_KEYS = frozenset({"core.pager", "core.editor", "sequence.editor", "color.ui",
+                             "user.name", "user.email", "init.defaultbranch"})
+
+
+def git_env_pair(name: str) -> bool:
+    """Is name one of git's environment configuration pairs' variables?"""
+    return bool(_GIT_ENV_PAIR.match(name))
+
+
+def git_env_config(env: Mapping[str, str], allow: "set[str] | frozenset[str]") -> dict[str, str]:
+    """env's GIT_CONFIG_COUNT and pairs as the command gets them: the pairs
+    that hold no credential (an empty value, which turns a setting off, or a
+    plain key's value of no credential shape; or a pair whose value's name
+    is in allow), renumbered, and their count. A count that is not a number
+    goes as it is, with no pairs (git refuses it, as it would natively)."""
+    if "GIT_CONFIG_COUNT" not in env:
+        return {}
+    try:
+        count = int(env["GIT_CONFIG_COUNT"])
+    except ValueError:
+        return {"GIT_CONFIG_COUNT": env["GIT_CONFIG_COUNT"]}
+    kept: list[tuple[str, str]] = []
+    for n in range(max(0, min(count, 1000))):
+        key, value = env.get(f"GIT_CONFIG_KEY_{n}"), env.get(f"GIT_CONFIG_VALUE_{n}")
+        if key is None or value is None:
+            continue
+        if f"GIT_CONFIG_VALUE_{n}" in allow or value == "" or (
+                key.lower() in _GIT_PLAIN_KEYS and not credential_var("GIT_PLAIN_VALUE", value)):
+            kept.append((key, value))
+    out = {"GIT_CONFIG_COUNT": str(len(kept))}
+    for n, (key, value) in enumerate(kept):
+        out[f"GIT_CONFIG_KEY_{n}"], out[f"GIT_CONFIG_VALUE_{n}"] = key, value
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
