@@ -261,6 +261,25 @@ os._exit(0)
     assert d.decision == "block"
 
 
+def test_a_planted_super_journal_makes_caper_delete_nothing(repo, tmp_path):
+    """Round 6: a hot journal that names a super-journal makes SQLite, when
+    it plays the journal back, unlink the file it names (caper's ~/.bashrc,
+    any host file): the report leaves such a journal unplayed and is unsure
+    of the database instead."""
+    victim = tmp_path / "victim"
+    victim.write_text("the user's own file\n")
+    rec = Recording(tmp_path / "run", repo)
+    made = tmp_path / "made"
+    made.mkdir()
+    subprocess.run([sys.executable, str(Path(__file__).parent / "fixtures" / "sqlite_superjournal.py"),
+                    str(victim)], cwd=made, check=True)
+    for name in ("app.db", "app.db-journal"):
+        shutil.copyfile(made / name, _upper(rec, name))
+    d, db = _judged_tables(rec, f"{sys.executable} mk.py", "app.db")
+    assert victim.read_text() == "the user's own file\n"
+    assert not all(t.compared for t in db.tables) and d.decision != "allow"
+
+
 def test_a_table_too_large_to_compare_row_by_row_is_compared_by_counts(repo, tmp_path,
                                                                       monkeypatch):
     """Past MAX_ROWS_COMPARED rows a table keeps its count when every email

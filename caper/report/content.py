@@ -252,6 +252,11 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
             if logs[suffix] is not None:
                 done.callback(os.close, logs[suffix])
         logs = {k: v for k, v in logs.items() if v is not None and os.fstat(v).st_size}
+        if "-journal" in logs and _names_a_super_journal(logs["-journal"]):
+            # Played back, SQLite would open the file it names, by its absolute
+            # name in caper's view, and unlink it: a run must not make caper
+            # delete a host file. What the next opener sees is then unknown.
+            return {UNCOMPARED: (None, None)}
         sizes = os.fstat(fd).st_size + sum(os.fstat(v).st_size for v in logs.values())
         if sizes > MAX_SQLITE_COPY:
             return {UNCOMPARED: (None, None)}
@@ -289,6 +294,17 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
         if len(names) > MAX_TABLES:
             out[UNCOMPARED] = (None, None)
         return out
+
+
+# A rollback journal that belongs to a multi-database transaction ends with
+# the super-journal's name, its length and checksum, and this magic (pager.c,
+# readSuperJournal).
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+
+
+def _names_a_super_journal(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size >= 16 and os.pread(fd, 8, size - 8) == _JOURNAL_MAGIC
 
 
 def _column_stats(con: sqlite3.Connection, table: str) -> _Rows | None:
