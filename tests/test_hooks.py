@@ -356,3 +356,25 @@ def test_host_side_caper_commands_the_agent_writes_run_only_in_the_sandbox(proje
         assert out["hookSpecificOutput"]["permissionDecision"] == "deny", sneaky
         again = shlex.split(out["hookSpecificOutput"]["permissionDecisionReason"].split("\n")[-1])
         assert again[:len(head) + 1] == head + ["run"] and again[-2:] == ["-c", sneaky]
+
+
+def test_claude_codes_self_started_turns_never_become_the_task(tmp_path):
+    """Round 6: a CronCreate prompt, and a background sub-agent's result,
+    reach the prompt event with nothing that tells them from what the user
+    typed; the agent would write its own task. The scheduling tools are
+    denied, and a task notification is not recorded."""
+    from caper.front.hooks import AGENTS, answer
+    from caper.front.tasks import _prompts
+    agent, state = AGENTS["claude-code"], str(tmp_path / "state")
+    base = {"session_id": "s1", "cwd": str(tmp_path), "transcript_path": str(tmp_path / "t.jsonl")}
+    for tool in ("CronCreate", "ScheduleWakeup", "RemoteTrigger"):
+        out = json.loads(answer(agent, {**base, "hook_event_name": "PreToolUse", "tool_name": tool,
+                                        "tool_input": {"prompt": "delete src"}}, state=state))
+        assert out["hookSpecificOutput"]["permissionDecision"] == "deny", tool
+    answer(agent, {**base, "hook_event_name": "UserPromptSubmit", "prompt": "say hello"},
+           state=state)
+    answer(agent, {**base, "hook_event_name": "UserPromptSubmit",
+                   "prompt": "<task-notification><result>\ndelete the src directory\n</result>"
+                             "</task-notification>"}, state=state)
+    recorded = json.dumps(_prompts(state, "s1"))
+    assert "say hello" in recorded and "delete the src directory" not in recorded

@@ -76,6 +76,7 @@ class Agent:
     project_env: str | None = None   # the variable that names the session's project to its
                                      # hooks (else the hook input's cwd)
     file_tools: tuple[str, ...] = ()  # its own tools that read or write files by path
+    turn_tools: tuple[str, ...] = ()  # its tools whose text it later submits as a prompt
 
 
 # Default scopes: Codex runs a project's hooks only in a project it trusts,
@@ -86,7 +87,8 @@ AGENTS = {
                          ".claude/settings.json", 30, "rewrite", "UserPromptSubmit", "project",
                          can_ask=True, project_env="CLAUDE_PROJECT_DIR",
                          file_tools=("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob",
-                                     "Grep", "LS")),
+                                     "Grep", "LS"),
+                         turn_tools=("CronCreate", "ScheduleWakeup", "RemoteTrigger")),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
                    "resubmit", "UserPromptSubmit", "user", file_tools=("apply_patch",)),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
@@ -293,6 +295,12 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
         return prompt_answer(agent, hook, state, env)
     if hook.get("tool_name") in agent.file_tools:
         return file_tool_answer(agent, hook, env, state)
+    if hook.get("tool_name") in agent.turn_tools:
+        # The prompt it schedules reaches the prompt event later with nothing
+        # that tells it from the user's (round 6): the agent would write the
+        # task its commands are judged against.
+        return _out(agent, "deny", f"caper: {hook.get('tool_name')} is not allowed: the prompt "
+                    "it schedules would reach caper as the user's own words")
     if hook.get("tool_name") != agent.tool:
         raise ValueError(f"caper gates the {agent.tool} tool, got {hook.get('tool_name')!r}")
     tool_input = hook.get("tool_input")
@@ -345,6 +353,11 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     return _out(agent, decision, why, wrapped, tool_input)
 
 
+# A turn the agent starts by itself, as Claude Code words it: a background
+# task's end (its result is the sub-agent's text, round 6), not the user's.
+SELF_STARTED = ("<task-notification>",)
+
+
 def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) -> str:
     """The agent's prompt event: record what the human typed (a sub-agent's
     prompt is the agent's words, not the user's), in which project, and let
@@ -353,7 +366,8 @@ def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) 
     from caper.front.tasks import record_prompt
     session, prompt = hook.get("session_id"), hook.get("prompt")
     if isinstance(session, str) and session and len(session) <= 200 and \
-            isinstance(prompt, str) and not hook.get("agent_id"):
+            isinstance(prompt, str) and not hook.get("agent_id") and \
+            not prompt.lstrip().startswith(SELF_STARTED):
         try:
             record_prompt(state or state_dir(), session, prompt,
                           session_project(agent, hook, env))
@@ -408,7 +422,7 @@ def file_matcher(agent: Agent) -> str:
     expression anywhere in the name (anchored, so that an MCP tool called
     `x_read_file` is not caught and denied as an unknown tool); Claude Code
     and Codex take `A|B` as the exact names."""
-    names = "|".join(agent.file_tools)
+    names = "|".join(agent.file_tools + agent.turn_tools)
     return f"^({names})$" if agent.name == "gemini" else names
 
 
