@@ -378,3 +378,16 @@ def test_claude_codes_self_started_turns_never_become_the_task(tmp_path):
                              "</task-notification>"}, state=state)
     recorded = json.dumps(_prompts(state, "s1"))
     assert "say hello" in recorded and "delete the src directory" not in recorded
+
+
+def test_installing_for_claude_code_turns_off_the_shell_lines_of_skills(tmp_path):
+    """Round 6: a skill's !`cmd` lines run on the host with no hook call;
+    install sets disableSkillShellExecution, and says so loudly where the
+    user's own settings keep it off."""
+    from caper.front.hooks import install
+    path, todo = install("claude-code", "project", str(tmp_path))
+    assert json.loads(Path(path).read_text())["disableSkillShellExecution"] is True and not todo
+    Path(path).write_text(json.dumps({"disableSkillShellExecution": False}))
+    path, todo = install("claude-code", "project", str(tmp_path))
+    assert json.loads(Path(path).read_text())["disableSkillShellExecution"] is False
+    assert any("NOT through caper" in t for t in todo)

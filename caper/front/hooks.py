@@ -650,6 +650,20 @@ def hook_command(agent: Agent, timeout_s: float | None = None, gate: bool = True
     return shlex.join(caper_command() + ["hook", agent.name] + extra) + (" || exit 2" if gate else "")
 
 
+# Claude Code runs a skill's or a command file's !`cmd` lines itself, on the
+# host, with no tool call a hook sees (round 6): caper's install turns that
+# off where the user has not decided otherwise.
+SKILL_SHELL = "disableSkillShellExecution"
+
+
+def _no_skill_shell(path: str, doc: dict) -> list[str]:
+    if doc.get(SKILL_SHELL) is True:
+        return []
+    return [f"{path} sets {SKILL_SHELL} to {doc.get(SKILL_SHELL)!r}: Claude Code then runs the "
+            "!`command` lines of skills and slash commands on the host, NOT through caper. "
+            f"Set \"{SKILL_SHELL}\": true to close that."]
+
+
 def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
             timeout_s: float | None = None) -> tuple[str, list[str]]:
     """Merge caper's entries into the agent's settings, for the shell tool's
@@ -674,8 +688,12 @@ def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
     for event, groups_of_caper in mine.items():
         hooks, groups = _event_list(doc, event, path)
         hooks[event] = _without_caper(groups, agent) + groups_of_caper
+    if agent.name == "claude-code":
+        doc.setdefault(SKILL_SHELL, True)
     _save(path, doc)
     todo: list[str] = []
+    if agent.name == "claude-code":
+        todo += _no_skill_shell(path, doc)
     if agent.name == "codex":
         todo += trust_codex_hook(path, doc, scope, cwd)
     elif agent.name == "gemini" and scope == "project":
