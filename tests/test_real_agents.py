@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,12 +31,7 @@ SAFE = "mkdir -p build && echo built > build/log.txt && cp tools/run.sh build/ru
 
 @pytest.fixture(scope="session")
 def installed():
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: cannot install the agent CLIs")
-    try:
-        clients.install()
-    except clients.Unreachable as e:
-        pytest.skip(f"the npm registry cannot be reached: {e}")
+    clients.install_or_skip()
     return True
 
 

@@ -90,12 +90,7 @@ def chown_tree(root: Path) -> None:
 @pytest.fixture(scope="module")
 def installed():
     need_rootless_venv()
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed: cannot install the agent CLIs")
-    try:
-        clients.install()
-    except clients.Unreachable as e:
-        pytest.skip(f"the npm registry cannot be reached: {e}")
+    clients.install_or_skip()
     if subprocess.run(SETPRIV + ["/usr/bin/test", "-x", str(clients.binary("codex"))]).returncode:
         pytest.skip(f"uid {NOBODY} cannot run the agent CLIs in {clients.agents_dir()}")
     return True

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PINS = {"claude-code": "@anthropic-ai/claude-code@2.1.197",
@@ -64,6 +67,16 @@ def install() -> None:
         if any(w in words for w in UNREACHABLE):
             raise Unreachable(f"npm install {' '.join(missing)}: {words[-600:]}")
         raise RuntimeError(f"npm install {' '.join(missing)} failed ({p.returncode}):\n{words}")
+
+
+def install_or_skip() -> None:
+    """install(), or skip the calling test with the reason it cannot run."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed: cannot install the agent CLIs")
+    try:
+        install()
+    except Unreachable as e:
+        pytest.skip(f"the npm registry cannot be reached: {e}")
 
 
 @dataclass
