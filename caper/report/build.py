@@ -1095,7 +1095,7 @@ def _draft(facts: RunFacts) -> _Draft:
     # Content: most severe first, within a total budget.
     details: dict[str, FileDetail] = {}
     spent = 0
-    gone = frozenset(fc.path for _, fc in changes if fc.op == "deleted")
+    ops = {fc.path: fc.op for _, fc in changes}
     for sev, fc in sorted(changes, key=lambda x: -x[0]):
         if fc.type != "file" or fc.op == "meta":
             continue
@@ -1105,7 +1105,7 @@ def _draft(facts: RunFacts) -> _Draft:
             continue
         d = inspect(fc.path, fc.op, loc, redactor, fc.renamed_from, deadline,
                     credential=fc.path in credentials or fc.renamed_from in credentials,
-                    gone=gone)
+                    ops=ops)
         details[fc.path] = d
         spent += (d.size_before or 0) + (d.size_after or 0)
         for u in d.uncertain:

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from caper.fs.mountinfo import below
 from caper.report.secrets import MAX_SECRET_FILE, Redactor, holds_no_secret, key_of, values_in
@@ -437,12 +438,17 @@ def _withhold_secret_lines(lines: list[str], redactor: Redactor, salt: bytes) ->
     return out
 
 
-def _database_sides(path: str, old_path: str, op: str, tree: RunTree, gone: "frozenset[str]"):
+def _database_sides(path: str, old_path: str, op: str, tree: RunTree,
+                    ops: "Mapping[str, str]"):
     """The pieces (_sqlite_tables) of the database at path before and after
     the run; for a log (app.db-wal, app.db-journal), those of its database:
-    a log the run wrote, or removed, changes what the database holds."""
+    a log the run wrote, or removed, changes what the database holds. (None
+    for a log whose database is a change of its own: that change's tables
+    already read the log.) ops: every change's op, by path."""
     base = next((path[:-len(s)] for s in SQLITE_LOGS if path.endswith(s)), None)
     if base is not None:
+        if base in ops:
+            return [None], [None]
         path = old_path = base
     names = [path] + [path + s for s in SQLITE_LOGS]
     before = [("/", old_path.lstrip("/"))] + [("/", (old_path + s).lstrip("/")) for s in SQLITE_LOGS]
@@ -451,7 +457,7 @@ def _database_sides(path: str, old_path: str, op: str, tree: RunTree, gone: "fro
     after = []
     for n in names:
         where = tree.locate(n)
-        if n in gone or (n == path and op == "deleted"):
+        if ops.get(n) == "deleted" or (n == path and op == "deleted"):
             after.append(None)
         elif where and os.path.lexists(os.path.join(where[0], where[1])):
             after.append(where)
@@ -462,7 +468,7 @@ def _database_sides(path: str, old_path: str, op: str, tree: RunTree, gone: "fro
 
 def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
             old_path: str | None = None, deadline: float | None = None,
-            credential: bool = False, gone: "frozenset[str]" = frozenset()) -> FileDetail:
+            credential: bool = False, ops: "Mapping[str, str] | None" = None) -> FileDetail:
     """Compare the host's version of path (of old_path, for a rename) with
     the run's. A created file has no host version, a deleted one no run version.
     deadline (time.monotonic()): the diff's, at most DIFF_DEADLINE_S from now.
@@ -482,7 +488,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
         if after.size > MAX_SCAN_BYTES:
             d.uncertain.append("secret-scan-partial")
 
-    b_side, a_side = _database_sides(path, old_path, op, tree, gone)
+    b_side, a_side = _database_sides(path, old_path, op, tree, ops or {})
     b_db, a_db = _sqlite_tables(b_side), _sqlite_tables(a_side)
     if b_db is not None or a_db is not None:
         b_db, a_db = b_db or {}, a_db or {}
