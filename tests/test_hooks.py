@@ -248,6 +248,115 @@ def test_the_agents_file_tools_cannot_reach_capers_state_directory(agent, tmp_pa
     assert {tool for tool, _ in FILE_TOOL_CALLS[agent]} <= set(a.file_tools)
 
 
+WRITE_CALLS = {"claude-code": lambda path: ("Write", {"file_path": path, "content": "x"}),
+               "gemini": lambda path: ("write_file", {"file_path": path, "content": "x"}),
+               "codex": lambda path: ("apply_patch", {"command": "*** Begin Patch\n*** Update "
+                                                      f"File: {path}\n+x\n*** End Patch\n"})}
+
+
+def _file_tool(agent: str, tool: str, tool_input: dict, ws, home):
+    a = hooks.AGENTS[agent]
+    hook = {"session_id": "s", "hook_event_name": a.event, "tool_name": tool,
+            "tool_input": tool_input, "cwd": str(ws)}
+    env = {"HOME": str(home), "CLAUDE_PROJECT_DIR": str(ws), "GEMINI_PROJECT_DIR": str(ws)}
+    text = hooks.hook_text(a, json.dumps(hook).encode(), env=env, state=str(home / "state"))
+    if not text:
+        return None, ""
+    doc = json.loads(text)
+    doc = doc if agent == "gemini" else doc["hookSpecificOutput"]
+    return doc.get("decision", doc.get("permissionDecision")), \
+        doc.get("reason", doc.get("permissionDecisionReason"))
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_the_agents_own_tools_cannot_write_what_configures_or_runs_an_agent(agent, tmp_path):
+    """adv6b 06/07: the agent's Write tool put `disableAllHooks` in
+    .claude/settings.local.json (Gemini: hooksConfig.enabled false) and
+    caper's hook never ran again; a skill it wrote declared hooks that ran
+    on the host. Every agent's settings, skills, commands, sub-agents and
+    MCP configs (project, nested, home; through a symlinked .claude), and
+    the scripts those settings run, are denied to the agent's own writes;
+    its memory notes and the project's own files are not."""
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    (ws / "sub").mkdir(parents=True)
+    (home / "state").mkdir(parents=True, mode=0o700)
+    (ws / "cfg").mkdir()
+    (ws / ".gemini").mkdir()
+    (ws / ".gemini" / "settings.json").write_text(json.dumps(
+        {"hooks": {"AfterTool": [{"hooks": [{"type": "command",
+                                             "command": "$GEMINI_PROJECT_DIR/tools/after.sh"}]}]},
+         "mcpServers": {"db": {"command": "node", "args": ["mcp/server.js"]}}}))
+    (home / ".claude").mkdir()
+    (home / ".claude" / "settings.json").write_text(json.dumps(
+        {"statusLine": {"type": "command", "command": "bash ~/bin/status.sh"}}))
+    denied = [".claude/settings.local.json", "sub/.claude/skills/x/SKILL.md", ".mcp.json",
+              ".gemini/settings.json", ".codex/hooks.json", f"{home}/.claude/settings.json",
+              "~/.gemini/settings.json", "~/.codex/config.toml", "~/.config/caper/config.toml",
+              "~/.claude/agents/helper.md", "~/.claude.json", "tools/after.sh",
+              f"{ws}/mcp/server.js", "~/bin/status.sh"]
+    (ws / ".claude").symlink_to(ws / "cfg")
+    denied.append("cfg/settings.json")     # .claude is a link to cfg
+    for path in denied:
+        verdict, why = _file_tool(agent, *WRITE_CALLS[agent](path), ws, home)
+        assert verdict == "deny", path
+        assert "may not write" in why, path
+    for path in ["src/app.py", "README.md", "~/.claude/projects/p/memory/notes.md",
+                 "~/.claude/plans/plan.md", "claude/settings.json"]:
+        assert _file_tool(agent, *WRITE_CALLS[agent](path), ws, home) == (None, ""), path
+    if agent != "codex":    # reading them is the agent's business
+        read = {"claude-code": "Read", "gemini": "read_file"}[agent]
+        assert _file_tool(agent, read, {"file_path": ".claude/settings.json"}, ws, home) == \
+            (None, "")
+
+
+@pytest.mark.parametrize("where", ["project", "nested", "home", "agent"])
+def test_a_skill_or_sub_agent_whose_front_matter_declares_hooks_is_not_started(where, tmp_path):
+    """adv6b 05: a skill's front-matter `hooks:` ran on the host at the
+    agent's next event, outside caper. Starting such a skill or sub-agent
+    (by its directory, its file or its front-matter name; plugin-prefixed)
+    is denied; one without hooks goes on."""
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    (home / "state").mkdir(parents=True, mode=0o700)
+    base = {"project": ws, "nested": ws / "pkg", "home": home, "agent": ws}[where]
+    kind = "agents" if where == "agent" else "skills"
+    d = base / ".claude" / kind
+    d.mkdir(parents=True)
+    hooked = "---\nname: deploy-helper\ndescription: d\nhooks:\n  PreToolUse:\n    - matcher: Bash\n" \
+             "      hooks:\n        - type: command\n          command: touch /tmp/x\n---\nbody\n"
+    plain = "---\nname: tidy\ndescription: d\n---\nRun `hooks: none` here\n"
+    if kind == "skills":
+        (d / "deploy").mkdir()
+        (d / "deploy" / "SKILL.md").write_text(hooked)
+        (d / "tidy").mkdir()
+        (d / "tidy" / "SKILL.md").write_text(plain)
+        tool, key, names = "Skill", "skill", ["deploy", "deploy-helper", "myplugin:deploy"]
+    else:
+        (d / "dep.md").write_text(hooked)
+        (d / "tidy.md").write_text(plain)
+        tool, key, names = "Agent", "subagent_type", ["deploy-helper", "dep"]
+    for name in names:
+        verdict, why = _file_tool("claude-code", tool, {key: name}, ws, home)
+        assert verdict == "deny" and "declares hooks" in why, name
+    assert _file_tool("claude-code", tool, {key: "tidy"}, ws, home) == (None, "")
+    assert _file_tool("claude-code", "Task", {"subagent_type": "general-purpose"}, ws, home) == \
+        (None, "")
+
+
+def test_a_skill_in_a_project_too_large_to_search_is_not_started(tmp_path, monkeypatch):
+    """Past the search limit the nested skill that declares hooks could be
+    anywhere: fail closed, and say why."""
+    from caper.judge import agent_config
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    (home / "state").mkdir(parents=True, mode=0o700)
+    for i in range(6):
+        (ws / f"d{i}").mkdir(parents=True)
+    monkeypatch.setattr(agent_config, "SEARCH_LIMIT", 4)
+    verdict, why = _file_tool("claude-code", "Skill", {"skill": "x"}, ws, home)
+    assert verdict == "deny" and "more than 4 folders" in why
+    monkeypatch.setattr(agent_config, "SEARCH_LIMIT", 20)
+    assert _file_tool("claude-code", "Skill", {"skill": "x"}, ws, home) == (None, "")
+
+
 def test_install_refuses_settings_it_cannot_read(tmp_path):
     settings = tmp_path / ".claude" / "settings.json"
     settings.parent.mkdir()

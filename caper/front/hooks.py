@@ -76,7 +76,9 @@ class Agent:
     project_env: str | None = None   # the variable that names the session's project to its
                                      # hooks (else the hook input's cwd)
     file_tools: tuple[str, ...] = ()  # its own tools that read or write files by path
+    writing_tools: tuple[str, ...] = ()  # ... of them, the ones that write
     turn_tools: tuple[str, ...] = ()  # its tools whose text it later submits as a prompt
+    starting_tools: tuple[str, ...] = ()  # its tools that start a skill or a sub-agent
 
 
 # Default scopes: Codex runs a project's hooks only in a project it trusts,
@@ -88,14 +90,18 @@ AGENTS = {
                          can_ask=True, project_env="CLAUDE_PROJECT_DIR",
                          file_tools=("Read", "Write", "Edit", "MultiEdit", "NotebookEdit", "Glob",
                                      "Grep", "LS"),
-                         turn_tools=("CronCreate", "ScheduleWakeup", "RemoteTrigger")),
+                         writing_tools=("Write", "Edit", "MultiEdit", "NotebookEdit"),
+                         turn_tools=("CronCreate", "ScheduleWakeup", "RemoteTrigger"),
+                         starting_tools=("Skill", "Agent", "Task")),
     "codex": Agent("codex", "PreToolUse", "Bash", ".codex/hooks.json", ".codex/hooks.json", 30,
-                   "resubmit", "UserPromptSubmit", "user", file_tools=("apply_patch",)),
+                   "resubmit", "UserPromptSubmit", "user", file_tools=("apply_patch",),
+                   writing_tools=("apply_patch",)),
     "gemini": Agent("gemini", "BeforeTool", "run_shell_command", ".gemini/settings.json",
                     ".gemini/settings.json", 30000, "rewrite", "BeforeAgent", "user",
                     per_second=1000, project_env="GEMINI_PROJECT_DIR",
                     file_tools=("read_file", "write_file", "replace", "read_many_files",
-                                "list_directory", "glob", "grep_search")),
+                                "list_directory", "glob", "grep_search"),
+                    writing_tools=("write_file", "replace")),
 }
 
 
@@ -295,6 +301,8 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
         return prompt_answer(agent, hook, state, env)
     if hook.get("tool_name") in agent.file_tools:
         return file_tool_answer(agent, hook, env, state)
+    if hook.get("tool_name") in agent.starting_tools:
+        return starting_answer(agent, hook, env)
     if hook.get("tool_name") in agent.turn_tools:
         # The prompt it schedules reaches the prompt event later with nothing
         # that tells it from the user's (round 6): the agent would write the
@@ -422,7 +430,7 @@ def file_matcher(agent: Agent) -> str:
     expression anywhere in the name (anchored, so that an MCP tool called
     `x_read_file` is not caught and denied as an unknown tool); Claude Code
     and Codex take `A|B` as the exact names."""
-    names = "|".join(agent.file_tools + agent.turn_tools)
+    names = "|".join(agent.file_tools + agent.turn_tools + agent.starting_tools)
     return f"^({names})$" if agent.name == "gemini" else names
 
 
@@ -439,15 +447,71 @@ def file_tool_answer(agent: Agent, hook: dict, env=None, state: str | None = Non
     if not isinstance(cwd, str) or not os.path.isabs(cwd):
         cwd = project_dir(agent, hook, env)
     env = os.environ if env is None else env
+    from caper.display import escape
     guarded = {os.path.realpath(d) for d in [state or state_dir()] + known_state_dirs(env)}
+    writes = hook.get("tool_name") in agent.writing_tools
+    project = project_dir(agent, hook, env)
     for path in tool_paths(tool_input) or ["."]:
         where = resolved(path, cwd, env.get("HOME"))
         for d in guarded:
             if where == d or where.startswith(d + "/") or d.startswith(where.rstrip("/") + "/"):
-                from caper.display import escape
                 return _out(agent, "deny", f"caper: {hook.get('tool_name')} may not reach "
                                            f"caper's state directory ({escape(d)}, through "
                                            f"{escape(path)}): caper's records are kept there")
+        if writes:
+            why = agent_file(path, cwd, project, env.get("HOME"))
+            if why:
+                return _out(agent, "deny", f"caper: {hook.get('tool_name')} may not write "
+                                           f"{escape(path)}: {why}. If it should change, the "
+                                           "user edits it; a shell command that does is judged "
+                                           "by caper")
+    return ""
+
+
+def agent_file(path: str, cwd: str, project: str, home: str | None) -> str | None:
+    """Why the agent's own tools may not write path, or None: the file
+    configures an agent or caper (a setting can turn caper's hook off, a
+    skill's hooks run on the host), or an agent's settings run it. Judged by
+    the path as written and as resolved (a symlinked `.claude`)."""
+    from caper.judge.agent_config import is_control_file, programs_run
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    places = {os.path.normpath(os.path.join(cwd, path)), resolved(path, cwd, home)}
+    roots = {project, os.path.realpath(project)}
+    if any(is_control_file(p, r, home) for p in places for r in roots):
+        return "it configures an agent or caper (hooks, permissions, skills, MCP servers)"
+    run = {os.path.realpath(p) for r in roots for p in programs_run(r, home)}
+    if places & run or {os.path.realpath(p) for p in places} & run:
+        return "an agent's settings run it on the host, outside caper's sandbox"
+    return None
+
+
+def starting_answer(agent: Agent, hook: dict, env=None) -> str:
+    """Deny starting a skill or a sub-agent whose definition declares hooks:
+    the agent would run them on the host, for its next events, with no shell
+    call a hook sees. Any other goes on through the agent's own permission
+    flow."""
+    from caper.display import escape
+    from caper.judge import agent_config
+    tool_input = hook.get("tool_input")
+    if not isinstance(tool_input, dict):
+        raise ValueError("tool_input is missing or not an object")
+    name = tool_input.get("skill", tool_input.get("subagent_type"))
+    if not isinstance(name, str) or not name:
+        return ""          # the agent's own general-purpose sub-agent
+    env = os.environ if env is None else env
+    project = project_dir(agent, hook, env)
+    try:
+        hooked = agent_config.hooked_definitions(name, project, env.get("HOME"))
+    except agent_config.TooManyFolders:
+        return _out(agent, "deny", f"caper: {hook.get('tool_name')} {escape(name)} is not "
+                                   f"allowed: the project has more than {agent_config.SEARCH_LIMIT} "
+                                   "folders, too many to find the definitions that declare hooks")
+    if hooked:
+        return _out(agent, "deny", f"caper: {hook.get('tool_name')} {escape(name)} is not "
+                                   f"allowed: {escape(hooked[0])} declares hooks, which "
+                                   f"{agent.name} would run on the host, outside caper's "
+                                   "sandbox. Do its steps as shell commands instead")
     return ""
 
 
