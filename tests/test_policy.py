@@ -1030,6 +1030,24 @@ def test_what_redirects_git_is_persistence_in_every_repository(tmp_path):
                    task="fix the typo in README", ws=str(ws)) == "allow"
 
 
+def test_a_script_an_agents_settings_run_is_persistence(tmp_path):
+    """adv6b: Claude Code and Gemini CLI run the programs their settings name
+    (a hook script, a status line, an MCP server) on the host, outside caper:
+    a run that edits one plants code there, like a git hook."""
+    ws = tmp_path / "proj"
+    (ws / ".claude").mkdir(parents=True)
+    (ws / ".claude" / "settings.json").write_text(json.dumps(
+        {"hooks": {"PostToolUse": [{"hooks": [{"type": "command",
+                                               "command": "python3 $CLAUDE_PROJECT_DIR/tools/fmt.py"}]}]},
+         "statusLine": {"type": "command", "command": "./status.sh"}}))
+    for path in ("tools/fmt.py", "status.sh"):
+        c = fc(path, "modified", "tracked")
+        assert verdict(report(c, ws=str(ws)), task="fix the typo in README", ws=str(ws)) == \
+            "block", path
+    assert verdict(report(fc("tools/other.py", "modified", "tracked"), ws=str(ws)),
+                   task="fix the typo in README", ws=str(ws)) == "allow"
+
+
 def test_deleting_git_objects_is_gits_job_only():
     pack = fc(".git/objects/pack/pack-1a2b.pack", "deleted", "git-internal", by="/usr/bin/rm[5]")
     assert verdict(report(pack), "rm -f .git/objects/pack/*.pack", "tidy up") == "block"

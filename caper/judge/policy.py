@@ -42,6 +42,7 @@ from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
 from caper.report import bytecode, configkeys
+from caper.judge.agent_config import programs_run
 from caper.judge.base import ApprovalRequest, Decision
 from caper.report.build import CHANGES_NOT_SHOWN
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
@@ -58,7 +59,8 @@ class Rules:
     """policy.toml, with globs compiled against one workspace and home."""
 
     def __init__(self, data: dict, home: str | None, workspace: str, path: str, state: str,
-                 own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = ()):
+                 own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = (),
+                 agent_programs: tuple[str, ...] = ()):
         self.data = data
         self.home, self.workspace = home, workspace
         # A home inside /tmp (tests, CI) is still a home: its files are judged
@@ -75,7 +77,8 @@ class Rules:
             d + "/*" for d in sorted(self.path_dirs)] + [
             d.rstrip("/") + "/**" for d in {state, os.path.realpath(state)}]
             + _own_config_globs(own_config, xdg_config, data["persistence"])
-            + [d.rstrip("/") + "/**" for d in hook_dirs])
+            + [d.rstrip("/") + "/**" for d in hook_dirs]) + [
+            re.compile(re.escape(p) + r"\Z") for p in agent_programs]
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
         self.cache_indexes = self._globs(data["cache_indexes"])
@@ -145,12 +148,13 @@ class Rules:
 
 @functools.lru_cache(maxsize=32)
 def _compiled(data_json: str, home: str | None, workspace: str, path: str, state: str,
-              own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = ()) -> Rules:
+              own_config: str = "", xdg_config: str = "", hook_dirs: tuple[str, ...] = (),
+              agent_programs: tuple[str, ...] = ()) -> Rules:
     """Rules compiled once per configuration, home, workspace, PATH, state
-    dir, caper's own config file and git hook directories (an agent session
-    runs many commands in one place)."""
+    dir, caper's own config file, git hook directories and the programs the
+    agents' settings run (an agent session runs many commands in one place)."""
     return Rules(json.loads(data_json), home, workspace, path, state, own_config, xdg_config,
-                 hook_dirs)
+                 hook_dirs, agent_programs)
 
 
 def configured_hook_dirs(workspace: str, home: str | None) -> tuple[str, ...]:
@@ -383,7 +387,8 @@ class PolicyApprover:
                           config_path() if request.config_file is None else request.config_file,
                           os.environ.get("XDG_CONFIG_HOME", "") if request.xdg_config_home is None
                           else request.xdg_config_home,
-                          configured_hook_dirs(workspace, request.home))
+                          configured_hook_dirs(workspace, request.home),
+                          programs_run(workspace, request.home))
         cwd = request.cwd or workspace
         declared = declared_by_command(request.command, cwd, request.home)
         # A task from the transcript may be the agent's own words (it can
