@@ -38,3 +38,20 @@ def test_doctor_never_runs_an_agent_binary_of_the_project(tmp_path, monkeypatch)
         checks = doctor.check_agent("claude-code", str(project))
         assert not (project / "PWNED-by-doctor").exists()
         assert not any("1.0.0" in c.what for c in checks), checks
+
+
+def test_gemini_hooks_turned_off_in_any_layer_fail_the_check(tmp_path):
+    """adv6b 07: the project's .gemini/settings.json with hooksConfig.enabled
+    false turns off the user-level hook that holds caper's entry."""
+    import json
+    user, project = tmp_path / "user.json", tmp_path / "project.json"
+    user.write_text(json.dumps({"hooks": {}}))
+    project.write_text(json.dumps({"hooksConfig": {"enabled": False}}))
+    files = {"user": str(user), "project": str(project)}
+    checks = doctor._active_gemini("gemini", {"user": ["caper hook gemini"]}, files, str(tmp_path),
+                                   None)
+    assert checks[0].status == doctor.FAIL and str(project) in checks[0].what
+    project.write_text("{}")
+    checks = doctor._active_gemini("gemini", {"user": ["caper hook gemini"]}, files, str(tmp_path),
+                                   None)
+    assert checks[0].status == doctor.OK

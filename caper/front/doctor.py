@@ -169,10 +169,13 @@ def _active_codex(label, found, files, cwd, version) -> list[Check]:
 
 
 def _active_gemini(label, found, files, cwd, version) -> list[Check]:
-    docs = [_json(files[s]) or {} for s in found]
-    if any((d.get("hooksConfig") or {}).get("enabled") is False for d in docs):
-        return [Check(FAIL, f"{label}: hooksConfig.enabled is false: caper's hook never runs",
-                      "remove hooksConfig.enabled = false from Gemini's settings")]
+    # Any layer that turns hooks off turns caper's off, whichever holds it.
+    off = [path for path in files.values()
+           if ((_json(path) or {}).get("hooksConfig") or {}).get("enabled") is False]
+    if off:
+        return [Check(FAIL, f"{label}: hooksConfig.enabled is false in {', '.join(off)}: "
+                            "caper's hook never runs",
+                      f"remove hooksConfig.enabled = false from {', '.join(off)}")]
     if "user" not in found:
         return [Check(WARN, f"{label}: caper's hook is only in {files['project']}, which Gemini "
                             "skips with --skip-trust and in folders it does not trust",
