@@ -77,7 +77,7 @@ def hold(state_dir: str, snap, exclude, workspace: str, command: str, result, re
              exit_code=result.exit_code,
              stdout=binascii.b2a_base64(result.stdout.text(), newline=False).decode(),
              stderr=binascii.b2a_base64(result.stderr.text(), newline=False).decode(),
-             card=report.card(), reason=reason, created=time.time())
+             card=report.card_for_human(), reason=reason, created=time.time())
     h.mac = _mac(state_dir, h)
     os.makedirs(os.path.join(state_dir, PENDING_DIR), mode=0o700, exist_ok=True)
     write_atomic(_path(state_dir, run_id), json.dumps(asdict(h)).encode())

@@ -102,6 +102,25 @@ def test_claude_code_asks_the_human_with_the_card(project, tmp_path):
     assert p.returncode == 0 and p.stdout == "gone\n" and not (project / "src").exists()
 
 
+def test_a_held_runs_card_names_every_change_the_budget_dropped(project, tmp_path):
+    """adv6b 03: the human applying a held run saw the budgeted card: past
+    its item limit, changes were a count ("140 not listed"), so one could
+    ride along unnamed. The held card names each of them, most severe first,
+    and the host's prompt says where it cuts the card."""
+    out = unsure(project, tmp_path, "mkdir -p notes && for i in $(seq 1 100); do "
+                                    "echo x > notes/n$i.md; echo y > top$i.txt; done; rm -rf src")
+    state = str(tmp_path / "state")
+    card = pending.load(state, out.held).card
+    for i in range(1, 101):
+        assert f'"notes/n{i}.md"' in card and f'"top{i}.txt"' in card, i
+    assert card.index('deleted dir "src"') < card.index("also changed, not listed above")
+    rc, ask = run_hook("claude-code", json.dumps(hook_input(
+        "claude-code", f"{BIN / 'caper'} commit {out.held}", project, tmp_path / "none")).encode(),
+        project, tmp_path)
+    reason = ask["hookSpecificOutput"]["permissionDecisionReason"]
+    assert "more characters, not shown here" in reason and f"caper commit {out.held}" in reason
+
+
 @pytest.mark.parametrize("agent", ["codex", "gemini"])
 def test_hosts_that_cannot_ask_leave_it_to_the_user(agent, project, tmp_path):
     commit = f"{BIN / 'caper'} commit 0123456789abcdef"

@@ -533,6 +533,9 @@ def held_commit(command: str) -> str | None:
     return None
 
 
+PROMPT_CARD_CHARS = 6000   # of the card in a host's permission prompt
+
+
 def ask_human(agent: Agent, run_id: str, state: str, asks: bool) -> str:
     """Applying a held run is the human's call, never the agent's: the host's
     permission prompt shows them the effect card; a host that cannot ask is
@@ -552,8 +555,14 @@ def ask_human(agent: Agent, run_id: str, state: str, asks: bool) -> str:
         held = load(state, run_id)
     except ConfigError as e:
         return _out(agent, "deny", f"no held run {run_id} to apply ({escape(str(e))})")
+    card = escape(held.card, keep_lines=True)
+    if len(card) > PROMPT_CARD_CHARS:
+        cut = card.rfind("\n", 0, PROMPT_CARD_CHARS)
+        cut = cut if cut > 0 else PROMPT_CARD_CHARS
+        card = (card[:cut] + f"\n[the card goes on for {len(card) - cut} more characters, not "
+                f"shown here: `caper commit {run_id}` in a terminal shows it whole]")
     text = (f"caper ran this command in a sandbox and held the result for you: "
-            f"{escape(held.reason)}\n\n{escape(held.card[:6000], keep_lines=True)}\n"
+            f"{escape(held.reason)}\n\n{card}\n"
             f"Apply these effects to your files? (Or later, in a terminal: "
             f"`caper commit {run_id}`.)")
     # Whatever caper the model named, this one applies it. In -p mode the

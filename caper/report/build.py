@@ -408,6 +408,27 @@ class Report(_Model):
     def card(self) -> str:
         return render_card(self)
 
+    def unlisted(self) -> list[FileChange]:
+        """The changes the card neither lists nor names in an aggregate
+        (the budget dropped them), most severe first."""
+        named = {c.path for c in self.changes} | {p for a in self.aggregates for p in a.paths}
+        rest = [c for c in self.all_changes if c.path not in named]
+        return sorted(rest, key=lambda c: (-_change_severity(c, c.path), c.path))
+
+    def card_for_human(self, names: int | None = None) -> str:
+        """The card, and after it the name of every change the budget
+        dropped (the first `names`, most severe first, and how many more):
+        a human applies a held run from this, and a change they were not
+        shown must not ride along unnamed."""
+        rest, names = self.unlisted(), HUMAN_NAMES if names is None else names
+        if not rest:
+            return self.card()
+        lines = [f"  {c.op} {c.type} {quote(c.path)} [{c.where}]" for c in rest[:names]]
+        more = len(rest) - names
+        return "\n".join([self.card(), f"also changed, not listed above ({len(rest)}, most "
+                                        "severe first):", *lines]
+                         + ([f"  and {more} more, of lower severity"] if more > 0 else []))
+
 
 
 # --- detail levels ----------------------------------------------------------------------
@@ -442,6 +463,7 @@ LEVELS = (
 # Aggregated changes whose names are listed (at most AGG_NAMES each): all but
 # build outputs, caches and temp files, which say nothing one by one.
 AGG_NAMES = 40
+HUMAN_NAMES = 200   # names of dropped changes a held run's card adds for its human
 _UNNAMED = ("ignored", "cache", "tmp")
 
 # --- severity ---------------------------------------------------------------------------
