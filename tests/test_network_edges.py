@@ -184,8 +184,55 @@ def test_a_half_close_after_a_credential_read_is_not_passed_on(runner):
     finally:
         up.close()
     [n] = out["proxied"]
-    assert n["result"] == "cut" and ".env" in n["reason"] and "not passed on" in n["reason"]
+    assert n["result"] == "cut" and ".env" in n["reason"], n
     assert up.seen == ["reset", "reset"]     # RUN_AND_COUNT's two runs
+
+
+def _stream_until_cut(conn: socket.socket) -> tuple[str, float]:
+    """Acknowledge the hello, then send without end: how the stream ended and
+    how long after the hello (what the upstream learns of the run)."""
+    import time
+    with conn:
+        assert conn.recv(5) == b"hello"
+        conn.sendall(b"ack")
+        t0 = time.monotonic()
+        try:
+            while True:
+                conn.sendall(b"z" * 65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return "reset", time.monotonic() - t0
+
+
+def test_after_a_credential_read_the_upstream_learns_nothing_the_run_chooses(runner):
+    """adv6c 01: with a credential read judged after the run (ask, an LLM),
+    the run went on reading an allowed host's stream at a pace it chose, and
+    the host saw that pace as TCP flow control; a cut tunnel's upstream was
+    reset when the run ended, at a time it chose. Now the proxy reads the
+    upstream at its own pace, and at the read every tunnel is cut and its
+    upstream reset then: here long before the run's end."""
+    up = Upstream(_stream_until_cut)
+    try:
+        script = os.path.join(runner.ws, "pace.py")
+        with open(script, "w") as f:
+            f.write(_tunnel(up.port, "s.sendall(b'hello')\n"
+                                     "assert s.recv(3) == b'ack'\n"
+                                     "bits = open('.env').read().encode()[:2]\n"
+                                     "end = time.monotonic() + 4\n"
+                                     "while time.monotonic() < end:\n"
+                                     "    try:\n"
+                                     "        s.recv(1 << (bits[0] & 7))\n"
+                                     "    except OSError:\n"
+                                     "        break\n"
+                                     "    time.sleep(0.01)\n"
+                                     "time.sleep(max(0, end - time.monotonic()))\n"))
+        os.chmod(script, 0o644)
+        out = runner("PYTHON pace.py", [f"127.0.0.1:{up.port}"])
+    finally:
+        up.close()
+    [n] = out["proxied"]
+    assert n["result"] == "cut" and ".env" in n["reason"], n
+    assert [how for how, _ in up.seen] == ["reset", "reset"], up.seen
+    assert all(after < 2.5 for _, after in up.seen), up.seen     # the run went on for 4 s
 
 
 def test_no_proxy_thread_or_descriptor_outlives_a_run_whose_upstream_never_answers(runner):

@@ -13,8 +13,9 @@ machine or its link unless the rule names that address. Each connection is attri
 when accepted, to the process that made it (the tracer's connect record of the peer
 socket's inode); one that cannot be attributed is refused. Once any process of the run
 has read a credential, nothing more leaves: new connections are refused and open tunnels
-cut before their next bytes (processes hand data to each other through pipes,
-descriptors and files, which the tracer does not follow). Every request, refused or not,
+cut at once, their upstreams reset (processes hand data to each other through pipes,
+descriptors and files, which the tracer does not follow); and what an upstream sees of a
+tunnel (its bytes, its pace, its end) never follows the run after such a read. Every request, refused or not,
 becomes a ProxyRequest, every DNS query a DnsQuery.
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ MAX_QUERIES = 4096            # distinct DNS queries recorded; more are refused
 IDLE_S = 120.0                # a tunnel with no bytes either way for this long is closed
 MAX_CONNECTIONS = 64          # served at once; more are refused
 CHUNK = 64 * 1024
+RELAY_BUFFER = 4 << 20        # bytes from the upstream a tunnel holds for a slow sandbox
 _HOST = re.compile(rf"{LABEL}(?:\.{LABEL})*")
 
 
@@ -116,29 +118,36 @@ class _Knowledge:
         self._credentials: dict[str, None] = {}           # read so far, in order
         self._seen = 0                                    # seq of the last event observed
         self.emitted: Callable[[], int] = lambda: 0       # the tracer's last seq (Trace)
+        self.first_credential: Callable[[], object] = lambda: None
         self.changed = threading.Condition()
 
     def observe(self, e: Event) -> None:
         with self.changed:
-            self._seen = max(self._seen, e.seq)
-            if e.kind == Kind.OPEN and e.ok and e.path and e.flags & 3 != os.O_WRONLY:
-                cred = self._aliases.credential(self._kind, e.real, e.path)
+            had = bool(self._credentials)
+            self._observe(e)
+            if self._credentials and not had:
+                self.first_credential()
+            self.changed.notify_all()
+
+    def _observe(self, e: Event) -> None:
+        self._seen = max(self._seen, e.seq)
+        if e.kind == Kind.OPEN and e.ok and e.path and e.flags & 3 != os.O_WRONLY:
+            cred = self._aliases.credential(self._kind, e.real, e.path)
+            if cred:
+                self._credentials[cred[0]] = None
+        elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and e.path2:
+            # A credential by another name (or a directory holding one,
+            # which the aliases resolve at the open): reading that name
+            # reads it. The tracer made the call from the names reported.
+            for names in Aliases.sources(e):
+                cred = self._aliases.credential(self._kind, *names) or next(
+                    filter(None, map(self._holds, filter(None, names))), None)
                 if cred:
                     self._credentials[cred[0]] = None
-            elif e.kind in (Kind.LINK, Kind.RENAME) and e.ok and e.path and e.path2:
-                # A credential by another name (or a directory holding one,
-                # which the aliases resolve at the open): reading that name
-                # reads it. The tracer made the call from the names reported.
-                for names in Aliases.sources(e):
-                    cred = self._aliases.credential(self._kind, *names) or next(
-                        filter(None, map(self._holds, filter(None, names))), None)
-                    if cred:
-                        self._credentials[cred[0]] = None
-                self._aliases.take(e)
-            elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
-                    (e.path, e.arg0) in self._served:
-                self._sockets[e.arg1] = (e.pid, e.seq)
-            self.changed.notify_all()
+            self._aliases.take(e)
+        elif e.kind == Kind.CONNECT and e.arg1 and e.flags == Family.INET and \
+                (e.path, e.arg0) in self._served:
+            self._sockets[e.arg1] = (e.pid, e.seq)
 
     def who(self, inode: int, timeout: float) -> tuple[int, int] | None:
         """The (pid, seq) of the connect that made socket inode, waiting for its
@@ -215,9 +224,10 @@ class Proxy:
         # Every socket a connection's thread holds, so that close() can wake
         # (shut down) whatever one of them waits on: a silent upstream holds nothing.
         self._open: set[socket.socket] = set()
-        # Upstreams of tunnels cut after a credential read, kept as they were until
-        # the run ends: how and when the run closes its side is not passed on.
-        self._held: list[socket.socket] = []
+        # Readable from the run's first credential read on: it wakes every
+        # tunnel to cut itself then (_relay).
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._know.first_credential = lambda: os.write(self._wake_w, b"!")
         self._timeout = timeout
         self._deadline = float("inf")
 
@@ -261,10 +271,8 @@ class Proxy:
                     pass      # not connected (yet): its connect() is bounded
         for t in self._serving + list(self._threads):
             t.join(CONNECT_TIMEOUT_S)
-        with self._lock:
-            for s in self._held:
-                _reset(s)
-            self._held.clear()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         for s in [self._ours, self._theirs] + [s for s, _ in self._sockets]:
             s.close()
         for fd in self._tables:
@@ -463,12 +471,9 @@ class Proxy:
             with self._lock:
                 self.requests.append(rec)
                 self._active -= 1
-                held = upstream is not None and rec.result == "cut"
-                if held and not self._stop.is_set():
-                    self._held.append(upstream)    # close() resets it
-                elif held:
-                    _reset(upstream)
-            if upstream is not None and not held:
+            if upstream is not None and rec.result == "cut":
+                _reset(upstream)      # now: when the run ends is not passed on
+            elif upstream is not None:
                 upstream.close()
 
     def _asked(self, conn: socket.socket, rec: ProxyRequest) -> bytes | None:
@@ -580,20 +585,40 @@ class Proxy:
 
     def _relay(self, conn: socket.socket, upstream: socket.socket, first: bytes,
                rec: ProxyRequest) -> None:
-        """Copy both ways until both sides are done; every chunk from the
-        sandbox, and its half-close, is checked against what its process has read
-        by then. A cut tunnel's upstream is held as it is (_one), so what the run
-        does after a credential read (send more, close its side, or not) is not
-        passed on. Every write waits at most IDLE_S, and no longer than the run."""
+        """Copy both ways until both sides are done. Every chunk from the
+        sandbox, and its half-close, is checked against what the run has read
+        by then. What the upstream sees never depends on the run after a
+        credential read: the proxy reads the upstream at its own pace into a
+        buffer (the sandbox's reading does not reach it as TCP flow control),
+        stops reading only when that buffer is full and starts again only
+        while the run has read none; at the first credential read of the run
+        (RELAY_WAKE) every tunnel is cut then, and its upstream reset then,
+        not when the run ends. Every write upstream waits at most IDLE_S, and
+        no longer than the run."""
         pending, hello = first, rec.scheme == "https"
+        to_sandbox = bytearray()
         sel = selectors.DefaultSelector()
         for s in (conn, upstream):
             s.setblocking(False)
-        sel.register(conn, selectors.EVENT_READ, upstream)
-        sel.register(upstream, selectors.EVENT_READ, conn)
-        open_, last = 2, time.monotonic()
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        reading = {conn: True, upstream: True}      # its side has not ended
+        upstream_ended = False
+        last = time.monotonic()
+
+        def watch() -> None:
+            for s, want in ((conn, (selectors.EVENT_READ if reading[conn] else 0)
+                             | (selectors.EVENT_WRITE if to_sandbox else 0)),
+                            (upstream, selectors.EVENT_READ
+                             if reading[upstream] and len(to_sandbox) < RELAY_BUFFER else 0)):
+                if s in sel.get_map():
+                    if want:
+                        sel.modify(s, want)
+                    else:
+                        sel.unregister(s)
+                elif want:
+                    sel.register(s, want)
         try:
-            while open_:
+            while reading[conn] or reading[upstream] or to_sandbox:
                 if pending:
                     if hello:   # a tunnel's first bytes: a TLS ClientHello names its server
                         rec.sni, rec.opaque, hello = _sni(pending), pending[:1] != b"\x16", False
@@ -606,49 +631,68 @@ class Proxy:
                     upstream.setblocking(False)
                     rec.sent += len(pending)
                     pending = b""
+                full = len(to_sandbox) >= RELAY_BUFFER
+                watch()
                 ready = sel.select(1.0)
                 if self._stop.is_set():
                     return        # the sandbox is gone: nothing more is its
                 if time.monotonic() >= self._deadline:
                     rec.result, rec.reason = "cut", "the run's time is up"
                     return
+                if any(key.fileobj == self._wake_r for key, _ in ready):
+                    leak = self._leak(rec)
+                    if leak:
+                        rec.result, rec.reason = "cut", leak + " (cut then)"
+                        return
                 if not ready:
                     if time.monotonic() - last > IDLE_S:
                         rec.result, rec.reason = "cut", f"idle for {IDLE_S:.0f} s"
                         return
                     continue
                 last = time.monotonic()
-                for key, _ in ready:
-                    src, dst = key.fileobj, key.data
+                for key, events in ready:
+                    src = key.fileobj
+                    if src is conn and events & selectors.EVENT_WRITE:
+                        try:
+                            sent = conn.send(to_sandbox)
+                        except BlockingIOError:
+                            sent = 0
+                        except (BrokenPipeError, ConnectionResetError):
+                            return    # the client is gone (a TLS client's close): done
+                        del to_sandbox[:sent]
+                        if full and len(to_sandbox) < RELAY_BUFFER:
+                            # Reading the upstream again follows the run's reading.
+                            leak = self._leak(rec)
+                            if leak:
+                                rec.result, rec.reason = "cut", leak + " (cut then)"
+                                return
+                        if not to_sandbox and upstream_ended:
+                            _shut(conn)
+                    if not events & selectors.EVENT_READ or src == self._wake_r:
+                        continue
                     try:
                         data = src.recv(CHUNK)
                     except BlockingIOError:
                         continue
                     except ConnectionResetError:
                         data = b""
-                    if not data:
-                        leak = self._leak(rec) if src is conn else None
+                    if data and src is conn:
+                        pending = data
+                    elif data:
+                        to_sandbox += data
+                        rec.received += len(data)
+                    elif src is conn:
+                        leak = self._leak(rec)
                         if leak:
                             rec.result, rec.reason = "cut", leak + " (its close is not " \
                                 "passed on)"
                             return
-                        sel.unregister(src)
-                        open_ -= 1
-                        try:
-                            dst.shutdown(socket.SHUT_WR)
-                        except OSError:
-                            pass
-                        continue
-                    if src is conn:
-                        pending = data
+                        reading[conn] = False
+                        _shut(upstream)
                     else:
-                        dst.settimeout(self._left(IDLE_S))
-                        try:
-                            dst.sendall(data)
-                        except (BrokenPipeError, ConnectionResetError):
-                            return    # the client is gone (a TLS client's close): done
-                        dst.setblocking(False)
-                        rec.received += len(data)
+                        reading[upstream], upstream_ended = False, True
+                        if not to_sandbox:
+                            _shut(conn)
         finally:
             sel.close()
 
@@ -659,6 +703,14 @@ class Proxy:
         if rec.sni and rec.sni != rec.host and not self.allow.allows(rec.sni, rec.port or 443):
             return f"the tunnel to {rec.host} asked TLS for {rec.sni}, which is not allowed"
         return None
+
+
+def _shut(s: socket.socket) -> None:
+    """Pass on an end of stream (the other side's half-close)."""
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def _reset(s: socket.socket) -> None:
