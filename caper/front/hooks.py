@@ -361,9 +361,12 @@ def answer(agent: Agent, hook, env=None, state: str | None = None,
     return _out(agent, decision, why, wrapped, tool_input)
 
 
-# A turn the agent starts by itself, as Claude Code words it: a background
-# task's end (its result is the sub-agent's text, round 6), not the user's.
-SELF_STARTED = ("<task-notification>",)
+# A turn the agent starts by itself opens with a tag of Claude Code's: a
+# background task's end (<task-notification>, round 6), a sub-agent's or a
+# teammate's message (<agent-message from=...>, <teammate-message>, round 7),
+# another session's. Its text is an agent's, not the user's: any prompt that
+# opens with a tag is taken for one, but a slash command the user typed.
+SELF_STARTED = re.compile(r"\s*<(?!command-(?:message|name|args)>)[A-Za-z][\w.:-]*[\s/>]")
 
 
 def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) -> str:
@@ -375,7 +378,7 @@ def prompt_answer(agent: Agent, hook: dict, state: str | None = None, env=None) 
     session, prompt = hook.get("session_id"), hook.get("prompt")
     if isinstance(session, str) and session and len(session) <= 200 and \
             isinstance(prompt, str) and not hook.get("agent_id") and \
-            not prompt.lstrip().startswith(SELF_STARTED):
+            not SELF_STARTED.match(prompt):
         try:
             record_prompt(state or state_dir(), session, prompt,
                           session_project(agent, hook, env))
@@ -459,7 +462,7 @@ def file_tool_answer(agent: Agent, hook: dict, env=None, state: str | None = Non
                                            f"caper's state directory ({escape(d)}, through "
                                            f"{escape(path)}): caper's records are kept there")
         if writes:
-            why = agent_file(path, cwd, project, env.get("HOME"))
+            why = agent_file(path, cwd, project, env)
             if why:
                 return _out(agent, "deny", f"caper: {hook.get('tool_name')} may not write "
                                            f"{escape(path)}: {why}. If it should change, the "
@@ -468,18 +471,25 @@ def file_tool_answer(agent: Agent, hook: dict, env=None, state: str | None = Non
     return ""
 
 
-def agent_file(path: str, cwd: str, project: str, home: str | None) -> str | None:
+def agent_file(path: str, cwd: str, project: str, env) -> str | None:
     """Why the agent's own tools may not write path, or None: the file
     configures an agent or caper (a setting can turn caper's hook off, a
-    skill's hooks run on the host), or an agent's settings run it. Judged by
+    skill's hooks run on the host), or an agent's settings run it (env: the
+    hook's environment, whose caper config is guarded too). Judged by
     the path as written and as resolved (a symlinked `.claude`)."""
     from caper.judge.agent_config import is_control_file, programs_run
+    home = env.get("HOME")
     if home and (path == "~" or path.startswith("~/")):
         path = home + path[1:]
     places = {os.path.normpath(os.path.join(cwd, path)), resolved(path, cwd, home)}
     roots = {project, os.path.realpath(project)}
     if any(is_control_file(p, r, home) for p in places for r in roots):
-        return "it configures an agent or caper (hooks, permissions, skills, MCP servers)"
+        return "it configures an agent, caper or git (hooks, permissions, skills, MCP " \
+               "servers, filters)"
+    from caper.config import config_path
+    own = {os.path.realpath(config_path(e)) for e in (env, os.environ)}
+    if {os.path.realpath(p) for p in places} & own:
+        return "it is caper's own configuration"
     run = {os.path.realpath(p) for r in roots for p in programs_run(r, home)}
     if places & run or {os.path.realpath(p) for p in places} & run:
         return "an agent's settings run it on the host, outside caper's sandbox"

@@ -21,6 +21,10 @@ CONTROL_FILES = (
     ".gemini/**", "~/.gemini/**", "/etc/gemini-cli/**",
     ".codex/**", "~/.codex/**", "/etc/codex/**",
     "~/.config/caper/**",
+    # git's configuration and hooks, in every repository: the agent runs git
+    # itself, on the host (Claude Code's worktrees, its status at start), and
+    # a filter or hook planted there runs then (round 7).
+    ".git/**",
 )
 # The agent's own notes (Claude Code's memory and plans): text it reads back,
 # never runs, and writes with its own tools by design.
