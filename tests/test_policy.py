@@ -1073,7 +1073,13 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
                      ("~/.cache/node/corepack/v1/pnpm/9.0.0/bin/pnpm.cjs", "cache"),
                      ("~/.cache/go-build/ab/abcdef-d", "cache"),
                      ("~/.cache/huggingface/modules/transformers_modules/a/m/modeling.py", "cache"),
-                     ("/tmp/tsx-0/5f3a.json", "tmp"), ("/tmp/node-compile-cache/v22/x", "tmp")):
+                     ("/tmp/tsx-0/5f3a.json", "tmp"), ("/tmp/node-compile-cache/v22/x", "tmp"),
+                     # adv7c 03: stores code runs from as it is
+                     ("~/.yarn/berry/cache/left-pad-npm-1.3.0-4b1a.zip", "cache"),
+                     ("~/.pnpm-store/v3/files/3f/a1b2c3", "cache"),
+                     ("~/.gradle/caches/build-cache-1/0a1b2c", "cache"),
+                     ("~/.m2/repository/com/x/lib/1.0/lib-1.0.aar", "cache"),
+                     ("~/.cargo/git/db/serde-1a2b/objects/pack/p.pack", "cache")):
         assert verdict(report(fc(p, "modified", where)), "./run-tests.sh",
                        "run the tests") == "block", p
         # a new venv's activate is one the user will source: only an installer's
