@@ -42,6 +42,7 @@ from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
 from caper.report import bytecode, configkeys
+from caper.report.content import SCHEMA_CODE
 from caper.judge.agent_config import programs_run
 from caper.judge.base import ApprovalRequest, Decision
 from caper.report.build import CHANGES_NOT_SHOWN
@@ -547,6 +548,12 @@ class _Judge:
         self.privilege(path, full, c)
         if c.type == "symlink" and op != "deleted" and (c.detail or "").startswith("-> "):
             self.link(path, full, c.detail[3:])
+        if c.unseen_links and op != "deleted":
+            self.add(86, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, a file with "
+                     f"{c.unseen_links} other hard links on this machine that the run did not "
+                     "name: the same content under names the report cannot show (a dotfile, a "
+                     "package store's file)", "hard links: one file under names not shown",
+                     "break the link first (copy the file, then edit the copy)", path)
         for other in c.links or ():
             # A hard link is one file under two names: a write through the
             # project's name is a write of the other, as through a symlink.
@@ -1090,6 +1097,13 @@ class _Judge:
                      "permissions for other users", "keep your files your own", path)
 
     def tables(self, path: str, c) -> None:
+        # (a table of that name is judged as them: fail closed)
+        if c.op != "deleted" and any(t.rows_before != t.rows_after or t.rows_lost or
+                                     t.rows_changed for t in c.tables if t.table == SCHEMA_CODE):
+            self.add(87, "unsure", f"it would change the triggers or views of the database "
+                     f"{_quote_clipped(path)}: code SQLite runs at later reads and writes",
+                     "database code that runs later",
+                     "review the migration's triggers and views yourself", path)
         unread = [t.table for t in c.tables if not t.compared]
         if unread and c.op != "deleted":
             # Too large or too slow to read: a loss there is as likely as none.

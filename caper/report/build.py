@@ -27,6 +27,7 @@ import json
 import os
 import re
 import signal
+import stat
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -201,6 +202,11 @@ class FileChange(_Model):
     by: str | None = None
     read_before: list[str] | None = None
     links: list[str] | None = None   # a new file's other names: one inode (a hard link)
+    # A rewritten file's hard links on the host that the run did not change
+    # (their names unknown: finding them would take a walk of the filesystem);
+    # they hold the same content after the commit where the backend keeps
+    # links shared (root's overlay, btrfs).
+    unseen_links: int | None = None
 
 
 class GitLoss(_Model):
@@ -1078,6 +1084,7 @@ def _draft(facts: RunFacts) -> _Draft:
     repositories = gitstate.Repositories(loc)
     writer_of: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the call that made it
     names_of = _inode_names(facts)
+    unseen = _unseen_links(facts)
     for c in facts.changes:
         if c.path in consumed:
             continue
@@ -1095,6 +1102,7 @@ def _draft(facts: RunFacts) -> _Draft:
             fc.privileges = list(c.privileges)
         if c.kind in ("created", "replaced") and c.ftype == "file":
             fc.links = _other_names(c.path, names_of, an) or None
+        fc.unseen_links = unseen.get(c.path)
         fc.git_config = c.path in included
         fc.in_repository = repositories.part(c.path)
         if fc.in_repository in ("config", "config.worktree") or \
@@ -1457,6 +1465,28 @@ def _inode_names(facts: "RunFacts") -> dict[str, list[str]]:
     return {p: names for names in by_inode.values() for p in names}
 
 
+def _unseen_links(facts: "RunFacts") -> dict[str, int]:
+    """Each changed file whose host inode (before the run) has more hard
+    links than the run changed names of it -> how many more: adv7c, a tracked
+    `.bashrc` of a dotfiles repository that is a link of ~/.bashrc, a pnpm
+    store file linked into node_modules."""
+    by_inode: dict[tuple[int, int], list[str]] = {}
+    nlink: dict[tuple[int, int], int] = {}
+    for c in facts.changes:
+        if c.ftype != "file" or c.kind == "created":
+            continue
+        try:
+            st = os.lstat(c.path)       # the host's file, as the commit would meet it
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            key = (st.st_dev, st.st_ino)
+            by_inode.setdefault(key, []).append(c.path)
+            nlink[key] = st.st_nlink
+    return {p: nlink[k] - len(names) for k, names in by_inode.items() for p in names
+            if nlink[k] > len(names)}
+
+
 def _other_names(path: str, names_of: dict[str, list[str]], an: "_Analysis") -> list[str]:
     """A new file's other names, when it has other links: the inode's, and
     what the run linked it from."""
@@ -1650,6 +1680,9 @@ def render_card(r: Report) -> str:
             bits.append("BYTECODE THAT IS NOT ITS SOURCE'S")
         if c.links:
             bits.append("same file as " + ", ".join(map(quote, c.links)))
+        if c.unseen_links:
+            bits.append(f"HAS {c.unseen_links} OTHER HARD LINKS the run did not name (they may "
+                        "change too)")
         if c.by:
             bits.append(f"by {quote(c.by)}")
         L.append(" ".join(bits))

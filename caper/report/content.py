@@ -41,6 +41,11 @@ MAX_SQLITE_COPY = 256 << 20   # a database with its log, copied to be read as it
 # A database whose tables the report could not all compare (more than
 # MAX_TABLES, a log too large to copy, a table the deadline cut short).
 UNCOMPARED = "\0uncompared"
+# The database's triggers and views, one row each (type, name, SQL), compared
+# as a table is: code SQLite runs at later reads and writes (a trigger that
+# empties a table at the next insert), shown under this name.
+SCHEMA_CODE = "(triggers and views)"
+_SCHEMA_KEY = "\0schema"      # its key among the tables (any text can name a table)
 TABLES_NOT_COMPARED = "database-tables-not-compared"   # uncertainty flag
 OVERWRITE_SHARE = 0.9         # of a text file's old lines removed: overwritten, not edited
 OVERWRITE_MIN_LINES = 5
@@ -292,6 +297,14 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
         out = {n: (k, None if k is None else _row_digests(con, n) if k <= MAX_ROWS_COMPARED
                    else _column_stats(con, n))
                for n, k in counts.items()}
+        try:
+            code = [tuple(hashlib.blake2b(repr(v).encode(), digest_size=8).digest() for v in r)
+                    for r in con.execute("SELECT type, name, sql FROM sqlite_master WHERE type "
+                                         "IN ('trigger', 'view') ORDER BY name")]
+            out[_SCHEMA_KEY] = (len(code), _Rows(("type", "name", "sql"), code,
+                                                 [len(code)] * 3, [len(set(code))] * 3))
+        except sqlite3.Error:
+            out[UNCOMPARED] = (None, None)
         if len(names) > MAX_TABLES:
             out[UNCOMPARED] = (None, None)
         return out
@@ -492,8 +505,8 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     b_db, a_db = _sqlite_tables(b_side), _sqlite_tables(a_side)
     if b_db is not None or a_db is not None:
         b_db, a_db = b_db or {}, a_db or {}
-        rows = [_table_rows(n, b_db.get(n), a_db.get(n))
-                 for n in sorted((set(b_db) | set(a_db)) - {UNCOMPARED})]
+        rows = [_table_rows(SCHEMA_CODE if n == _SCHEMA_KEY else n, b_db.get(n), a_db.get(n))
+                for n in sorted((set(b_db) | set(a_db)) - {UNCOMPARED})]
         if UNCOMPARED in b_db or UNCOMPARED in a_db:
             rows.append(TableRows("(tables not read)", None, None, compared=False))
         rows.sort(key=lambda r: (r.compared, r.before == r.after))   # unknown, then changed first
