@@ -1245,6 +1245,12 @@ class _Judge:
             self.add(88, "unsure" if rewrites and discard else "block",
                      f"it would drop {g.stashes} stash entr{'ies' if g.stashes > 1 else 'y'}",
                      "git state that git cannot give back", "apply or keep the stash")
+        if g.tags and not self.task_says("tags"):
+            self.add(72, "unsure", f"it would delete or move the git tag"
+                     f"{'s' * (len(g.tags) > 1)} {', '.join(map(_quote_clipped, g.tags[:4]))}: a "
+                     "release names the commit it was, and an annotated tag's message and "
+                     "signature are on no ref then", "git tags the task does not name",
+                     "name the tags in the task")
         if g.uncommitted and not (rewrites and discard):
             self.add(90, "unsure" if rewrites else "block",
                      f"it would throw away uncommitted changes to "

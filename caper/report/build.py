@@ -222,6 +222,7 @@ class GitLoss(_Model):
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
     hidden: list[str] = []           # tracked files the run's index hides from git status
     added: list[str] = []            # commits the run put on refs: "ref: sha subject (files)"
+    tags: list[str] = []             # tags deleted or moved: "v1.0 moved", "v0.9 deleted"
 
 
 class Aggregate(_Model):
@@ -1712,6 +1713,8 @@ def render_card(r: Report) -> str:
             if g.uncommitted else []
         lost += [f"unknown ({quote(g.unknown)})"] if g.unknown else []
         L.append("git state lost: " + "; ".join(lost))
+    if g and g.tags:
+        L.append("git tags deleted or moved: " + ", ".join(map(quote, g.tags)))
     if g and g.index_unreadable:
         L.append(f"git index: unreadable by git after the run ({quote(g.index_unreadable)})")
     for line in g.added if g else []:

@@ -72,10 +72,13 @@ class Loss:
     index_unreadable: str | None = None   # why git cannot read the run's .git/index
     hidden: list[str] = field(default_factory=list)   # tracked files git status no longer shows
     added: list[str] = field(default_factory=list)    # "ref: sha subject (files)" the run put on refs
+    # Tags the run deleted or moved ("v1.0 moved", "v0.9 deleted"): a release
+    # names what it was, and an annotated tag's object is on no ref then.
+    tags: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.commits or self.stashes or self.reflog_only or self.uncommitted or self.unknown
-                    or self.index_unreadable or self.hidden or self.added)
+                    or self.index_unreadable or self.hidden or self.added or self.tags)
 
 
 class _Repo:
@@ -216,6 +219,8 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
     if grown:
         loss.added = _added(repo, grown, sorted(set(before.values())), after)
     moved = sorted(k for k in before if after.get(k) != before[k])
+    loss.tags = [f"{k[len('refs/tags/'):]} {'moved' if k in after else 'deleted'}"
+                 for k in moved if k.startswith("refs/tags/")]
     if not moved:
         return
     head = _sha(_read(os.path.join(git_dir, "HEAD")))
