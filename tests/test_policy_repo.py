@@ -241,3 +241,28 @@ def test_tags_deleted_or_moved_are_named_and_need_the_task(policy_env):
     assert gate(policy_env, "git tag v1.1", "run the tests").committed
     out = gate(policy_env, "git tag -d v0.9", "delete the v0.9 tag, it was a mistake")
     assert out.committed, out.reason
+
+
+def test_tags_and_database_triggers_are_judged_rootless():
+    """Round 7's report gaps as uid 65534, on a real repository (its git
+    objects read-only files): a deleted tag and a planted trigger are named
+    and not committed; a new tag is."""
+    need_rootless_venv()
+    root = Path(tempfile.mkdtemp(prefix="caper-rootless-tags-"))
+    atexit.register(shutil.rmtree, root, True)
+    ws, state = root / "ws", root / "state"
+    git_project(ws, {"app.py": "x = 1\n"})
+    git(ws, "tag", "-a", "v0.9", "-m", "release 0.9")
+    con = sqlite3.connect(ws / "app.db")
+    con.executescript("CREATE TABLE users(id, email); INSERT INTO users VALUES (1, 'a@b');")
+    con.close()
+    for d, _, files in os.walk(root):
+        for p in [d, *(os.path.join(d, f) for f in files)]:
+            os.chown(p, NOBODY, NOBODY)
+    trigger = ("python3 -c \"import sqlite3; c = sqlite3.connect('app.db'); c.execute('CREATE "
+               "TRIGGER t AFTER INSERT ON users BEGIN DELETE FROM users; END'); c.commit()\"")
+    for harm, shown in (("git tag -d v0.9", "v0.9 deleted"), (trigger, "(triggers and views)")):
+        out = run_as_nobody(ws, harm, "policy", state)
+        assert not out["committed"] and shown in out["report"], (harm, out["reason"])
+    assert (ws / ".git" / "refs" / "tags" / "v0.9").exists()
+    assert run_as_nobody(ws, "git tag v1.1", "policy", state)["committed"]
