@@ -59,6 +59,16 @@ def open_quiet(path: str, flags: int, dir_fd: int | None = None) -> int:
         return os.open(path, flags, dir_fd=dir_fd)
 
 
+def stamp(path: str) -> tuple[int, int]:
+    """The file's (mtime_ns, size), (0, -1) when there is none: the key of a
+    cache that reads the file again only when it changed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
 def read_quiet(path: str, limit: int) -> bytes:
     """The first `limit` bytes (all, for -1) of the file at path, opened as
     open_quiet opens."""

@@ -13,6 +13,7 @@ import re
 import shlex
 import tomllib
 
+from caper.fs.syscalls import read_quiet, stamp
 from caper.report.secrets import glob_regex
 
 # Relative patterns are the project's; ~ is the home.
@@ -98,16 +99,8 @@ def programs_run(project: str, home: str | None) -> tuple[str, ...]:
     for rel in SETTINGS:
         path = _absolute(rel, project, home)
         if path:
-            out += _programs_of(path, project, home, *_stamp(path))
+            out += _programs_of(path, project, home, *stamp(path))
     return tuple(dict.fromkeys(out))
-
-
-def _stamp(path: str) -> tuple[int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, -1)
-    return (st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -118,8 +111,7 @@ def _programs_of(path: str, project: str, home: str | None, mtime_ns: int,
     if size < 0:
         return ()
     try:
-        with open(path, "rb") as f:
-            raw = f.read(4 << 20)
+        raw = read_quiet(path, 4 << 20)
         doc = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
     except (OSError, ValueError):
         return ()

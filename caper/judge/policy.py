@@ -41,6 +41,7 @@ from typing import Iterable
 from caper.config import config_path
 from caper.display import quote
 from caper.fs.mountinfo import below
+from caper.fs.syscalls import stamp
 from caper.report import bytecode, configkeys
 from caper.report.content import SCHEMA_CODE
 from caper.judge.agent_config import programs_run
@@ -164,18 +165,10 @@ def configured_hook_dirs(workspace: str, home: str | None) -> tuple[str, ...]:
     out = []
     for cfg, base in ((os.path.join(workspace, ".git", "config"), workspace),
                       (os.path.join(home, ".gitconfig") if home else "", home or "")):
-        for v in _git_config_values(cfg, "core.hookspath", workspace, *_stamp(cfg)):
+        for v in _git_config_values(cfg, "core.hookspath", workspace, *stamp(cfg)):
             v = home.rstrip("/") + v[1:] if v.startswith("~/") and home else v
             out.append(os.path.normpath(os.path.join(base, v)))
     return tuple(dict.fromkeys(out))
-
-
-def _stamp(path: str) -> tuple[int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, -1)
-    return (st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=64)
