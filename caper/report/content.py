@@ -301,9 +301,8 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
             code = [tuple(hashlib.blake2b(repr(v).encode(), digest_size=8).digest() for v in r)
                     for r in con.execute("SELECT type, name, sql FROM sqlite_master WHERE type "
                                          "IN ('trigger', 'view') ORDER BY name")]
-            if code:
-                out[_SCHEMA_KEY] = (len(code), _Rows(("type", "name", "sql"), code,
-                                                     [len(code)] * 3, [len(set(code))] * 3))
+            out[_SCHEMA_KEY] = (len(code), _Rows(("type", "name", "sql"), code,
+                                                 [len(code)] * 3, [len(set(code))] * 3))
         except sqlite3.Error:
             out[UNCOMPARED] = (None, None)
         if len(names) > MAX_TABLES:
@@ -505,12 +504,10 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     b_side, a_side = _database_sides(path, old_path, op, tree, ops or {})
     b_db, a_db = _sqlite_tables(b_side), _sqlite_tables(a_side)
     if b_db is not None or a_db is not None:
-        for side in (b_db, a_db):     # a database with none has none: not a table dropped
-            if side is not None and _SCHEMA_KEY not in side and UNCOMPARED not in side:
-                side[_SCHEMA_KEY] = (0, _Rows(("type", "name", "sql"), [], [0] * 3, [0] * 3))
         b_db, a_db = b_db or {}, a_db or {}
         rows = [_table_rows(SCHEMA_CODE if n == _SCHEMA_KEY else n, b_db.get(n), a_db.get(n))
                 for n in sorted((set(b_db) | set(a_db)) - {UNCOMPARED})
+                # the triggers and views, shown where either side has some
                 if n != _SCHEMA_KEY or b_db.get(n, (0,))[0] or a_db.get(n, (0,))[0]]
         if UNCOMPARED in b_db or UNCOMPARED in a_db:
             rows.append(TableRows("(tables not read)", None, None, compared=False))
