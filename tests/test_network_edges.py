@@ -118,6 +118,21 @@ def _tunnel(port: int, then: str) -> str:
             "assert s.recv(100).startswith(b'HTTP/1.1 200')\n" + then)
 
 
+def _tunnelled(runner, serve, then: str, timeout: float = 60) -> tuple[dict, list]:
+    """Run a script that opens a tunnel to an Upstream(serve) and does `then`
+    (PORT in it: the upstream's port): the run's JSON, and what the upstream
+    saw of each connection."""
+    up = Upstream(serve)
+    try:
+        script = os.path.join(runner.ws, "tunnel.py")
+        with open(script, "w") as f:
+            f.write(_tunnel(up.port, then.replace("PORT", str(up.port))))
+        os.chmod(script, 0o644)
+        return runner("PYTHON tunnel.py", [f"127.0.0.1:{up.port}"], timeout), up.seen
+    finally:
+        up.close()
+
+
 def _read_to_eof(conn: socket.socket) -> bytes:
     got = b""
     while data := conn.recv(65536):
@@ -136,19 +151,11 @@ def _count_then_answer(conn: socket.socket) -> int:
 def test_a_half_close_is_passed_on_both_ways(runner):
     """The client shuts down its sending side; the server, which answers only at
     that EOF, answers through the still open other direction, then closes it."""
-    up = Upstream(_count_then_answer)
-    try:
-        script = os.path.join(runner.ws, "half.py")
-        with open(script, "w") as f:
-            f.write(_tunnel(up.port, "s.sendall(b'x' * 200000)\n"
-                                     "s.shutdown(socket.SHUT_WR)\n"
-                                     "got = b''\n"
-                                     "while d := s.recv(65536): got += d\n"
-                                     "print(got.decode())\n"))
-        os.chmod(script, 0o644)
-        out = runner("PYTHON half.py", [f"127.0.0.1:{up.port}"])
-    finally:
-        up.close()
+    out, _ = _tunnelled(runner, _count_then_answer, "s.sendall(b'x' * 200000)\n"
+                                                    "s.shutdown(socket.SHUT_WR)\n"
+                                                    "got = b''\n"
+                                                    "while d := s.recv(65536): got += d\n"
+                                                    "print(got.decode())\n")
     assert out["exit"] == 0 and out["stdout"] == "got 200000\n", out
     [n] = out["proxied"]
     assert n["allowed"] and n["result"] == "ok" and n["sent"] == 200000 and n["received"] == 10
@@ -169,23 +176,15 @@ def _how_it_ended(conn: socket.socket) -> str:
 def test_a_half_close_after_a_credential_read_is_not_passed_on(runner):
     """Round 5: once the run has read a credential its bytes are cut, but its
     half-close went through, at a moment the run chose: a bit out. Now the
-    upstream is held as it was and reset when the run ends, whatever the run did."""
-    up = Upstream(_how_it_ended)
-    try:
-        script = os.path.join(runner.ws, "signal.py")
-        with open(script, "w") as f:
-            f.write(_tunnel(up.port, "s.sendall(b'hello')\n"
-                                     "assert s.recv(3) == b'ack'\n"
-                                     "secret = open('.env').read()\n"
-                                     "s.shutdown(socket.SHUT_WR)\n"
-                                     "time.sleep(1)\n"))
-        os.chmod(script, 0o644)
-        out = runner("PYTHON signal.py", [f"127.0.0.1:{up.port}"])
-    finally:
-        up.close()
+    tunnel is cut at the read and its upstream reset, whatever the run did."""
+    out, seen = _tunnelled(runner, _how_it_ended, "s.sendall(b'hello')\n"
+                                                  "assert s.recv(3) == b'ack'\n"
+                                                  "secret = open('.env').read()\n"
+                                                  "s.shutdown(socket.SHUT_WR)\n"
+                                                  "time.sleep(1)\n")
     [n] = out["proxied"]
     assert n["result"] == "cut" and ".env" in n["reason"], n
-    assert up.seen == ["reset", "reset"]     # RUN_AND_COUNT's two runs
+    assert seen == ["reset", "reset"]     # RUN_AND_COUNT's two runs
 
 
 def _stream_until_cut(conn: socket.socket) -> tuple[str, float]:
@@ -210,29 +209,21 @@ def test_after_a_credential_read_the_upstream_learns_nothing_the_run_chooses(run
     reset when the run ended, at a time it chose. Now the proxy reads the
     upstream at its own pace, and at the read every tunnel is cut and its
     upstream reset then: here long before the run's end."""
-    up = Upstream(_stream_until_cut)
-    try:
-        script = os.path.join(runner.ws, "pace.py")
-        with open(script, "w") as f:
-            f.write(_tunnel(up.port, "s.sendall(b'hello')\n"
-                                     "assert s.recv(3) == b'ack'\n"
-                                     "bits = open('.env').read().encode()[:2]\n"
-                                     "end = time.monotonic() + 4\n"
-                                     "while time.monotonic() < end:\n"
-                                     "    try:\n"
-                                     "        s.recv(1 << (bits[0] & 7))\n"
-                                     "    except OSError:\n"
-                                     "        break\n"
-                                     "    time.sleep(0.01)\n"
-                                     "time.sleep(max(0, end - time.monotonic()))\n"))
-        os.chmod(script, 0o644)
-        out = runner("PYTHON pace.py", [f"127.0.0.1:{up.port}"])
-    finally:
-        up.close()
+    out, seen = _tunnelled(runner, _stream_until_cut, "s.sendall(b'hello')\n"
+                                                      "assert s.recv(3) == b'ack'\n"
+                                                      "bits = open('.env').read().encode()[:2]\n"
+                                                      "end = time.monotonic() + 4\n"
+                                                      "while time.monotonic() < end:\n"
+                                                      "    try:\n"
+                                                      "        s.recv(1 << (bits[0] & 7))\n"
+                                                      "    except OSError:\n"
+                                                      "        break\n"
+                                                      "    time.sleep(0.01)\n"
+                                                      "time.sleep(max(0, end - time.monotonic()))\n")
     [n] = out["proxied"]
     assert n["result"] == "cut" and ".env" in n["reason"], n
-    assert [how for how, _ in up.seen] == ["reset", "reset"], up.seen
-    assert all(after < 2.5 for _, after in up.seen), up.seen     # the run went on for 4 s
+    assert [how for how, _ in seen] == ["reset", "reset"], seen
+    assert all(after < 2.5 for _, after in seen), seen     # the run went on for 4 s
 
 
 def test_no_proxy_thread_or_descriptor_outlives_a_run_whose_upstream_never_answers(runner):
@@ -247,21 +238,15 @@ def test_no_proxy_thread_or_descriptor_outlives_a_run_whose_upstream_never_answe
         hold.append(conn)            # never read: its receive buffer fills
         return "held"
 
-    up = Upstream(silent_holding)
     try:
-        script = os.path.join(runner.ws, "stuck.py")
-        with open(script, "w") as f:
-            f.write(_tunnel(up.port,
+        out, _ = _tunnelled(runner, silent_holding,
                             "g = socket.create_connection(('127.0.0.1', 3128))\n"
-                            f"g.sendall(b'GET http://127.0.0.1:{up.port}/ HTTP/1.1\\r\\n"
-                            f"Host: 127.0.0.1:{up.port}\\r\\n\\r\\n')\n"
-                            "s.sendall(b'x' * (64 << 20))\n"))
-        os.chmod(script, 0o644)
-        out = runner("PYTHON stuck.py", [f"127.0.0.1:{up.port}"], timeout=8)
+                            "g.sendall(b'GET http://127.0.0.1:PORT/ HTTP/1.1\\r\\n"
+                            "Host: 127.0.0.1:PORT\\r\\n\\r\\n')\n"
+                            "s.sendall(b'x' * (64 << 20))\n", timeout=8)
     finally:
         for c in hold:
             c.close()
-        up.close()
     assert out["exit"] != 0 and len(out["proxied"]) == 2, out
     assert out["after"] == out["before"], (out["before"], out["after"])
 

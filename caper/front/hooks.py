@@ -453,7 +453,7 @@ def file_tool_answer(agent: Agent, hook: dict, env=None, state: str | None = Non
     from caper.display import escape
     guarded = {os.path.realpath(d) for d in [state or state_dir()] + known_state_dirs(env)}
     writes = hook.get("tool_name") in agent.writing_tools
-    project = project_dir(agent, hook, env)
+    project = project_dir(agent, hook, env) if writes else ""
     for path in tool_paths(tool_input) or ["."]:
         where = resolved(path, cwd, env.get("HOME"))
         for d in guarded:
