@@ -3,7 +3,7 @@
  * Order: (1) make every mount private, so nothing propagates to the host;
  * (2) hold the host's harmless device nodes by O_PATH descriptors; (3) the
  * caller's mounts (the snapshot layers, assembled under new_root); (4) a
- * fresh /proc for the new pid namespace, with its kernel knobs read-only;
+ * fresh read-only /proc for the new pid namespace;
  * (5) a minimal /dev of the held nodes; (6) a fresh read-only /sys for the
  * new net namespace; (7) move into new_root and drop the old root. Steps 4-6
  * mount below new_root, so they come along.
@@ -92,23 +92,18 @@ static int make_readonly(struct caper_failure *f, uint32_t step, const char *pat
                     MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 }
 
+/* A fresh /proc for the new pid namespace, read-only as a whole. Its
+ * entries outside the process directories are one set of objects for every
+ * proc mount of the host: a write to a knob, or a chmod or chown of any
+ * entry (/proc/cpuinfo as much as /proc/scsi/scsi), would reach the host.
+ * A list of knobs to cover leaves out the ones nobody listed, so there is
+ * none: what a command loses is writing its own process files (comm,
+ * oom_score_adj, a nested user namespace's uid_map), which fail with EROFS. */
 static int setup_proc(const char *root, struct caper_failure *f)
 {
     char p[CAPER_PATH_MAX];
-    if (do_mount(f, CAPER_STEP_MOUNT_PROC, "proc", at(p, root, "/proc"), "proc", MNT_SAFE, NULL) < 0)
-        return -1;
-    /* Everything below /proc that is the host kernel's, not a process's, and
-     * has something writable (tests/test_isolation.py walks /proc for what
-     * is left): pressure takes PSI triggers, kernel pollers that count
-     * against the whole host; mtrr and driver/ are hardware. */
-    static const char *const knobs[] = {
-        "/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi",
-        "/proc/pressure", "/proc/mtrr", "/proc/driver",
-    };
-    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
-        if (make_readonly(f, CAPER_STEP_MOUNT_PROC, at(p, root, knobs[i])) < 0)
-            return -1;
-    return 0;
+    return do_mount(f, CAPER_STEP_MOUNT_PROC, "proc", at(p, root, "/proc"), "proc",
+                    MS_RDONLY | MNT_SAFE, NULL);
 }
 
 static const char *const dev_nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
@@ -147,7 +142,12 @@ static int setup_dev(const char *root, const int fds[NNODES], uint64_t shm_size,
         }
         close(t);
         snprintf(src, sizeof src, "/proc/self/fd/%d", fds[i]);
-        if (do_mount(f, CAPER_STEP_MOUNT_DEV, src, dst, NULL, MS_BIND, NULL) < 0)
+        /* Read-only binds: a device node is the host's own inode, so a chmod,
+         * chown or utimes of it would change the host's /dev; reads and writes
+         * of a device are the driver's and need no writable mount. */
+        if (do_mount(f, CAPER_STEP_MOUNT_DEV, src, dst, NULL, MS_BIND, NULL) < 0 ||
+            do_mount(f, CAPER_STEP_MOUNT_DEV, NULL, dst, NULL,
+                     MS_BIND | MS_REMOUNT | MS_REC | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL) < 0)
             return -1;
         close(fds[i]);
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -28,7 +29,7 @@ import pytest
 from caper.sandbox.events import End, Event, Family, Info, Kind, Refusal
 from caper.sandbox.trace import trace
 from helpers.hostprocs import pids_with_cmdline
-from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from helpers.rootless import NOBODY, need_rootless_venv, nobody_project, run_as_nobody
 
 PY = sys.executable  # not the pyenv shim: a shell script that forks a lot
 
@@ -950,6 +951,7 @@ def test_device_nodes_cannot_be_made(tmp_path):
 def test_kernel_knobs_are_read_only(tmp_path):
     knobs = ["/proc/sys/vm/drop_caches", "/proc/sys/kernel/hostname",
              "/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger",
+             "/proc/scsi/scsi", "/proc/latency_stats", "/proc/timer_stats", "/proc/self/comm",
              "/sys/kernel/uevent_helper", "/sys/class/net/lo/mtu"]
     knobs = [k for k in knobs if os.path.exists(k) or k.startswith("/sys/class/net/lo")]
     # Open for writing only: nothing is ever written, even if the open succeeded.
@@ -1108,6 +1110,55 @@ def test_a_device_node_on_a_host_filesystem_opens_no_device(tmp_path, userns):
         for name, minor in (("null", 3), ("zero", 5)):
             st = os.lstat(ws / name)
             assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, minor)
+
+
+# The host's objects a run sees: the device nodes bound into its /dev, and the
+# entries of /proc that are one object for every proc mount of the host.
+HOST_OBJECTS = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                "/dev/tty", "/proc/cpuinfo", "/proc/self/net/dev", "/proc/scsi",
+                "/proc/latency_stats", "/proc/timer_list", "/proc/asound"]
+# Each op sets a value the object already has: were it to reach the host, it
+# changes nothing there but the ctime of a device node.
+METADATA_PROBE = """
+import errno, os, sys
+for p in sys.argv[1:]:
+    if not os.path.exists(p):
+        continue
+    st = os.stat(p)
+    for op, call in (("chmod", lambda: os.chmod(p, st.st_mode & 0o7777)),
+                     ("chown", lambda: os.chown(p, st.st_uid, st.st_gid)),
+                     ("utime", lambda: os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns)))):
+        try:
+            call(); print(f"{op}:{p}=OK")
+        except OSError as e:
+            print(f"{op}:{p}={errno.errorcode[e.errno]}")
+"""
+
+
+@pytest.mark.parametrize("userns", [False, True], ids=["root", "rootless"])
+def test_host_device_nodes_and_proc_entries_keep_their_metadata(tmp_path, userns):
+    """A root run chmod'ed, chown'ed and touched the host's /dev/null (its
+    /dev held read-write binds of the host's nodes) and /proc entries such as
+    /proc/self/net/dev and /proc/cpuinfo, and the change stayed after the
+    block. The binds and the whole /proc are read-only now: every such call
+    fails with EROFS, and the nodes' ctimes on the host do not move."""
+    targets = [p for p in HOST_OBJECTS if os.path.exists(p)]
+    devices = {p: os.stat(p) for p in targets if p.startswith("/dev/")}
+    command = shlex.join([sys.executable if not userns else "python3", "-c", METADATA_PROBE,
+                          *targets])
+    if userns:
+        with nobody_project("caper-metadata-") as (ws, state):
+            text = run_as_nobody(ws, command, "block", state)["stdout"]
+    else:
+        events, result = sandbox(command, tmp_path)
+        text = stdout(result)
+    got = dict(l.split("=") for l in text.split())
+    assert len(got) == 3 * len(targets), text
+    assert set(got.values()) == {"EROFS"}, text
+    for p, before in devices.items():
+        after = os.stat(p)
+        assert (after.st_mode, after.st_uid, after.st_gid, after.st_ctime_ns) == \
+            (before.st_mode, before.st_uid, before.st_gid, before.st_ctime_ns), p
 
 
 def test_every_planned_mount_is_nodev_and_nosuid(tmp_path):
