@@ -74,6 +74,10 @@ CALLER_CREDENTIALS = {
     "BUNDLE_RUBYGEMS__PKG__GITHUB__COM": "me:hunter26v", "GIT_CONFIG_VALUE_0": "named-14",
     "LDAP_BIND_PW": "named-15", "DEPLOY_SSH": "LS0tLS1CRUdJTiBPUEVOU1NIIFBSSVZBVEUgS0VZLS0tLS0K",
     "MFA": "otpauth://totp/me?secret=JBSWY3DPEHPK3PXP",
+    # round 7: session and tool tokens named without TOKEN/KEY at the end
+    "BW_SESSION": "named-16", "OP_SESSION_my": "named-17", "TF_TOKEN_app_terraform_io": "named-18",
+    "SYSTEM_ACCESSTOKEN": "named-19", "NGROK_AUTHTOKEN": "named-20", "SONAR_LOGIN": "named-21",
+    "DOCKER_CONFIG_JSON": "named-22", "GCP_CREDS": "named-23",
 }
 
 
@@ -83,7 +87,8 @@ def test_the_command_gets_no_credential_of_the_callers_environment_unless_allowe
     ordinary = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "CI": "1", "TERM": "xterm",
                 "SSH_AUTH_SOCK": "/tmp/agent.sock", "TOKENIZERS_PARALLELISM": "false",
                 "OLDPWD": "/srv", "BYPASS_CACHE": "1", "BUNDLE_PATH": "vendor/bundle",
-                "GIT_CONFIG_COUNT": "0", "KEYBOARD": "us"}
+                "GIT_CONFIG_COUNT": "0", "KEYBOARD": "us", "XDG_SESSION_TYPE": "tty",
+                "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/0/bus", "LOGNAME": "me"}
     got = _command_env(repo, tmp_path, door, '[env]\nallow = ["GITHUB_TOKEN"]\n',
                        {**CALLER_CREDENTIALS, **ordinary})
     assert {k: got.get(k) for k in ordinary} == ordinary
