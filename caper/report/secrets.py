@@ -532,7 +532,11 @@ _SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?
                           r"|(?:^|_)(?:BEARER|ROLE_ID|SECRET_ID|SEED|MNEMONIC|API|PW)$"
                           # round 5: connection strings, CI's base64 keys, git's env config
                           r"|CONNECTION_STRING|(?:^|_)KEY(?:_|$)|^GIT_CONFIG_VALUE_\d+$"
-                          r"|^BUNDLE_[A-Z0-9_]+__[A-Z0-9_]+$")
+                          r"|^BUNDLE_[A-Z0-9_]+__[A-Z0-9_]+$"
+                          # round 7: a CLI's unlocked session, tokens with the word fused
+                          # or first, a login that is a token, a credentials file inline
+                          r"|(?:^|_)SESSION$|^OP_SESSION_|^TF_TOKEN_|(?:ACCESS|AUTH)TOKEN"
+                          r"|(?:^|_)LOGIN$|(?:^|_)CONFIG_JSON$|(?:^|_)CREDS$")
 # A value that is an HTTP credential by its scheme (`Basic dXNlcjpwYXNz`, `Bearer x`).
 _AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}"
                          # a connection string's key, a base64 PEM, a TOTP seed (round 5)
