@@ -126,13 +126,42 @@ def test_values_are_replaced_longest_first_and_cut_values_at_boundaries():
     (".kube/prod.yaml", "kube-config"), (".config/sops/age/keys.txt", "sops-key"),
     (".curlrc", "curl-credentials"), (".histfile", "shell-history"),
     (".config/containers/auth.json", "container-registry-login"),
-    (".netrc.bak", "netrc"), (".pgpass.old", "postgres-password"), (".npmrc.bak", "npm-token")])
+    (".netrc.bak", "netrc"), (".pgpass.old", "postgres-password"), (".npmrc.bak", "npm-token"),
+    # round 7: tools' logins, keys and browsers in snap and flatpak homes
+    (".config/stripe/config.toml", "stripe-key"), (".wrangler/config/default.toml",
+                                                   "cloudflare-token"),
+    (".config/.wrangler/config/default.toml", "cloudflare-token"),
+    (".config/ngrok/ngrok.yml", "ngrok-token"), (".android/adbkey", "adb-key"),
+    (".android/adbkey.pub", None), (".terraformrc", "terraform-token"),
+    (".sentryclirc", "sentry-token"),
+    ("snap/firefox/common/.mozilla/firefox/x.default/logins.json", "browser-profile"),
+    (".var/app/org.mozilla.firefox/.mozilla/firefox/x.default/key4.db", "browser-profile"),
+    ("snap/chromium/common/chromium/Default/Login Data", "browser-profile"),
+    (".var/app/com.google.Chrome/config/google-chrome/Default/Cookies", "browser-profile")])
 def test_credential_stores_by_location(rel, kind):
     """Round 3 read these unseen: a key under any name in ~/.ssh (its public
     halves, known_hosts, config and authorized_keys are none), Claude Code's
     ~/.claude.json, tokens of Hugging Face and rclone, shell histories."""
     from caper.report.secrets import Protected, default_patterns
     assert Protected(default_patterns(), "/home/u").kind(f"/home/u/{rel}") == kind
+
+
+@pytest.mark.parametrize("rel, kind", [
+    ("deploy/server.p12", "private-key"), ("certs/client.pfx", "private-key"),
+    ("android/release.keystore", "private-key"), ("app/upload.jks", "private-key"),
+    ("ops/putty.ppk", "private-key"), ("tls/server-key.pem", "private-key"),
+    ("tls/privkey.pem", "private-key"), ("prod.kubeconfig", "kube-config"),
+    ("ci/kubeconfig", "kube-config"), ("home/.netrc", "netrc"), ("_netrc", "netrc"),
+    ("ci/.git-credentials", "git-credentials"), ("ci/.pypirc", "pypi-token"),
+    # certificates and CA bundles are public: pip and curl read them at every run
+    ("tls/server.pem", None), (".venv/lib/python3.11/site-packages/certifi/cacert.pem", None),
+    ("tls/fullchain.pem", None)])
+def test_workspace_key_files_by_name(rel, kind):
+    """Round 7: key stores, PuTTY keys, PEM private keys and kubeconfigs in
+    the workspace were read as no credential, so nothing stopped a process
+    that read them from reaching an allowed host."""
+    from caper.report.secrets import Protected, default_patterns
+    assert Protected(default_patterns(), "/home/u", "/w").kind(f"/w/{rel}") == kind
 
 
 def test_capers_own_git_runs_no_program_the_repository_configures(tmp_path):
