@@ -210,8 +210,10 @@ def test_home_patterns_hold_in_every_accounts_home():
     assert p.kind("/home/alice/.ssh/id_ed25519") == "ssh-private-key"
     assert p.kind("/root/.aws/credentials") == "aws-credentials"
     assert p.kind(f"{HOME}/.netrc") == "netrc"
-    assert p.kind("/home/alice/proj/main.py") is None and p.kind("/srv/bob/.netrc") is None
-    assert Protected(default_patterns(), HOME, "/w", homes=["/srv/bob"]).kind("/srv/bob/.netrc") == "netrc"
+    assert p.kind("/home/alice/proj/main.py") is None
+    assert p.kind("/srv/bob/.aws/credentials") is None
+    assert Protected(default_patterns(), HOME, "/w", homes=["/srv/bob"]).kind(
+        "/srv/bob/.aws/credentials") == "aws-credentials"
     # by their usual place whatever passwd says (LDAP homes are not enumerated)
     p = Protected(default_patterns(), HOME, "/w", homes=[])
     assert p.kind("/home/carol/.ssh/id_ed25519") == "ssh-private-key"
