@@ -1,0 +1,82 @@
+"""Code written into a project's virtualenv or node_modules: a package
+manager's own job there, anyone else's persistence. Real runs of the policy
+approver on a real virtualenv and a real `pip install` of a local package:
+who wrote a file is what the tracer saw (the writer's process and its
+ancestors), never what the command names."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from caper.transaction import run
+from helpers.trees import git_project
+
+TASK = "run the tests"
+SITE = f".venv/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+SYSTEM_PY = "/usr/bin/python3"
+PKG_SETUP = "from setuptools import setup\nsetup(name='tinypkg', version='1.0', py_modules=['tinypkg'])\n"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A git project with an ignored .venv (pip and setuptools in it) and a
+    local package to install."""
+    if sys.version_info[:2] != tuple(map(int, subprocess.run(
+            [SYSTEM_PY, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
+            text=True, check=True).stdout.split())):
+        pytest.skip("the system python is another version than the tests'")
+    ws = tmp_path_factory.mktemp("installs") / "proj"
+    git_project(ws, {"README": "hi\n", ".gitignore": ".venv/\n", "pkg/setup.py": PKG_SETUP,
+                     "pkg/tinypkg.py": "ANSWER = 42\n"})
+    subprocess.run([SYSTEM_PY, "-m", "venv", str(ws / ".venv")], check=True)
+    return ws
+
+
+def _run(ws: Path, tmp_path: Path, command: str, task: str = TASK):
+    return run(command, cwd=str(ws), workspace=str(ws), approver="policy", task=task,
+               state_dir=str(tmp_path / "state"), env={**os.environ, "HOME": str(tmp_path)},
+               timeout=120)
+
+
+ENTRY_POINT = (f"mkdir -p {SITE}/evil-1.0.dist-info && printf '[pytest11]\\nevil = evil\\n' "
+               f"> {SITE}/evil-1.0.dist-info/entry_points.txt")
+PLANT_GIT = "printf '#!/bin/sh\\necho planted\\n' > .venv/bin/git && chmod +x .venv/bin/git"
+
+
+@pytest.mark.parametrize("command", [
+    ENTRY_POINT,                                                 # a plugin pytest loads
+    "pip --version >/dev/null; " + PLANT_GIT,                    # naming pip licenses nothing
+    "python3 -c \"open('.venv/bin/git', 'w').write('#!/bin/sh\\n')\"",
+    # argv[0] says pip, the program is python
+    "(exec -a pip python3 -c \"open('.venv/bin/git', 'w').write('#!/bin/sh\\n')\")",
+    # a script named pip that the run wrote itself
+    "printf \"open('.venv/bin/git', 'w').write('x')\\n\" > /tmp/pip && python3 /tmp/pip",
+    f"printf 'import os\\n' > {SITE}/zz_planted.py",
+], ids=["entry-point", "pip-named", "python-c", "argv0-pip", "script-named-pip", "module"])
+def test_code_planted_in_the_projects_virtualenv_by_no_installer_is_not_committed(
+        project, tmp_path, command):
+    """Round 7: files created in the ignored .venv were an installer's new
+    entries whoever wrote them, and a command naming pip made every write
+    there pip's: printf and `python -c` planted a pytest plugin and a `git`
+    ahead of the real one on the venv's PATH, and the policy committed them."""
+    before = sorted(p.relative_to(project) for p in (project / ".venv").rglob("*"))
+    out = _run(project, tmp_path, command)
+    assert not out.committed, (command, out.reason)
+    assert sorted(p.relative_to(project) for p in (project / ".venv").rglob("*")) == before
+    assert not (project / ".venv" / "bin" / "git").exists()
+
+
+def test_pip_installing_a_package_into_the_virtualenv_is_committed(project, tmp_path):
+    """The twin: pip itself (and the build it runs) writes the package, its
+    metadata and bytecode into the venv; the task asks to install it."""
+    out = _run(project, tmp_path, ".venv/bin/python -m pip install -q --no-index "
+               "--no-build-isolation ./pkg", task="install the package in pkg into the venv")
+    assert out.committed, out.reason
+    got = subprocess.run([str(project / ".venv/bin/python"), "-c",
+                          "import tinypkg; print(tinypkg.ANSWER)"], capture_output=True,
+                         text=True, cwd="/")
+    assert got.stdout.strip() == "42", got.stderr
