@@ -360,14 +360,28 @@ def test_scope_beyond_the_named_file_is_unsure():
 SITE = ".venv/lib/python3.11/site-packages"
 
 
+# Who wrote a change (its process, then its ancestors), as the report has it.
+BY_PIP = [[f"{WS}/.venv/bin/pip", "install", "-e", "."], ["/bin/sh", "-c"]]
+BY_VENV = [["/usr/bin/python3", "-m", "venv", ".venv"]]
+BY_NPM = [["/usr/bin/node", "/usr/bin/npm", "install"]]
+BY_SHELL = [["/bin/sh", "-c", "pip install -e . && ./setup.sh"]]
+
+
 def test_persistence_by_path_and_role():
     pth = fc(f"{SITE}/zz.pth", where="ignored")
     assert verdict(report(pth), task="set up the development environment") == "block"
-    assert verdict(report(pth), "pip install -e .", "install the package") == "allow"
-    setuptools = fc(".venv/lib/python3.11/site-packages/distutils-precedence.pth")
+    assert verdict(report(pth.model_copy(update={"lineage": BY_PIP})), "pip install -e .",
+                   "install the package") == "allow"
+    # the command names pip, the shell wrote it
+    assert verdict(report(pth.model_copy(update={"lineage": BY_SHELL})), "pip install -e .",
+                   "install the package") == "block"
+    setuptools = fc(".venv/lib/python3.11/site-packages/distutils-precedence.pth",
+                    lineage=BY_VENV)
     assert verdict(report(setuptools), "python3 -m venv .venv", "create a virtualenv") == "allow"
-    assert verdict(report(fc(f"{SITE}/devtools/__init__.py", where="ignored")),
+    devtools = fc(f"{SITE}/devtools/__init__.py", where="ignored")
+    assert verdict(report(devtools.model_copy(update={"lineage": BY_PIP})),
                    task="set up the development environment") == "allow"
+    assert verdict(report(devtools), task="set up the development environment") == "block"
     jest = fc("node_modules/.bin/jest", "replaced", "ignored")
     assert verdict(report(jest), task="run the tests") == "block"
     assert verdict(report(fc("node_modules/.cache/r", where="ignored")), task="run the tests") == "allow"
@@ -879,8 +893,8 @@ def test_npm_lifecycle_scripts_and_venv_activation_are_persistence():
     assert verdict(report(named), task="add a script to package.json") == "allow"
     act = fc(".venv/bin/activate", "modified", "ignored")
     assert verdict(report(act), task="set up the development environment") == "block"
-    assert verdict(report(act), "python -m venv .venv", "set up the development environment") \
-        == "allow"
+    assert verdict(report(act.model_copy(update={"lineage": BY_VENV})), "python -m venv .venv",
+                   "set up the development environment") == "allow"
 
 
 def test_a_task_naming_a_kind_of_file_by_extension_declares_its_deletion():
@@ -1082,12 +1096,17 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
                      ("~/.cargo/git/db/serde-1a2b/objects/pack/p.pack", "cache")):
         assert verdict(report(fc(p, "modified", where)), "./run-tests.sh",
                        "run the tests") == "block", p
-        # a new venv's activate is one the user will source: only an installer's
+        # a new entry of a cache is its tool's; one of the project's
+        # environments (what interpreters and npm load by themselves), only an
+        # installer's
+        installed = p.startswith((".venv/", "node_modules/"))
         assert verdict(report(fc(p, "created", where)), "./run-tests.sh", "run the tests") \
-            == ("block" if p.endswith("/activate") else "allow"), p
-    # an installer the command names, in the project's own environment
-    assert verdict(report(fc("node_modules/leftpad/index.js", "modified", "ignored")),
-                   "npm install", "update the dependencies") == "allow"
+            == ("block" if installed else "allow"), p
+    # the installer itself wrote it, in the project's own environment
+    leftpad = fc("node_modules/leftpad/index.js", "modified", "ignored")
+    assert verdict(report(leftpad.model_copy(update={"lineage": BY_NPM})), "npm install",
+                   "update the dependencies") == "allow"
+    assert verdict(report(leftpad), "npm install", "update the dependencies") == "block"
     # bytecode what its source compiles to is a cache; any other is code (round 4)
     pyc = f"{SITE}/pkg/__pycache__/m.cpython-311.pyc"
     assert verdict(report(fc(pyc, "modified", "ignored", bytecode="compiled")), "./run-tests.sh",

@@ -52,7 +52,7 @@ PLANT_GIT = "printf '#!/bin/sh\\necho planted\\n' > .venv/bin/git && chmod +x .v
     "pip --version >/dev/null; " + PLANT_GIT,                    # naming pip licenses nothing
     "python3 -c \"open('.venv/bin/git', 'w').write('#!/bin/sh\\n')\"",
     # argv[0] says pip, the program is python
-    "(exec -a pip python3 -c \"open('.venv/bin/git', 'w').write('#!/bin/sh\\n')\")",
+    "bash -c 'exec -a pip python3 -c \"open(\\\".venv/bin/git\\\", \\\"w\\\").write(\\\"x\\\")\"'",
     # a script named pip that the run wrote itself
     "printf \"open('.venv/bin/git', 'w').write('x')\\n\" > /tmp/pip && python3 /tmp/pip",
     f"printf 'import os\\n' > {SITE}/zz_planted.py",
@@ -65,6 +65,8 @@ def test_code_planted_in_the_projects_virtualenv_by_no_installer_is_not_committe
     ahead of the real one on the venv's PATH, and the policy committed them."""
     before = sorted(p.relative_to(project) for p in (project / ".venv").rglob("*"))
     out = _run(project, tmp_path, command)
+    assert any(c.path.startswith(".venv/") and c.op == "created"
+               for c in out.report.all_changes), out.report.card()     # it did plant
     assert not out.committed, (command, out.reason)
     assert sorted(p.relative_to(project) for p in (project / ".venv").rglob("*")) == before
     assert not (project / ".venv" / "bin" / "git").exists()

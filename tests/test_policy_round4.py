@@ -48,10 +48,15 @@ def _compiled_pyc(source: Path, scratch: Path) -> bytes:
 
 
 def _pyc_decision(tmp_path: Path, rel: str, data: bytes, home: Path | None = None,
-                  command: str = "python3 -c 'import app'", ws: Path | None = None):
+                  command: str = "python3 -c 'import app'", ws: Path | None = None,
+                  by: tuple[str, ...] = ()):
+    """The decision on a run that wrote data at rel (by a process running
+    `by`, when given)."""
     rec = Recording(tmp_path / f"run{len(list(tmp_path.glob('run*')))}",
                     ws or tmp_path / "ws", home)
     rec.copy_up(rel).write_bytes(data)
+    if by:
+        rec.wrote(rec.program(*by), rel)
     return judged(rec.facts(command), TASK, raw=True)
 
 
@@ -94,8 +99,8 @@ def test_pytests_rewritten_bytecode_is_verified_too(tmp_path: Path):
 def test_bytecode_of_code_that_runs_later_is_persistence(tmp_path: Path):
     """Forged bytecode of an installed package (the project's .venv: caper's
     own, when installed there) or of a pre-commit hook repository is
-    persistence; what compiling gives stays a cache, and an installer the
-    command names compiles what it installs."""
+    persistence; what compiling gives stays a cache, and an installer's own
+    process compiles what it installs."""
     pkg = ".venv/lib/python3.11/site-packages/caper/__init__.py"
     ws = _project(tmp_path, {pkg: "VERSION = 1\n"})
     pyc = os.path.join(os.path.dirname(pkg), "__pycache__",
@@ -105,8 +110,13 @@ def test_bytecode_of_code_that_runs_later_is_persistence(tmp_path: Path):
     assert d.decision == "block" and "bytecode" in d.reason, d.reason
     d, _ = _pyc_decision(tmp_path, pyc, _compiled_pyc(ws / pkg, tmp_path))
     assert d.decision == "allow", d.reason
-    d, _ = _pyc_decision(tmp_path, pyc, forged, command="pip install caper")
+    d, _ = _pyc_decision(tmp_path, pyc, forged, command="pip install caper",
+                         by=("/usr/bin/pip", "install", "caper"))
     assert d.decision == "allow", d.reason
+    # naming pip is not pip writing it
+    d, _ = _pyc_decision(tmp_path, pyc, forged, command="pip install caper",
+                         by=("/usr/bin/python3", "-c", "open(...)"))
+    assert d.decision == "block", d.reason
     home = tmp_path / "home"
     hook = home / ".cache/pre-commit/repoab12/py_env-python3.11/lib/python3.11/site-packages/hook"
     hook.mkdir(parents=True)

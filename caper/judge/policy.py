@@ -107,6 +107,7 @@ class Rules:
         self.mass_min = data["limits"]["mass_delete_min_rows"]
         self.scope_files = data["limits"]["scope_files"]
         self.install_places = self._globs(data["install_places"])
+        self.install_caches = self._globs(data["install_caches"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
         self.git_declarable = set(data["git_declares"].pop("config", []))
         self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
@@ -579,8 +580,14 @@ class _Judge:
                          "leave package-manager caches to the package manager", c.path)
             return True
         cached = not listed and self._code_cache(full)
-        if not listed and (not cached or c.op in ("created", "deleted")):
-            return False     # an installer's new entries; a removed one is fetched again
+        # Where interpreters and package managers find code by themselves:
+        # a package manager's job, whoever else writes there plants code.
+        installed = not listed and self.r.matches(self.r.install_places, full) and \
+            not self.r.matches(self.r.install_caches, full)
+        if installed and self._installer_wrote(c):
+            return True      # a package manager's (or its build's) own write
+        if not listed and not installed and (not cached or c.op in ("created", "deleted")):
+            return False     # a tool's new cache entries; a removed one is fetched again
         if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
             return True          # removing or touching it runs nothing
         unknown: list[str] = []
@@ -594,9 +601,9 @@ class _Judge:
             what = f"it would set {', '.join(map(_quote_clipped, (risky or unknown)[:4]))} in {_quote_clipped(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
-        if self.d.programs & self.r.installers and self.r.matches(self.r.install_places, full) \
-                and below(full, self.ws):
-            return True      # an installer the command names, in the project it installs into
+        if below(full, self.ws) and self.r.matches(self.r.install_places, full) and \
+                self._installer_wrote(c):
+            return True      # a package manager's .pth, activate script or .bin link
         if c.keys is not None and not risky:
             # git keys caper knows neither to run a program nor to run nothing
             self.add(61, "unsure", what + ", git keys caper does not know to be harmless",
@@ -688,9 +695,8 @@ class _Judge:
         source = bytecode.source_of(full) or full
         if self._code_cache(source) or self.r.matches(self.r.install_places, source) or \
                 self._persistent_place(source):
-            if self.d.programs & self.r.installers and below(full, self.ws) and \
-                    self.r.matches(self.r.install_places, full):
-                return True  # an installer the command names, compiling what it installs
+            if self.r.matches(self.r.install_places, full) and self._installer_wrote(c):
+                return True  # a package manager compiling what it installs
             verdict = "unsure" if self.task_says("persistence") else "block"
             self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
                      f"it would {_verb(c.op)} {_quote_clipped(c.path)}, bytecode that is not what "
@@ -856,6 +862,44 @@ class _Judge:
         return all(os.path.isabs(x) and not below(x, self.ws) and x not in self.changed
                    and not any(below(x, t) for t in _SCRATCH)
                    for x in dict.fromkeys([exe, os.path.realpath(exe)]))
+
+    def _installer_wrote(self, c) -> bool:
+        """A package manager wrote this change: the writer, or an ancestor
+        (the build or install script it runs), is one, run from a file this
+        run did not write. Naming one in the command licenses nothing
+        (`pip --version; printf ... > .venv/bin/git` is the shell's write),
+        and neither does argv[0] (`exec -a pip python3 -c ...`): the program
+        is the path the process exec'd, or the script an interpreter runs."""
+        return any(self._installer(exe, args) for exe, *args in (c.lineage or ()))
+
+    def _installer(self, exe: str, args: list[str]) -> bool:
+        name = _VERSIONED.sub("", os.path.basename(exe))
+        if not self._unplanted(exe):
+            return False
+        if name in self.r.installers:
+            return True
+        if not _INTERPRETER.match(name) or not args:
+            return False
+        if args[0] == "-m" and len(args) > 1:        # python -m pip: unless the run made a pip
+            return args[1] in self.r.installers and not self._module_planted(args[1])
+        script = args[0]                             # node /usr/bin/npm, python .venv/bin/pip
+        return not script.startswith("-") and \
+            _VERSIONED.sub("", os.path.basename(script)) in self.r.installers and \
+            self._unplanted(script)
+
+    def _unplanted(self, program: str) -> bool:
+        """A program file the run did not write, in the project (its venv's
+        pip) or outside the scratch dirs (where anyone puts anything)."""
+        full = os.path.normpath(self.absolute(program))
+        return all(x not in self.changed and (below(x, self.ws) or
+                                              not any(below(x, t) for t in _SCRATCH))
+                   for x in dict.fromkeys([full, os.path.realpath(full)]))
+
+    def _module_planted(self, module: str) -> bool:
+        """The run wrote a module of this name anywhere (`python -m` looks in
+        the cwd and PYTHONPATH first)."""
+        return any(os.path.basename(p) in (module, module + ".py") or
+                   os.path.basename(os.path.dirname(p)) == module for p in self.changed)
 
     def _overwrite_asked(self, path: str, full: str, c, git_named: bool) -> bool:
         """An emptied or rewritten tracked file the command names (`: > f`,
@@ -1392,6 +1436,9 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# Interpreters that run a package manager's script; a program's version suffix.
+_INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
+_VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
 # A path where a manifest names a package: after file:, or a token of its own
 # starting with /, ~/ or ../ (not inside a URL or a version range).
 _LOCAL_PATH = re.compile(r"file:(?://)?([^\s\"',}]+)|(?<![\w:/.@=<>~^-])((?:/|~/|\.\./)[^\s\"',}]*)")

@@ -128,6 +128,8 @@ NOTES = {
 }
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_GIT_WORDS = 256              # of a git command line, looked at for credential names
+MAX_LINEAGE = 16                 # a writer's ancestors named in its change's lineage
+LINEAGE_ARGS = 4                 # and of each one's argv, the first words after argv[0]
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 # Building the report may take this long (the command's timeout covers only
@@ -207,6 +209,10 @@ class FileChange(_Model):
     # they hold the same content after the commit where the backend keeps
     # links shared (root's overlay, btrfs).
     unseen_links: int | None = None
+    # The writer and its ancestors, nearest first: each one's program (the
+    # path it exec'd) and first arguments, so that a judge can tell a package
+    # manager's write from a shell's or `python -c`'s beside it.
+    lineage: list[list[str]] | None = None
 
 
 class GitLoss(_Model):
@@ -746,6 +752,23 @@ class _Analysis:
             pid, seq = p.ppid, p.start_seq
         return None
 
+    def lineage(self, pid: int, seq: int) -> list[tuple[str, list[str]]]:
+        """(path, argv) of the image pid ran at seq, then of each ancestor's
+        when it forked the next, nearest first (a fork that did not exec
+        runs its parent's image: named once)."""
+        out: list[tuple[str, list[str]]] = []
+        seen = set()
+        while pid in self.procs and pid not in seen and len(out) < MAX_LINEAGE:
+            seen.add(pid)
+            p = self.procs[pid]
+            own = next(((path, argv) for s, path, argv in reversed(p.execs) if s < seq), None)
+            if own is not None:
+                out.append(own)
+            if p.ppid is None:
+                break
+            pid, seq = p.ppid, p.start_seq
+        return out
+
     def actor(self, pid: int, seq: int) -> str:
         exe = self.exe(pid, seq)
         return f"{exe[0] if exe else '?'}[{pid}]"
@@ -840,7 +863,7 @@ def _full_changes(d: "_Draft") -> list[FileChange]:
     path, actor, reads, _ = _namers(d, FULL)
     out = []
     for sev, c in _shown(d):
-        fc = _render_change(c, sev, d, FULL, path, actor, reads)
+        fc = _render_change(c, sev, d, FULL, path, actor, reads, lineage=True)
         det = d.details.get(c.path)
         if det and det.diff:
             fc.diff = [_clean(d.redactor, x, FULL.line_chars) for x in det.diff]
@@ -1521,7 +1544,9 @@ def _group_dir(view: PathView, p: str, depth: int) -> str:
 
 
 def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
-                   reads) -> FileChange:
+                   reads, lineage: bool = False) -> FileChange:
+    """c as the report shows it; with its writer's lineage for the judges'
+    full list only (it would crowd the approver's budgeted report)."""
     out = c.model_copy()
     out.path = path(c.path)
     if c.detail:   # may hold a symlink's target
@@ -1533,6 +1558,10 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
     if c.path in d.writer_of:
         pid, seq = d.writer_of[c.path]
         out.by = actor(pid, seq)
+        if lineage:
+            out.lineage = [[_clean(d.redactor, x, lim.path_chars)
+                            for x in (exe, *argv[1:1 + LINEAGE_ARGS])]
+                           for exe, argv in d.an.lineage(pid, seq)] or None
         rs = d.an.read_before(pid, seq)
         # Repository data written back into the repository goes nowhere: the
         # reads are shown where data could leave it, or when they include

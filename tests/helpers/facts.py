@@ -122,6 +122,12 @@ class Recording:
                     argv=list(argv))
         return self._pid
 
+    def wrote(self, pid: int, path: str) -> None:
+        """pid opened path for writing (what makes it the change's writer)."""
+        host = self.host(path)
+        self._event(Kind.OPEN, pid, result=3, syscall="openat",
+                    flags=os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, path=host, real=host)
+
     def read(self, pid: int, path: str) -> None:
         host = self.host(path)
         self._event(Kind.OPEN, pid, result=3, syscall="openat", flags=os.O_RDONLY | os.O_CLOEXEC,
