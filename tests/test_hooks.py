@@ -196,6 +196,29 @@ def test_install_merges_and_uninstall_removes_only_caper(agent, tmp_path):
                                                          "Stop": [{"hooks": [mine]}]}
 
 
+@pytest.mark.parametrize("before", [None, True, False], ids=["absent", "users-true", "users-false"])
+def test_uninstall_takes_back_only_the_settings_install_added(tmp_path, before):
+    """Installing for Claude Code turns off skills' shell lines where the user
+    had not decided (disableSkillShellExecution); uninstalling left it on, so
+    the user's skills stayed changed after caper was gone. Uninstall takes
+    back what install added, and leaves the user's own value either way."""
+    settings = tmp_path / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    doc = {"model": "m"} if before is None else {"model": "m", hooks.SKILL_SHELL: before}
+    settings.write_text(json.dumps(doc))
+    for _ in range(2):                                      # idempotent
+        hooks.install("claude-code", "project", str(tmp_path))
+    installed = json.loads(settings.read_text())
+    assert installed[hooks.SKILL_SHELL] is (True if before is None else before)
+    hooks.uninstall("claude-code", "project", str(tmp_path))
+    assert json.loads(settings.read_text()) == doc
+    # the user changed it while caper was installed: their value now, kept
+    hooks.install("claude-code", "project", str(tmp_path))
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), hooks.SKILL_SHELL: False}))
+    hooks.uninstall("claude-code", "project", str(tmp_path))
+    assert json.loads(settings.read_text()) == {**doc, hooks.SKILL_SHELL: False}
+
+
 FILE_TOOL_CALLS = {
     "claude-code": [("Read", {"file_path": "{st}/tasks/key"}),
                     ("Write", {"file_path": "link/tasks/prompt-x.json", "content": "{{}}"}),
