@@ -697,6 +697,43 @@ def _save(path: str, doc: dict) -> None:
                  tmp=f"{path}.caper-{os.getpid()}")
 
 
+# Beside an agent's settings file: the settings caper's install added to it
+# (by the file's name), for uninstall to take back. Not in the settings file
+# (an agent may refuse keys it does not know) nor in caper's state (a
+# different CAPER_STATE_DIR at uninstall would lose it).
+ADDED = "caper-installed.json"
+
+
+def _added_record(path: str) -> tuple[str, dict]:
+    record = os.path.join(os.path.dirname(path), ADDED)
+    try:
+        doc = _load(record)
+    except ValueError:
+        doc = {}                            # unreadable: nothing is taken back
+    return record, doc
+
+
+def _note_added(path: str, key: str) -> None:
+    record, doc = _added_record(path)
+    keys = doc.setdefault(os.path.basename(path), [])
+    if isinstance(keys, list) and key not in keys:
+        keys.append(key)
+        _save(record, doc)
+
+
+def _take_added(path: str) -> list[str]:
+    """The keys install added to path, forgotten as they are returned."""
+    record, doc = _added_record(path)
+    keys = doc.pop(os.path.basename(path), [])
+    if not isinstance(keys, list):
+        return []
+    if doc:
+        _save(record, doc)
+    elif os.path.lexists(record):
+        os.unlink(record)
+    return [k for k in keys if isinstance(k, str)]
+
+
 def _ours(h, agent: Agent) -> bool:
     return isinstance(h, dict) and str(h.get("command", "")).find(MARK + agent.name) >= 0
 
@@ -771,9 +808,12 @@ def install(agent_name: str, scope: str | None = None, cwd: str | None = None,
     for event, groups_of_caper in mine.items():
         hooks, groups = _event_list(doc, event, path)
         hooks[event] = _without_caper(groups, agent) + groups_of_caper
-    if agent.name == "claude-code":
-        doc.setdefault(SKILL_SHELL, True)
+    added = agent.name == "claude-code" and SKILL_SHELL not in doc
+    if added:
+        doc[SKILL_SHELL] = True
     _save(path, doc)
+    if added:
+        _note_added(path, SKILL_SHELL)
     todo: list[str] = []
     if agent.name == "claude-code":
         todo += _no_skill_shell(path, doc)
@@ -925,5 +965,8 @@ def uninstall(agent_name: str, scope: str | None = None, cwd: str | None = None)
             hooks.pop(event, None)
     if not doc["hooks"]:
         del doc["hooks"]
+    for key in _take_added(path):
+        if doc.get(key) is True:            # still caper's value, not one the user chose
+            del doc[key]
     _save(path, doc)
     return path
