@@ -35,7 +35,7 @@ import json
 import os
 import sys
 
-from caper import __version__
+from caper.version import VERSION
 
 EXIT_CAPER_FAILED = 125
 AGENT_NAMES = ["claude-code", "codex", "gemini"]   # caper/front/hooks.py
@@ -671,7 +671,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     errors) without their arguments: argparse takes ~3 ms to build them all,
     at every `caper run` a hook makes."""
     p = _Parser(prog="caper", description=__doc__.split("\n\n")[0])
-    p.add_argument("--version", action="version", version=f"caper {__version__}")
+    p.add_argument("--version", action="version", version=f"caper {VERSION}")
     sub = p.add_subparsers(dest="cmd", required=True)
     for name, (text, add_arguments) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=text)
