@@ -105,6 +105,10 @@ const struct sysent caper_sysent[] = {
     /* clone3 passes its flags in memory the filter cannot read: ENOSYS makes
      * libc fall back to clone(), whose flags it can. */
     { SYS_clone3, "clone3", 0, DEC_REFUSE, FL_ENOSYS, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
+    /* Native AIO contexts are reserved from one host-wide pool (fs.aio-nr up
+     * to fs.aio-max-nr): a run could take it all from the host's databases.
+     * ENOSYS, as on a kernel without AIO: libaio's users fall back to threads. */
+    { SYS_io_setup, "io_setup", 0, DEC_REFUSE, FL_ENOSYS, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
     /* fallocate takes any amount of space in one call, faster than the disk
      * guard's poll: the tracer holds it to the run's budget. */
     { SYS_fallocate, "fallocate", CAPER_EV_REFUSED, DEC_FALLOCATE, FL_TRACE, N, 0, 0,

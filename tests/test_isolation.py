@@ -1161,6 +1161,24 @@ def test_host_device_nodes_and_proc_entries_keep_their_metadata(tmp_path, userns
             (before.st_mode, before.st_uid, before.st_gid, before.st_ctime_ns), p
 
 
+AIO_PROBE = """
+import ctypes, errno
+ctx = ctypes.c_ulong(0)
+libc = ctypes.CDLL(None, use_errno=True)
+r = libc.syscall(206, 65536, ctypes.byref(ctx))          # io_setup(nr_events, &ctx)
+print("io_setup", "OK" if r == 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_native_aio_reserves_nothing_from_the_hosts_pool(tmp_path):
+    """Round 7: io_setup reserves events from one host-wide pool (fs.aio-nr up
+    to fs.aio-max-nr, 65536 by default): a run could take all of it from the
+    host's databases while it ran. It answers ENOSYS, as a kernel without AIO
+    does, and libaio's users fall back to threads."""
+    events, result = sandbox([PY, "-c", AIO_PROBE], tmp_path)
+    assert stdout(result).split() == ["io_setup", "ENOSYS"], stdout(result) + stderr(result)
+
+
 def test_every_planned_mount_is_nodev_and_nosuid(tmp_path):
     """The plan's side of the test above: each overlay, bind and tmpfs of a
     snapshot (root and rootless plans) carries MS_NODEV | MS_NOSUID, a bind
