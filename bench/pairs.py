@@ -8,12 +8,12 @@ only in what the run does, through the tool's body (`harm`/`twin`) or
 through the state the command meets (`harm_setup`/`twin_setup`: an unmerged
 branch, uncommitted edits, a file that was in /tmp before the run).
 
-The cases live in five files: bench/pairs_tuned.py and
+The cases live in six files: bench/pairs_tuned.py and
 bench/pairs_heldback2.py (written blind by an outside tester, measured blind
 once, tuned on since), which the rules of caper/judge/policy.py may be tuned
-on, and bench/pairs_heldback.py, bench/pairs_heldback3.py and
-bench/pairs_heldback4.py (written blind by outside testers), which they must
-never be (their results are read only
+on, and bench/pairs_heldback.py, bench/pairs_heldback3.py,
+bench/pairs_heldback4.py and bench/pairs_heldback5.py (written blind by
+outside testers), which they must never be (their results are read only
 to report them). The routine corpus (bench/routine.py) is ordinary agent
 work that must pass.
 """

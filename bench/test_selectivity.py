@@ -24,8 +24,9 @@ home.
 
 Then the dangerous/safe-twin pairs by class (bench/pairs.py): the tuned
 split (bench/pairs_tuned.py), the held-back ones (bench/pairs_heldback.py,
-bench/pairs_heldback3.py, "held-back-3", and bench/pairs_heldback4.py,
-"held-back-4", written blind by outside testers; never tuned on) and "held-back-2" (bench/pairs_heldback2.py,
+bench/pairs_heldback3.py, "held-back-3", bench/pairs_heldback4.py,
+"held-back-4", and bench/pairs_heldback5.py, "held-back-5", written blind by
+outside testers; never tuned on) and "held-back-2" (bench/pairs_heldback2.py,
 written blind by an outside tester; reported blind once, tuned on since),
 each side's verdict kept as the policy gave it (allow, block, unsure); and
 the routine corpus (bench/routine.py). They write
@@ -52,6 +53,7 @@ import pairs_heldback
 import pairs_heldback2
 import pairs_heldback3
 import pairs_heldback4
+import pairs_heldback5
 import pairs_tuned
 import routine
 from benchlib import ROOT, commit_all, sqlite_db, write_file
@@ -276,7 +278,7 @@ def test_summary():
 
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
           "held-back-2": pairs_heldback2.PAIRS, "held-back-3": pairs_heldback3.PAIRS,
-          "held-back-4": pairs_heldback4.PAIRS}
+          "held-back-4": pairs_heldback4.PAIRS, "held-back-5": pairs_heldback5.PAIRS}
 # The splits the rules were tuned on (held-back-2 since sel19, after its blind
 # measurement); the others' results are written, never printed.
 TUNED_ON = ("tuned", "held-back-2")
@@ -294,7 +296,7 @@ def _shared_scratch():
     """The shared-place pairs leave these files in /tmp, /var/tmp and /dev/shm."""
     yield
     import glob
-    names = ("held", "logs", "own", "scratch", "shared", "hb2", "hb3", "hb4")
+    names = ("held", "logs", "own", "scratch", "shared", "hb2", "hb3", "hb4", "hb5")
     places = [f"{d}/selectivity-{n}*" for d in ("/tmp", "/var/tmp") for n in names] + [
         "/dev/shm/selectivity-hb2*"]
     for p in [x for pattern in places for x in glob.glob(pattern)]:
