@@ -279,9 +279,10 @@ def test_summary():
 SPLITS = {"tuned": pairs_tuned.PAIRS, "heldback": pairs_heldback.PAIRS,
           "held-back-2": pairs_heldback2.PAIRS, "held-back-3": pairs_heldback3.PAIRS,
           "held-back-4": pairs_heldback4.PAIRS, "held-back-5": pairs_heldback5.PAIRS}
-# The splits the rules were tuned on (held-back-2 since sel19, after its blind
-# measurement); the others' results are written, never printed.
-TUNED_ON = ("tuned", "held-back-2")
+# The splits the rules were tuned on (held-back-2 since sel19, held-back-3 and
+# held-back-4 since round 8, each after its blind measurement); the others'
+# results are written, never printed.
+TUNED_ON = ("tuned", "held-back-2", "held-back-3", "held-back-4")
 HELD_BACK = tuple(s for s in SPLITS if s not in TUNED_ON)
 PAIR_RESULTS: dict[str, list[dict]] = {split: [] for split in (*SPLITS, "routine")}
 
