@@ -594,8 +594,10 @@ def test_callers_config_bin_dirs_and_state_are_persistence_whatever_the_workspac
 def test_agent_and_editor_configuration_is_persistence():
     for p in (".claude/commands/deploy.md", ".claude/settings.json", ".mcp.json",
               ".gemini/settings.json", ".codex/config.toml", ".vscode/settings.json",
-              ".idea/workspace.xml", ".envrc", "~/.claude.json"):
+              ".idea/workspace.xml", "~/.claude.json"):
         assert verdict(report(fc(p, "created", "untracked")), task="fix the bug") == "block", p
+    # direnv asks before it loads one (test_policy_classes.py)
+    assert verdict(report(fc(".envrc", "created", "untracked")), task="fix the bug") == "unsure"
     # an instructions file later sessions follow: unsure, unless the task names it
     agents = fc("AGENTS.md", "modified", "tracked", lines=(3, 0))
     assert verdict(report(agents), task="fix the bug") == "unsure"

@@ -347,7 +347,7 @@ def test_undo_and_throw_away_declare_a_discard():
     assert verdict(report(by_git, git=lost), "git checkout -- app/parser.py",
                    "throw away my experiment in app/parser.py") == "allow"
     assert verdict(report(by_git, git=lost), "git checkout -- app/parser.py",
-                   "look at my experiment in app/parser.py") == "block"
+                   "look at my experiment in app/parser.py") == "unsure"
     commit = GitLoss(commits=1, refs=["refs/heads/main"], content_kept=False)
     assert verdict(report(by_git, git=commit), "git reset -q --hard HEAD~1",
                    "undo my last commit") == "unsure"

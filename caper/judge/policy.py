@@ -108,6 +108,9 @@ class Rules:
         self.scope_files = data["limits"]["scope_files"]
         self.install_places = self._globs(data["install_places"])
         self.install_caches = self._globs(data["install_caches"])
+        self.asks_first = self._globs(data["asks_first"])
+        self.plain_program_keys = list(data["git_plain_programs"]["keys"])
+        self.plain_programs = set(data["git_plain_programs"]["programs"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
         self.git_declarable = set(data["git_declares"].pop("config", []))
         self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
@@ -517,7 +520,8 @@ class _Judge:
         # By path and role, whatever the classification: a home inside the
         # workspace keeps its ~/.bashrc a persistence file.
         persists = self.persistence(c, full) and op != "deleted"
-        if where in ("home", "system", "outside") and not persists:
+        if where in ("home", "system", "outside") and not persists and \
+                not (op == "meta" and _narrowing(c.detail)):
             self.outside(path, full, op, where)
         elif where == "tmp":
             self.shared_place(c, full)
@@ -588,8 +592,9 @@ class _Judge:
             return True      # a package manager's (or its build's) own write
         if not listed and not installed and (not cached or c.op in ("created", "deleted")):
             return False     # a tool's new cache entries; a removed one is fetched again
-        if c.op == "deleted" or (c.op == "meta" and "mode" not in (c.detail or "")):
-            return True          # removing or touching it runs nothing
+        if c.op == "deleted" or (c.op == "meta" and ("mode" not in (c.detail or "") or
+                                                     _narrowing(c.detail))):
+            return True          # removing, touching or closing it runs nothing
         unknown: list[str] = []
         if c.keys is not None:
             fmt = "git" if c.git_config else configkeys.format_of(full)
@@ -611,7 +616,8 @@ class _Judge:
                      "leave git configuration to the user", c.path)
             return True
         git = c.where == "git-internal" or c.git_config or nested or _is_git_config(full)
-        verdict = "unsure" if self.task_says("persistence") else "block"
+        verdict = "unsure" if self.task_says("persistence") or \
+            self.r.matches(self.r.asks_first, full) else "block"
         self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
                  what + (", code a cache keeps that later builds and hooks run unchecked"
                          if cached else ", which later " +
@@ -714,6 +720,11 @@ class _Judge:
         """harmless, runs (a program, or a place code, config or pushes go)
         or, for git, whose keys the policy knows both ways, unknown."""
         key, _, value = kv.partition("=")
+        if fmt == "pth":     # a directory of the project on sys.path, or code
+            where = os.path.normpath(os.path.join(os.path.dirname(full), value))
+            return "harmless" if key == "path" and below(where, self.ws) else "runs"
+        if fmt == "git" and self._plain_program(key, value):
+            return "harmless"
         if fmt == "git" and self._git_runs(key, value):
             return "runs"
         if fmt == "git" and key in self.r.git_activates:
@@ -762,6 +773,18 @@ class _Judge:
         # An entry with "=" is one harmless value of the key (core.bare=false).
         return any(fnmatch.fnmatchcase(kv if "=" in g else key, g)
                    for g in self.r.harmless_keys.get(fmt or "", ()))
+
+    def _plain_program(self, key: str, value: str) -> bool:
+        """A pager or editor key set to a known pager or editor with options
+        only: no shell, path, pipe, substitution or operand it would run."""
+        if not any(fnmatch.fnmatchcase(key, g) for g in self.r.plain_program_keys):
+            return False
+        try:
+            words = shlex.split(value)
+        except ValueError:
+            return False
+        return bool(words) and words[0] in self.r.plain_programs and \
+            all(w.startswith("-") for w in words[1:]) and not _SHELL_CHARS.search(value)
 
     def _git_runs(self, key: str, value: str) -> bool:
         """A git key whose value is a program git runs (core.pager,
@@ -1436,6 +1459,16 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# What makes git hand a pager's or editor's value to the shell as code.
+_SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
+
+
+def _narrowing(detail: str | None) -> bool:
+    """A metadata change that only takes mode bits away (chmod go-rwx): no
+    other change (owner, xattrs, times) rides along."""
+    parts = [p.strip() for p in (detail or "").split(";") if p.strip()]
+    m = _MODE.fullmatch(parts[0]) if len(parts) == 1 else None
+    return m is not None and int(m.group(2), 8) & ~int(m.group(1), 8) == 0
 # Interpreters that run a package manager's script; a program's version suffix.
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
 _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")

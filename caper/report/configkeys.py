@@ -26,7 +26,8 @@ MAX_INCLUDED = 16        # git config files followed through include.path
 
 
 def format_of(path: str) -> str | None:
-    """git | npmrc | ini | toml | yaml | vscode | package, or None for a file of no known role."""
+    """git | npmrc | ini | toml | yaml | vscode | vscode-tasks | package | pth, or None for a
+    file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
     if name in ("config", "config.worktree") and ".git" in parts[:-1]:
@@ -44,6 +45,10 @@ def format_of(path: str) -> str | None:
         return "yaml"
     if name == "settings.json" and parent == ".vscode":
         return "vscode"
+    if name == "tasks.json" and parent == ".vscode":
+        return "vscode-tasks"
+    if name.endswith(".pth") and parent in ("site-packages", "dist-packages"):
+        return "pth"
     if name == "package.json":
         return "package"
     return None
@@ -102,7 +107,8 @@ def _pairs(fmt: str, data: bytes, workspace: str | None) -> set[tuple[str, str]]
         if fmt == "git":
             return _git(data, workspace)
         return {"npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
-                "vscode": _json, "package": _json}[fmt](data)
+                "vscode": _json, "package": _json, "vscode-tasks": _vscode_tasks,
+                "pth": _pth}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 
@@ -183,6 +189,36 @@ def _flat(doc) -> set[tuple[str, str]]:
             stack += [(f"{prefix}.{k}" if prefix else k, v) for k, v in x.items()]
         else:
             out.add((prefix.lower(), str(x)))
+    return out
+
+
+def _pth(data: bytes) -> set[tuple[str, str]]:
+    """A .pth file as site.py reads it at every start: a line beginning with
+    `import` (and a space or tab) is executed, a comment or blank line is
+    skipped, any other names a directory for sys.path."""
+    out = set()
+    for line in data.decode().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        out.add(("import" if line.startswith(("import ", "import\t")) else "path", line.rstrip()))
+    return out
+
+
+def _vscode_tasks(data: bytes) -> set[tuple[str, str]]:
+    """A task runs when someone runs it, unless its runOptions.runOn says
+    folderOpen (VS Code then runs it when the folder opens): each task's
+    label, and its runOn where it has one."""
+    doc = json.loads(data.decode())
+    tasks = doc.get("tasks", []) if isinstance(doc, dict) else None
+    if not isinstance(tasks, list):
+        raise ValueError("tasks is not a list")
+    out = {(k.lower(), str(v)) for k, v in doc.items() if k != "tasks"}
+    for t in tasks:
+        if not isinstance(t, dict):
+            raise ValueError("a task is not an object")
+        out.add(("tasks.label", str(t.get("label", ""))))
+        # wherever it is (an OS block's override too)
+        out |= {("tasks.runoptions.runon", v) for k, v in _flat(t) if k.endswith("runon")}
     return out
 
 

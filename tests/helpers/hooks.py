@@ -1,5 +1,5 @@
-"""The agents' hooks, driven as each agent drives them: the README's settings
-snippets, transcripts, hook input, and the commands the hooks hand back."""
+"""The agents' hooks, driven as each agent drives them: the settings snippets
+of docs/agents.md, transcripts, hook input, and the commands the hooks hand back."""
 from __future__ import annotations
 
 import json
@@ -17,8 +17,9 @@ TASK = "clean the build artifacts and recompile"
 AGENTS = ["claude-code", "codex", "gemini"]
 
 
-def readme_hook_command(agent: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def documented_hook_command(agent: str) -> str:
+    """The hook command of the agent's settings snippet in docs/agents.md."""
+    text = (ROOT / "docs" / "agents.md").read_text()
     block = text.split(f"<!-- {agent}-settings -->", 1)[1]
     doc = json.loads(re.search(r"```json\n(.*?)```", block, re.S).group(1))
     a = hooks.AGENTS[agent]
@@ -74,7 +75,7 @@ def run_hook(agent: str, payload: bytes, cwd: Path, tmp_path: Path, command: str
     """The hook command, run the way the agent runs it: (exit status, parsed stdout or None)."""
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}",
            "CAPER_STATE_DIR": str(tmp_path / "state")}
-    p = subprocess.run(["bash", "-c", command or readme_hook_command(agent)], input=payload,
+    p = subprocess.run(["bash", "-c", command or documented_hook_command(agent)], input=payload,
                        cwd=cwd, env=env, capture_output=True, timeout=60)
     return p.returncode, (json.loads(p.stdout) if p.stdout.strip() else None)
 
