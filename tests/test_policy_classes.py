@@ -279,6 +279,13 @@ def test_pth_lines_that_only_name_project_paths_run_nothing():
                        task="make the app importable in the venv") == "block", keys
 
 
+def test_a_sitecustomize_anywhere_in_the_project_is_persistence():
+    """A .pth path line may put any project directory on sys.path, and
+    Python imports sitecustomize and usercustomize from there at every start."""
+    for name in ("tools/sitecustomize.py", "usercustomize.py"):
+        assert verdict(report(fc(name, where="untracked")), task="fix the bug") == "block", name
+
+
 def test_a_git_pager_or_editor_that_is_a_plain_program_runs_nothing_else():
     """core.pager, core.editor, sequence.editor and pager.* run a program:
     a known pager or editor given only options is the user's own tool; any
@@ -323,6 +330,9 @@ def test_narrowing_permissions_is_no_write_and_widening_stays_one():
         assert verdict(report(narrow), task="fix the ssh directory permissions") == "allow", path
         wide = narrow.model_copy(update={"detail": "mode 0700->0777"})
         assert verdict(report(wide), task="fix the ssh directory permissions") == "block", path
+        # taking the owner's bits away disables a hook or a program: not this
+        owner = narrow.model_copy(update={"detail": "mode 0755->0644"})
+        assert verdict(report(owner), task="fix the ssh directory permissions") != "allow", path
     # a narrowing with another change is judged by that change
     both = fc("~/.ssh/config", "meta", "home", detail="mode 0644->0600; owner 0:0->1000:1000")
     assert verdict(report(both), task="fix the ssh directory permissions") != "allow"

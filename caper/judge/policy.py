@@ -722,7 +722,8 @@ class _Judge:
         key, _, value = kv.partition("=")
         if fmt == "pth":     # a directory of the project on sys.path, or code
             where = os.path.normpath(os.path.join(os.path.dirname(full), value))
-            return "harmless" if key == "path" and below(where, self.ws) else "runs"
+            inside = all(below(x, self.ws) for x in (where, os.path.realpath(where)))
+            return "harmless" if key == "path" and inside else "runs"
         if fmt == "git" and self._plain_program(key, value):
             return "harmless"
         if fmt == "git" and self._git_runs(key, value):
@@ -1279,7 +1280,7 @@ class _Judge:
         """What git cannot give back: commits on no branch or tag any more,
         dropped stashes, uncommitted work put back to a committed version."""
         rewrites = bool(self.d.git & self.r.git_rewrites) and self.git_ran
-        discard = self.task_says("delete")
+        discard = self.task_says("delete") or self.task_says("discard")
         if g.commits and not g.content_kept and g.rebased:
             # No change lost, but history rewritten (which branch, onto what):
             # whether that is what the user wanted is for the LLM or the user.
@@ -1464,11 +1465,16 @@ _SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
 
 
 def _narrowing(detail: str | None) -> bool:
-    """A metadata change that only takes mode bits away (chmod go-rwx): no
-    other change (owner, xattrs, times) rides along."""
+    """A metadata change that only closes access to others (chmod go-rwx):
+    group and other bits taken away, the owner's and the special bits as
+    they were (taking those away disables a hook or a program), and no other
+    change (owner, xattrs) rides along."""
     parts = [p.strip() for p in (detail or "").split(";") if p.strip()]
     m = _MODE.fullmatch(parts[0]) if len(parts) == 1 else None
-    return m is not None and int(m.group(2), 8) & ~int(m.group(1), 8) == 0
+    if m is None:
+        return False
+    old, new = int(m.group(1), 8), int(m.group(2), 8)
+    return new & ~old == 0 and (old ^ new) & ~0o077 == 0
 # Interpreters that run a package manager's script; a program's version suffix.
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
 _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
