@@ -111,6 +111,7 @@ class Rules:
         self.asks_first = self._globs(data["asks_first"])
         self.plain_program_keys = list(data["git_plain_programs"]["keys"])
         self.plain_programs = set(data["git_plain_programs"]["programs"])
+        self.plain_pagers = set(data["git_plain_programs"]["pagers"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
         self.git_declarable = set(data["git_declares"].pop("config", []))
         self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
@@ -599,6 +600,14 @@ class _Judge:
         if c.keys is not None:
             fmt = "git" if c.git_config else configkeys.format_of(full)
             judged = {k: self._key_verdict(fmt, k, full) for k in c.keys}
+            if fmt == "vscode-tasks":
+                # a new task's command runs when the user runs the task they
+                # were shown; an existing task's new command, under its old name
+                new_labels = {k[len("tasks.label="):].lower() for k in c.keys
+                              if k.startswith("tasks.label=")}
+                judged.update({k: "harmless" if k.partition("=")[0][len("tasks.command."):]
+                               in new_labels else "runs"
+                               for k in c.keys if k.startswith("tasks.command.")})
             risky = [k for k, v in judged.items() if v == "runs"]
             unknown = [k for k, v in judged.items() if v == "unknown"]
             if not risky and not unknown:
@@ -784,8 +793,12 @@ class _Judge:
             words = shlex.split(value)
         except ValueError:
             return False
-        return bool(words) and words[0] in self.r.plain_programs and \
-            all(w.startswith("-") for w in words[1:]) and not _SHELL_CHARS.search(value)
+        if not words or words[0] not in self.r.plain_programs or _SHELL_CHARS.search(value):
+            return False
+        # A pager's flags only (`less -FRX`): no option's value (`-k FILE`, a
+        # lesskey file), and an editor nothing (`vim -S` sources a script).
+        flags = words[0] in self.r.plain_pagers and all(_FLAGS.fullmatch(w) for w in words[1:])
+        return len(words) == 1 or flags
 
     def _git_runs(self, key: str, value: str) -> bool:
         """A git key whose value is a program git runs (core.pager,
@@ -1462,6 +1475,7 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # What makes git hand a pager's or editor's value to the shell as code.
 _SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
+_FLAGS = re.compile(r"-[A-Za-z]+")
 
 
 def _narrowing(detail: str | None) -> bool:

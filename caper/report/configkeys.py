@@ -207,7 +207,7 @@ def _pth(data: bytes) -> set[tuple[str, str]]:
 def _vscode_tasks(data: bytes) -> set[tuple[str, str]]:
     """A task runs when someone runs it, unless its runOptions.runOn says
     folderOpen (VS Code then runs it when the folder opens): each task's
-    label, and its runOn where it has one."""
+    label, its command under its label, and its runOn where it has one."""
     doc = json.loads(data.decode())
     tasks = doc.get("tasks", []) if isinstance(doc, dict) else None
     if not isinstance(tasks, list):
@@ -216,7 +216,10 @@ def _vscode_tasks(data: bytes) -> set[tuple[str, str]]:
     for t in tasks:
         if not isinstance(t, dict):
             raise ValueError("a task is not an object")
-        out.add(("tasks.label", str(t.get("label", ""))))
+        label = str(t.get("label", ""))
+        out.add(("tasks.label", label))
+        out |= {(f"tasks.command.{label.lower()}", v) for k, v in _flat(t)
+                if k in ("command", "args") or k.endswith((".command", ".args"))}
         # wherever it is (an OS block's override too)
         out |= {("tasks.runoptions.runon", v) for k, v in _flat(t) if k.endswith("runon")}
     return out
