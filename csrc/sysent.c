@@ -31,6 +31,7 @@
     { SYS_##sys, #sys, CAPER_EV_##k, dec, filt, farg, 0, 0, 0, N, N, N, N, N, N, N, 0 }
 #define SIG(sys, target, sig) \
     { SYS_##sys, #sys, CAPER_EV_SIGNAL, DEC_SIGNAL, FL_TRACE, N, 0, 0, N, N, N, N, N, N, target, sig, 0 }
+#define SYS_open_tree_attr_ 467   /* Linux 6.15; not in every libc's headers */
 #define REFUSE(sys) \
     { SYS_##sys, #sys, CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE, N, 0, 0, N, N, N, N, N, N, N, N, 0 }
 
@@ -140,7 +141,13 @@ const struct sysent caper_sysent[] = {
     /* Kernel keyrings, perf and userfaultfd reach state shared with the host. */
     REFUSE(keyctl), REFUSE(add_key), REFUSE(request_key), REFUSE(perf_event_open),
     REFUSE(userfaultfd), REFUSE(swapon), REFUSE(swapoff), REFUSE(reboot), REFUSE(acct),
-    REFUSE(quotactl),
+    REFUSE(quotactl), REFUSE(quotactl_fd),
+    /* A pidfd names a process whatever its pid namespace: one of a host
+     * process (a receiver's SCM_PIDFD, a peer's SO_PEERPIDFD) would hand its
+     * descriptors or memory over. */
+    REFUSE(pidfd_getfd), REFUSE(process_madvise), REFUSE(process_mrelease),
+    { SYS_open_tree_attr_, "open_tree_attr", CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE, N, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
 };
 
 const size_t caper_n_sysent = sizeof caper_sysent / sizeof caper_sysent[0];

@@ -20,6 +20,8 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 
 /* The identity of the unix socket file a tracee names, resolved inside its
  * root (tracee_open). follow: follow a final symlink (connect, sendto) or
@@ -166,6 +168,84 @@ static int dest_name(const struct bound_socks *b, pid_t tid, const struct sock_d
     return 0;
 }
 
+/* Whether the tracer may act for the tracee on this socket at all. What the
+ * tracer does, the kernel checks against the tracer's credentials, not the
+ * command's (all capabilities in the host's namespaces, as root): a netlink
+ * message to an explicit address is judged by the sender task alone, and
+ * its pids are the tracer's pid namespace's (RTM_NEWLINK with
+ * IFLA_NET_NS_PID 1 made a link in the host's network namespace; audit
+ * requests reached the host's audit). Only unix sockets and the internet
+ * families are acted for; netlink only for route dumps (read-only, as
+ * glibc's getaddrinfo and getifaddrs send them, checked in the copy the
+ * tracer sends), and connects only to the kernel. */
+static int acts_on(int sock, const void *data, size_t len, const struct sock_dest *d)
+{
+    int domain = 0, proto = 0;
+    socklen_t n = sizeof domain;
+    if (getsockopt(sock, SOL_SOCKET, SO_DOMAIN, &domain, &n) < 0)
+        return -errno;
+    if (domain == AF_UNIX || domain == AF_INET || domain == AF_INET6)
+        return 0;
+    n = sizeof proto;
+    if (domain != AF_NETLINK || getsockopt(sock, SOL_SOCKET, SO_PROTOCOL, &proto, &n) < 0 ||
+        proto != NETLINK_ROUTE)
+        return -EPERM;
+    if (d->len >= sizeof(struct sockaddr_nl)) {
+        const struct sockaddr_nl *nl = (const struct sockaddr_nl *)&d->addr;
+        if (nl->nl_pid || nl->nl_groups)
+            return -EPERM;                  /* only the kernel, no other socket or group */
+    }
+    if (!data)
+        return 0;                           /* a connect: the kernel as the peer */
+    const char *at = data;
+    size_t left = len;
+    if (left < NLMSG_HDRLEN)
+        return -EPERM;
+    for (const struct nlmsghdr *h = (const struct nlmsghdr *)at; NLMSG_OK(h, left);
+         h = NLMSG_NEXT(h, left)) {
+        switch (h->nlmsg_type) {
+        case RTM_GETLINK: case RTM_GETADDR: case RTM_GETROUTE: case RTM_GETNEIGH:
+        case RTM_GETRULE: case RTM_GETNETCONF:
+            break;
+        default:
+            return -EPERM;
+        }
+    }
+    return left == 0 ? 0 : -EPERM;          /* a trailing part no header covers */
+}
+
+/* The control messages of a send the tracer makes: SCM_RIGHTS (duplicated
+ * by take_rights) and those of the IP levels. SCM_CREDENTIALS is dropped:
+ * the kernel would check its pid, uid and gid against the tracer (root may
+ * name any host pid, and a receiver with SO_PASSPIDFD then held a pidfd of
+ * it), so the receiver gets the tracer's own, as for every send the tracer
+ * makes. Other SOL_SOCKET messages (SO_MARK, SO_PRIORITY, SCM_TXTIME) are
+ * capability checks on the sender: refused. Compacts m's control in place. */
+static int keep_control(struct msghdr *m)
+{
+    char *base = m->msg_control;
+    size_t at = 0, kept = 0, len = m->msg_controllen;
+    while (len - at >= sizeof(struct cmsghdr)) {
+        struct cmsghdr h;
+        memcpy(&h, base + at, sizeof h);    /* before anything moves over it */
+        if (h.cmsg_len < sizeof h || h.cmsg_len > len - at)
+            return -EINVAL;                 /* the kernel's own check (CMSG_OK) */
+        size_t size = CMSG_ALIGN(h.cmsg_len) <= len - at ? CMSG_ALIGN(h.cmsg_len) : h.cmsg_len;
+        int creds = h.cmsg_level == SOL_SOCKET && h.cmsg_type == SCM_CREDENTIALS;
+        if (h.cmsg_level == SOL_SOCKET && !creds && h.cmsg_type != SCM_RIGHTS)
+            return -EPERM;
+        if (!creds) {
+            memmove(base + kept, base + at, size);
+            kept += size;
+        }
+        at += size;
+    }
+    m->msg_controllen = kept;
+    if (!kept)
+        m->msg_control = NULL;
+    return 0;
+}
+
 /* connect() done by the tracer for the tracee, on its pinned socket sock.
  * A unix path: the socket file is opened once, its identity checked on that
  * descriptor, and the socket connected to exactly that inode through
@@ -179,7 +259,12 @@ int sock_connect_for(const struct bound_socks *b, pid_t tid, int sock, const str
     const struct sockaddr *name;
     socklen_t len;
     int target;
-    int r = dest_name(b, tid, d, &path, &name, &len, &target, refused);
+    int r = acts_on(sock, NULL, 0, d);
+    if (r < 0) {
+        *refused = 1;
+        return r;
+    }
+    r = dest_name(b, tid, d, &path, &name, &len, &target, refused);
     if (r < 0)
         return r;
     struct send_timeout keep;
@@ -228,8 +313,9 @@ static int take_rights(pid_t tid, struct msghdr *m, int *taken, size_t cap, size
  * the tracee (its data, and its descriptors under SCM_RIGHTS duplicated
  * into the tracer). stream: a stream socket, whose send may be short (at
  * most SEND_MAX bytes are copied); a longer datagram is EMSGSIZE. A
- * receiver's SCM_CREDENTIALS check sees the tracer as the sender. Returns
- * the bytes sent or -errno. */
+ * receiver's SCM_CREDENTIALS check sees the tracer as the sender
+ * (keep_control); acts_on says on which sockets the tracer sends at all.
+ * Returns the bytes sent or -errno. */
 int64_t sock_send_for(const struct bound_socks *b, pid_t tid, int sock, const uint64_t *a,
                       int is_sendto, int stream, const struct sock_dest *d, int *refused)
 {
@@ -304,7 +390,12 @@ int64_t sock_send_for(const struct bound_socks *b, pid_t tid, int sock, const ui
         r = -EFAULT;
         goto out;
     }
-    if ((r = take_rights(tid, &m, taken, sizeof taken / sizeof *taken, &n_taken)) < 0)
+    if ((r = acts_on(sock, data, total, d)) < 0) {
+        *refused = 1;
+        goto out;
+    }
+    if ((r = keep_control(&m)) < 0 ||
+        (r = take_rights(tid, &m, taken, sizeof taken / sizeof *taken, &n_taken)) < 0)
         goto out;
     struct send_timeout keep;
     bound_send_timeout(sock, &keep);

@@ -1179,6 +1179,104 @@ def test_native_aio_reserves_nothing_from_the_hosts_pool(tmp_path):
     assert stdout(result).split() == ["io_setup", "ENOSYS"], stdout(result) + stderr(result)
 
 
+# A thread's sends are the tracer's to make (its descriptor table is shared):
+# a bridge asked for over netlink from a thread, a route dump beside it, and
+# the control: the same request from the main thread (the kernel's, with the
+# command's own dropped capabilities).
+NETLINK_PROBE = r"""
+import errno, socket, struct, threading
+def rta(kind, data):
+    n = 4 + len(data)
+    return struct.pack("HH", n, kind) + data + b"\0" * ((4 - n % 4) % 4)
+def request(kind, flags, body):
+    return struct.pack("IHHII", 16 + len(body), kind, flags, 1, 0) + body
+def ask(name, msg):
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    try:
+        s.sendto(msg, (0, 0))
+        reply = s.recv(65536)
+        kind = struct.unpack_from("H", reply, 4)[0]
+        code = -struct.unpack_from("i", reply, 16)[0] if kind == 2 else 0
+        print(name, errno.errorcode.get(code, "OK"))
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+ifinfo = struct.pack("BxHiII", 0, 0, 0, 0, 0)
+bridge = request(16, 1 | 4 | 0x400 | 0x200, ifinfo + rta(3, b"capertest0\0") +
+                 rta(18, rta(1, b"bridge")))
+dump = request(22, 1 | 0x300, struct.pack("BBBBI", 0, 0, 0, 0, 0))     # RTM_GETADDR
+ask("main-newlink", bridge)
+for name, msg in (("thread-newlink", bridge), ("thread-getaddr", dump)):
+    t = threading.Thread(target=ask, args=(name, msg)); t.start(); t.join()
+"""
+
+
+@pytest.mark.parametrize("userns", [PLAIN, True], ids=["plain", "userns"])
+def test_a_threads_netlink_request_gets_none_of_the_tracers_capabilities(tmp_path, userns):
+    """Round 8: the tracer sends for a task that shares its descriptor table
+    (any thread), and for netlink the kernel judges the sending task: a
+    thread's RTM_NEWLINK had the tracer's CAP_NET_ADMIN (as root, with
+    IFLA_NET_NS_PID 1, in the host's network namespace). Only route dumps
+    are sent for a thread now; the main thread's request was always the
+    kernel's, with the command's dropped capabilities."""
+    events, result = sandbox([PY, "-c", NETLINK_PROBE], tmp_path, userns=userns)
+    got = dict(l.split() for l in stdout(result).splitlines())
+    assert got == {"main-newlink": "EPERM", "thread-newlink": "EPERM", "thread-getaddr": "OK"}, \
+        stdout(result) + stderr(result)
+
+
+# A datagram whose SCM_CREDENTIALS names another uid: the kernel lets only a
+# sender with CAP_SETUID do that, and the tracer, which sends it, has it.
+CREDS_PROBE = r"""
+import os, socket, struct
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+b.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+forged = struct.pack("iII", os.getpid(), 4242, 4242)
+try:
+    a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, forged)])
+    msg, anc, flags, addr = b.recvmsg(16, socket.CMSG_SPACE(12))
+    pid, uid, gid = struct.unpack("iII", anc[0][2][:12])
+    print("uid", uid)
+except OSError as e:
+    print("send", e.errno)
+"""
+
+
+def test_a_forged_scm_credentials_never_reaches_the_receiver(tmp_path):
+    """Round 8: the tracer sends every unix datagram for the command and
+    copied its control messages as they were: as root it could name any
+    host pid (a receiver with SO_PASSPIDFD then held a pidfd of a host
+    process) or uid. SCM_CREDENTIALS is dropped: the receiver gets the
+    tracer's own, as for every send the tracer makes."""
+    if os.geteuid() != 0:
+        pytest.skip("forging another uid needs the tracer to be root")
+    events, result = sandbox([PY, "-c", CREDS_PROBE], tmp_path)
+    out = stdout(result).split()
+    assert out[0] == "uid" and out[1] != "4242", stdout(result) + stderr(result)
+
+
+PIDFD_PROBE = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall(434, os.getpid(), 0)                      # pidfd_open(self)
+for name, nr, args in (("pidfd_getfd", 438, (fd, 0, 0)), ("process_madvise", 440, (fd, 0, 0, 0, 0)),
+                       ("process_mrelease", 448, (fd, 0))):
+    r = libc.syscall(nr, *args)
+    print(name, "OK" if r >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_calls_that_reach_through_a_pidfd_are_refused(tmp_path):
+    """A pidfd names a process whatever its pid namespace: pidfd_getfd took
+    the descriptors of a host process whose pidfd a blocked run held (round
+    8). It, process_madvise and process_mrelease are refused and reported."""
+    events, result = sandbox([PY, "-c", PIDFD_PROBE], tmp_path)
+    got = dict(l.split() for l in stdout(result).splitlines())
+    assert got == {"pidfd_getfd": "EPERM", "process_madvise": "EPERM",
+                   "process_mrelease": "EPERM"}, stdout(result) + stderr(result)
+    refused = {e.syscall for e in of_kind(events, Kind.REFUSED)}
+    assert {"pidfd_getfd", "process_madvise", "process_mrelease"} <= refused, refused
+
+
 def test_every_planned_mount_is_nodev_and_nosuid(tmp_path):
     """The plan's side of the test above: each overlay, bind and tmpfs of a
     snapshot (root and rootless plans) carries MS_NODEV | MS_NOSUID, a bind
