@@ -242,8 +242,11 @@ static void take_program(struct proc *p, struct pending *pd)
         char at[64];
         snprintf(at, sizeof at, "/proc/self/fd/%d", fd);
         /* Reopens the O_PATH descriptor itself; a regular file only (a FIFO's
-         * open would wait), and never waiting. */
-        int rd = S_ISREG(st.st_mode) ? open(at, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY) : -1;
+         * open would wait), never waiting, and one with an execute bit: no
+         * exec runs any other, and a read is not always harmless (the
+         * tracer's read of /proc/kmsg, as root, drained the host's log). */
+        int rd = S_ISREG(st.st_mode) && (st.st_mode & 0111)
+                     ? open(at, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY) : -1;
         pd->src_script = rd >= 0 && pread(rd, head, 2, 0) == 2 && head[0] == '#' && head[1] == '!';
         if (rd >= 0)
             close(rd);
