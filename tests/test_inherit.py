@@ -7,6 +7,7 @@ many clients start at once."""
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import shlex
 import subprocess
@@ -230,6 +231,53 @@ def test_the_callers_stdin_reaches_the_command_only_where_given(env, tmp_path):
                                 "-c", "cat; echo end"], cwd=ws, env=e, input="a\n",
                                capture_output=True, text=True)
         assert unset.stdout == "end\n", unset.stderr      # /dev/null, as documented
+
+
+def test_a_file_or_fifo_given_as_stdin_is_read_never_reached(env, tmp_path):
+    """Round 8: `--stdin < FILE` gave the command the host's own file, open:
+    a blocked run chmod'ed, chowned and rewrote it. Anything but an anonymous
+    pipe reaches the command as a pipe caper fills with its bytes."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    source = tmp_path / "input.txt"
+    source.write_text("a\nb\n")
+    source.chmod(0o444)
+    fifo = tmp_path / "input.fifo"
+    os.mkfifo(fifo, 0o600)
+    attack = ("cat > /dev/null; python3 -c 'import os; os.fchmod(0, 0o777)'; "
+              "echo PLANTED > /proc/self/fd/0; : > /dev/stdin")
+    for path in (source, fifo):
+        before = os.stat(path)
+        with open(path) if path == source else _fifo_fed(fifo, b"a\nb\n") as stdin:
+            p = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--stdin",
+                                "--approver", "block", "-c", attack], cwd=ws,
+                               env={**env, "CAPER_NO_GATE": "1"}, stdin=stdin,
+                               capture_output=True, text=True, timeout=120)
+        after = os.stat(path)
+        assert p.returncode == 125, p.stderr
+        # (a FIFO's times move with the writes that feed it)
+        assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid), path
+        assert path == fifo or after.st_ctime_ns == before.st_ctime_ns
+    assert source.read_text() == "a\nb\n"
+    with open(source) as stdin:
+        got = subprocess.run([sys.executable, "-m", "caper", "run", "-q", "--stdin", "--approver",
+                              "allow", "-c", "wc -l"], cwd=ws, env={**env, "CAPER_NO_GATE": "1"},
+                             stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert got.stdout.strip() == "2", got.stderr
+
+
+@contextlib.contextmanager
+def _fifo_fed(fifo, data: bytes):
+    """fifo open for reading, a writer giving it data and closing."""
+    import threading
+    writer = threading.Thread(target=lambda: fifo.write_bytes(data))
+    writer.start()
+    f = open(fifo, "rb")
+    try:
+        yield f
+    finally:
+        f.close()
+        writer.join()
 
 
 def test_a_terminal_is_never_handed_to_the_command_as_stdin(env, tmp_path):

@@ -24,7 +24,9 @@ Inherited (carried and applied):
                  caller says (`caper run --shell`; the agents' hooks say bash,
                  as their shell tools run bash)
   stdin          where the caller gives it (`caper run --stdin`, a
-                 Caller.here(stdin=True)): the command reads the caller's fd 0;
+                 Caller.here(stdin=True)): the command reads the caller's fd 0
+                 where it is an anonymous pipe, else (a file, a FIFO, a socket:
+                 the host's own objects) its bytes through a pipe caper relays;
                  else /dev/null. Never a terminal: fd 0 is the host tty open
                  read-write, so a run not yet approved could write escapes to
                  it (an OSC 52 clipboard write), turn its echo off or resize it
@@ -69,6 +71,45 @@ def _umask() -> int:
     return mask
 
 
+PIPEFS_MAGIC = 0x50495045
+
+
+def _stdin_for_the_command() -> int:
+    """fd 0 itself where it is an anonymous pipe; anything else (a file, a
+    named FIFO, a socket) is the host's own object, whose mode, owner,
+    content or peer a run not yet approved would reach through the
+    descriptor (round 8: `--stdin < FILE` was chmod'ed and rewritten by a
+    blocked run): its bytes are relayed through a new pipe instead."""
+    import stat         # here: only --stdin needs these, and the gate's client
+    import threading    # imports this module for every command
+    st = os.fstat(0)
+    if stat.S_ISFIFO(st.st_mode) and _fs_type(0) == PIPEFS_MAGIC:
+        return 0
+    r, w = os.pipe()
+    os.set_inheritable(r, False)
+
+    def relay() -> None:
+        try:
+            while chunk := os.read(0, 1 << 16):
+                os.write(w, chunk)
+        except OSError:
+            pass            # the command closed its end, or stdin failed: its EOF
+        finally:
+            os.close(w)
+    threading.Thread(target=relay, name="caper-stdin-relay", daemon=True).start()
+    return r
+
+
+def _fs_type(fd: int) -> int:
+    """The f_type of fstatfs(fd) (os has no fstatfs), -1 when it fails."""
+    import ctypes
+    import sys
+    buf = ctypes.create_string_buffer(120)          # struct statfs, f_type first
+    if ctypes.CDLL(None, use_errno=True).fstatfs(fd, buf) != 0:
+        return -1
+    return int.from_bytes(buf.raw[:8], sys.byteorder, signed=True)
+
+
 class Caller:
     __slots__ = ("cwd", "env", "umask", "rlimits", "nice", "gid", "groups", "shell", "uid",
                  "stdin_fd")
@@ -99,7 +140,7 @@ class Caller:
                                  for r, _ in _RLIMITS),
                    nice=os.getpriority(os.PRIO_PROCESS, 0), gid=os.getegid(),
                    groups=tuple(sorted(os.getgroups())), shell=shell or DEFAULT_SHELL,
-                   uid=os.geteuid(), stdin_fd=0 if stdin else None)
+                   uid=os.geteuid(), stdin_fd=_stdin_for_the_command() if stdin else None)
 
     def argv(self, command: str) -> list[str]:
         return [self.shell, "-c", command]
