@@ -82,3 +82,53 @@ def test_pip_installing_a_package_into_the_virtualenv_is_committed(project, tmp_
                           "import tinypkg; print(tinypkg.ANSWER)"], capture_output=True,
                          text=True, cwd="/")
     assert got.stdout.strip() == "42", got.stderr
+
+
+# --- round 8 (adv8b): who counts as the package manager -----------------------------------
+
+def test_a_package_managers_descendant_counts_only_while_it_installs():
+    """adv8b 01, 14: with any ancestor a package manager, `npm test` or
+    `npm exec -c` planted a pytest plugin, and a build.rs under `cargo build`
+    wrote into the user's site-packages. Its install subcommands' scripts
+    count in the project only; elsewhere, and for any other subcommand, only
+    the package manager's own process."""
+    from helpers.policy import WS, fc, report, verdict
+    site = f"{WS}/{SITE}/evil-1.0.dist-info/entry_points.txt"
+    by = lambda *chain: fc(site, where="ignored", lineage=[list(x) for x in chain])
+    sh = ("/bin/sh", "-c", "./plant.sh")
+    npm = lambda verb: ("/usr/bin/node", "/usr/bin/npm", verb)
+    assert verdict(report(by(sh, npm("install"))), "npm install", "install") == "allow"
+    for verb in ("test", "exec", "run"):
+        assert verdict(report(by(sh, npm(verb))), f"npm {verb}", "install") == "block", verb
+    assert verdict(report(by(npm("exec"))), "npm exec", "install") == "allow"   # npm itself
+    user = "/home/u/.local/lib/python3.11/site-packages/evil-1.0.dist-info/entry_points.txt"
+    build_rs = fc(user, where="home", lineage=[["/w/proj/target/debug/build/x/build-script-build"],
+                                               ["/usr/bin/cargo", "build"]])
+    assert verdict(report(build_rs), "cargo build", "build it") == "block"
+    pip_user = fc(user, where="home", lineage=[["/usr/bin/python3", "-m", "pip", "install"]])
+    assert verdict(report(pip_user), "pip install --user x", "install x") == "allow"
+
+
+def test_a_package_managers_name_in_the_project_is_no_package_manager():
+    """adv8b 18: a two-line `tools/pip` an earlier approved run wrote counted
+    as pip (`python3 tools/pip plant.sh`). In the project only its own
+    environments' programs count (`.venv/bin/pip`); a `pip.py` in the
+    project is what `python -m pip` would import first."""
+    from helpers.policy import WS, fc, report, verdict
+    site = f"{SITE}/evil.pth"
+    for chain in ([["/usr/bin/python3", f"{WS}/tools/pip", "install"]],
+                  [[f"{WS}/tools/pip", "install"]]):
+        assert verdict(report(fc(site, where="ignored", lineage=chain)), "python3 tools/pip",
+                       "install") == "block", chain
+    venv_pip = [[f"{WS}/.venv/bin/python", f"{WS}/.venv/bin/pip", "install", "-e", "."]]
+    assert verdict(report(fc(site, where="ignored", lineage=venv_pip)), ".venv/bin/pip install -e .",
+                   "install") == "allow"
+
+
+def test_the_projects_environment_swapped_for_a_link_out_is_persistence():
+    """adv8b 13: .venv and node_modules replaced by symlinks into a /var/tmp
+    directory the run filled: what the project's tools run comes from there."""
+    from helpers.policy import fc, report, verdict
+    for name in (".venv", "node_modules"):
+        link = fc(name, "replaced", "ignored", type="symlink", detail="-> /var/tmp/v")
+        assert verdict(report(link), "./setup.sh", "set up the project") == "block", name

@@ -108,6 +108,7 @@ class Rules:
         self.scope_files = data["limits"]["scope_files"]
         self.install_places = self._globs(data["install_places"])
         self.install_caches = self._globs(data["install_caches"])
+        self.installer_verbs = {k: set(v) for k, v in data["installer_verbs"].items()}
         self.asks_first = self._globs(data["asks_first"])
         self.plain_program_keys = list(data["git_plain_programs"]["keys"])
         self.plain_programs = set(data["git_plain_programs"]["programs"])
@@ -589,7 +590,7 @@ class _Judge:
         # a package manager's job, whoever else writes there plants code.
         installed = not listed and self.r.matches(self.r.install_places, full) and \
             not self.r.matches(self.r.install_caches, full)
-        if installed and self._installer_wrote(c):
+        if installed and self._installer_wrote(c, full):
             return True      # a package manager's (or its build's) own write
         if not listed and not installed and (not cached or c.op in ("created", "deleted")):
             return False     # a tool's new cache entries; a removed one is fetched again
@@ -616,7 +617,7 @@ class _Judge:
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
         if below(full, self.ws) and self.r.matches(self.r.install_places, full) and \
-                self._installer_wrote(c):
+                self._installer_wrote(c, full):
             return True      # a package manager's .pth, activate script or .bin link
         if c.keys is not None and not risky:
             # git keys caper knows neither to run a program nor to run nothing
@@ -710,7 +711,7 @@ class _Judge:
         source = bytecode.source_of(full) or full
         if self._code_cache(source) or self.r.matches(self.r.install_places, source) or \
                 self._persistent_place(source):
-            if self.r.matches(self.r.install_places, full) and self._installer_wrote(c):
+            if self.r.matches(self.r.install_places, full) and self._installer_wrote(c, full):
                 return True  # a package manager compiling what it installs
             verdict = "unsure" if self.task_says("persistence") else "block"
             self.add(94 if c.where in ("home", "system", "outside", "cache") else 93, verdict,
@@ -900,43 +901,65 @@ class _Judge:
                    and not any(below(x, t) for t in _SCRATCH)
                    for x in dict.fromkeys([exe, os.path.realpath(exe)]))
 
-    def _installer_wrote(self, c) -> bool:
-        """A package manager wrote this change: the writer, or an ancestor
-        (the build or install script it runs), is one, run from a file this
-        run did not write. Naming one in the command licenses nothing
-        (`pip --version; printf ... > .venv/bin/git` is the shell's write),
-        and neither does argv[0] (`exec -a pip python3 -c ...`): the program
-        is the path the process exec'd, or the script an interpreter runs."""
-        return any(self._installer(exe, args) for exe, *args in (c.lineage or ()))
+    def _installer_wrote(self, c, full: str) -> bool:
+        """A package manager wrote this change: its own process, or in the
+        project one it started while installing (a package's build or
+        install script), run from a file this run did not write. Naming one
+        in the command licenses nothing (`pip --version; printf ... >
+        .venv/bin/git` is the shell's write), nor does argv[0] (`exec -a pip
+        python3 -c ...`), nor a subcommand that runs the project's code
+        (`npm test`, `uv run`): the program is the path the process exec'd,
+        or the script an interpreter runs."""
+        inside = below(full, self.ws)
+        for depth, (exe, *args) in enumerate(c.lineage or ()):
+            verb = self._installer(exe, args)
+            if verb is not None and (depth == 0 or inside and verb):
+                return True
+            if not inside:
+                return False
+        return False
 
-    def _installer(self, exe: str, args: list[str]) -> bool:
+    def _installer(self, exe: str, args: list[str]) -> bool | None:
+        """None: not a package manager's process; else whether it runs one
+        of its installing subcommands (installer_verbs)."""
         name = _VERSIONED.sub("", os.path.basename(exe))
         if not self._unplanted(exe):
-            return False
-        if name in self.r.installers:
-            return True
-        if not _INTERPRETER.match(name) or not args:
-            return False
-        if args[0] == "-m" and len(args) > 1:        # python -m pip: unless the run made a pip
-            return args[1] in self.r.installers and not self._module_planted(args[1])
-        script = args[0]                             # node /usr/bin/npm, python .venv/bin/pip
-        return not script.startswith("-") and \
-            _VERSIONED.sub("", os.path.basename(script)) in self.r.installers and \
-            self._unplanted(script)
+            return None
+        if name not in self.r.installers:
+            if not _INTERPRETER.match(name) or not args:
+                return None
+            if args[0] == "-m" and len(args) > 1:    # python -m pip: unless a pip is the run's
+                name, args = args[1], args[2:]
+                if self._module_planted(name):
+                    return None
+            else:                                    # node /usr/bin/npm, python .venv/bin/pip
+                script = args[0]
+                name, args = _VERSIONED.sub("", os.path.basename(script)), args[1:]
+                if script.startswith("-") or not self._unplanted(script):
+                    return None
+            if name not in self.r.installers:
+                return None
+        verbs = self.r.installer_verbs.get(name)
+        verb = next((a for a in args if not a.startswith("-")), "")
+        return verbs is None or verb in verbs
 
     def _unplanted(self, program: str) -> bool:
-        """A program file the run did not write, in the project (its venv's
-        pip) or outside the scratch dirs (where anyone puts anything)."""
+        """A program file the run did not write: in the project only in its
+        environments (a venv's pip; a `tools/pip` is anyone's, an earlier
+        run's too), elsewhere outside the scratch dirs."""
         full = os.path.normpath(self.absolute(program))
-        return all(x not in self.changed and (below(x, self.ws) or
-                                              not any(below(x, t) for t in _SCRATCH))
-                   for x in dict.fromkeys([full, os.path.realpath(full)]))
+        return all(x not in self.changed and (
+            self.r.matches(self.r.install_places, x) if below(x, self.ws) else
+            not any(below(x, t) for t in _SCRATCH))
+            for x in dict.fromkeys([full, os.path.realpath(full)]))
 
     def _module_planted(self, module: str) -> bool:
-        """The run wrote a module of this name anywhere (`python -m` looks in
-        the cwd and PYTHONPATH first)."""
+        """A module of this name that `python -m` would find before the
+        installed one: one the run wrote anywhere, or one in the project
+        (the cwd comes first on its path)."""
         return any(os.path.basename(p) in (module, module + ".py") or
-                   os.path.basename(os.path.dirname(p)) == module for p in self.changed)
+                   os.path.basename(os.path.dirname(p)) == module for p in self.changed) or \
+            any(os.path.exists(os.path.join(self.ws, module + x)) for x in (".py", ""))
 
     def _overwrite_asked(self, path: str, full: str, c, git_named: bool) -> bool:
         """An emptied or rewritten tracked file the command names (`: > f`,
@@ -1119,7 +1142,8 @@ class _Judge:
         # A link in place of a hook directory (.git/hooks -> tools/h), or into
         # persistence inside the workspace (tools -> .git/hooks): what is
         # written through it, or what it holds, runs later.
-        at_place = self._persistent_place(full + "/x")
+        at_place = self._persistent_place(full + "/x") or \
+            self.r.matches(self.r.install_places, full + "/x")     # .venv -> /var/tmp/v
         for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
             if not at_place and os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
                 continue    # a program on PATH (a venv's python): the link runs it, writes nothing

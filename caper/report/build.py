@@ -129,7 +129,7 @@ NOTES = {
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_GIT_WORDS = 256              # of a git command line, looked at for credential names
 MAX_LINEAGE = 16                 # a writer's ancestors named in its change's lineage
-LINEAGE_ARGS = 4                 # and of each one's argv, the first words after argv[0]
+LINEAGE_ARGS = 6                 # and of each one's argv, the first words after argv[0]
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 # Building the report may take this long (the command's timeout covers only
