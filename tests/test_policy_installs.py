@@ -132,3 +132,7 @@ def test_the_projects_environment_swapped_for_a_link_out_is_persistence():
     for name in (".venv", "node_modules"):
         link = fc(name, "replaced", "ignored", type="symlink", detail="-> /var/tmp/v")
         assert verdict(report(link), "./setup.sh", "set up the project") == "block", name
+    # a venv's own python, a link to the interpreter, is no such swap
+    py = fc(".venv/bin/python", "created", "ignored", type="symlink", detail="-> /usr/bin/python3",
+            lineage=[["/usr/bin/python3", "-m", "venv", ".venv"]])
+    assert verdict(report(py), "python3 -m venv .venv", "set up the project") == "allow"

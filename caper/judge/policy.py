@@ -1142,8 +1142,9 @@ class _Judge:
         # A link in place of a hook directory (.git/hooks -> tools/h), or into
         # persistence inside the workspace (tools -> .git/hooks): what is
         # written through it, or what it holds, runs later.
-        at_place = self._persistent_place(full + "/x") or \
-            self.r.matches(self.r.install_places, full + "/x")     # .venv -> /var/tmp/v
+        at_place = self._persistent_place(full + "/x") or (    # .venv itself -> /var/tmp/v
+            self.r.matches(self.r.install_places, full + "/x") and
+            not self.r.matches(self.r.install_places, full))
         for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
             if not at_place and os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
                 continue    # a program on PATH (a venv's python): the link runs it, writes nothing
