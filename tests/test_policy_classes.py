@@ -376,3 +376,19 @@ def test_undo_and_throw_away_declare_a_discard():
                    "undo my last commit") == "unsure"
     assert verdict(report(by_git, git=commit), "git reset -q --hard HEAD~1",
                    "show my last commit") == "block"
+
+
+def test_an_interpreter_is_no_build_tool_but_a_bundler_it_runs_is():
+    """adv8b 09: node, bun, deno and ruby were builders, so `node -e` that
+    rewrote an ignored executable was "a build". The program is the script
+    an interpreter runs: webpack from the project's node_modules builds."""
+    import os
+    dist = "dist/app.js"
+    by_node_e = fc(dist, "modified", "ignored", by="/usr/bin/node[4]",
+                   lineage=[["/usr/bin/node", "-e", "require('fs').writeFileSync(...)"]])
+    webpack = f"{WS}/node_modules/.bin/webpack"
+    by_webpack = fc(dist, "modified", "ignored", by="/usr/bin/node[4]",
+                    lineage=[["/usr/bin/node", webpack, "--mode", "production"]])
+    assert verdict(report(by_webpack), "npm run build", "build the bundle") == "allow"
+    assert verdict(report(by_node_e), "npm run build", "build the bundle") != "allow"
+    assert not os.path.exists(WS)        # the rule reads no file of the hand-made project

@@ -888,18 +888,23 @@ class _Judge:
             r"(?<![\w.])\*?" + re.escape(ext) + r"(?![\w.])", self.t.text.lower()) is not None)
 
     def _ran(self, c, names: set[str]) -> bool:
-        """This change was made by the own process of one of these programs,
-        installed where programs are: the exec path is the run's choice, so
-        one in the workspace, a temp dir or a file the run wrote
-        (`cp /bin/sh /tmp/x/sed`) is nobody's but the run's."""
+        """This change was made by the own process of one of these programs
+        (for an interpreter, the script it runs: node .../webpack), installed
+        where programs are: the exec path is the run's choice, so one in the
+        workspace outside its environments, a temp dir or a file the run
+        wrote (`cp /bin/sh /tmp/x/sed`) is nobody's but the run's."""
         if c is None or not c.by or not c.by.endswith("]"):
             return False
         exe = os.path.normpath(self.absolute(c.by.rsplit("[", 1)[0]))
-        if os.path.basename(exe) not in names:
+        programs = [exe]
+        if c.lineage and _INTERPRETER.match(os.path.basename(exe)):
+            args = c.lineage[0][1:]          # node .../webpack: the script is the program
+            if not args or args[0].startswith("-"):
+                return False
+            programs.append(os.path.normpath(self.absolute(args[0])))
+        if os.path.basename(programs[-1]) not in names:
             return False
-        return all(os.path.isabs(x) and not below(x, self.ws) and x not in self.changed
-                   and not any(below(x, t) for t in _SCRATCH)
-                   for x in dict.fromkeys([exe, os.path.realpath(exe)]))
+        return all(os.path.isabs(p) and self._unplanted(p) for p in programs)
 
     def _installer_wrote(self, c, full: str) -> bool:
         """A package manager wrote this change: its own process, or in the
