@@ -392,3 +392,26 @@ def test_an_interpreter_is_no_build_tool_but_a_bundler_it_runs_is():
     assert verdict(report(by_webpack), "npm run build", "build the bundle") == "allow"
     assert verdict(report(by_node_e), "npm run build", "build the bundle") != "allow"
     assert not os.path.exists(WS)        # the rule reads no file of the hand-made project
+
+
+def test_code_python_or_pytest_picks_up_by_itself_is_persistence(tmp_path):
+    """adv8b 03, 10: an ignored extension module beside a tracked .py (Python
+    imports it first), a sourceless .pyc in the project, a conftest.py in an
+    ignored htmlcov/ were committed. A compiler's own .so is a build."""
+    ws = tmp_path / "proj"
+    (ws / "app").mkdir(parents=True)
+    (ws / "app" / "parser.py").write_text("def parse(s): return s\n")
+    so = "app/parser.cpython-311-x86_64-linux-gnu.so"
+    task = "run the tests"
+    for path, by in ((so, "/usr/bin/python3[4]"), ("textwrap.pyc", "/usr/bin/python3[4]"),
+                     ("htmlcov/conftest.py", "/usr/bin/python3[4]")):
+        c = fc(path, "created", "ignored", by=by)
+        assert verdict(report(c, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "block", path
+    built = fc(so, "created", "ignored", by="/usr/bin/ld[5]")
+    assert verdict(report(built, ws=str(ws)), "make", "build it", ws=str(ws)) == "allow"
+    alone = fc("app/fast.cpython-311-x86_64-linux-gnu.so", "created", "ignored",
+               by="/usr/bin/python3[4]")
+    assert verdict(report(alone, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "allow"
+    tests = fc("tests/conftest.py", "created", "untracked", by="/usr/bin/python3[4]")
+    assert verdict(report(tests, ws=str(ws)), "./tool.sh", "add a test fixture",
+                   ws=str(ws)) == "allow"

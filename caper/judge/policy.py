@@ -538,6 +538,7 @@ class _Judge:
                                   "tracked" if c.where == "tracked" else "untracked", c, 1)
         if where in ("untracked", "ignored") and not persists:
             self.built(c, full, where)
+            self.shadowing(c, full, where)
         if c.in_repository in ("HEAD", "commondir", "objects", "refs") and op == "created":
             self.new_repository(c, full[:-len(c.in_repository) - 1])
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
@@ -637,6 +638,32 @@ class _Judge:
                  "persistence: code or configuration that runs later",
                  "leave shell, git, editor and package-manager configuration to the user", c.path)
         return True
+
+    def shadowing(self, c, full: str, where: str) -> None:
+        """Code Python or pytest picks up by itself from a place git ignores
+        or does not track: an extension module beside a module's source
+        (Python imports app/parser.*.so before app/parser.py), a sourceless
+        .pyc outside __pycache__ (textwrap.pyc in the project shadows the
+        standard library's for a script run there), a conftest.py in an
+        ignored directory (htmlcov/, build/: pytest imports it when it
+        collects there). A compiler's or linker's own output is a build."""
+        name = os.path.basename(full)
+        stem = name.split(".", 1)[0]
+        if c.op not in ("created", "modified", "replaced", "renamed") or c.type != "file":
+            return
+        ext = name.endswith((".so", ".pyd")) and ".cpython-" in name or name.endswith(".abi3.so")
+        sourceless = name.endswith(".pyc") and os.path.basename(os.path.dirname(full)) != "__pycache__"
+        conftest = name == "conftest.py" and where == "ignored"
+        if not (ext or sourceless or conftest) or self.r.matches(self.r.install_places, full):
+            return
+        if ext and (self._ran(c, self.r.builders) or
+                    not os.path.exists(os.path.join(os.path.dirname(full), stem + ".py"))):
+            return           # built, or a module with no source beside it to shadow
+        verdict = "unsure" if self.task_says("persistence") else "block"
+        self.add(86, verdict, f"it would {_verb(c.op)} {_quote_clipped(c.path)}, code Python or "
+                 "pytest runs by itself in place of, or beside, the project's reviewed sources",
+                 "persistence: code or configuration that runs later",
+                 "build it with the build tool, or leave it alone", c.path)
 
     def built(self, c, full: str, where: str) -> None:
         """An existing file of built code git does not track (a binary in
