@@ -415,3 +415,16 @@ def test_code_python_or_pytest_picks_up_by_itself_is_persistence(tmp_path):
     tests = fc("tests/conftest.py", "created", "untracked", by="/usr/bin/python3[4]")
     assert verdict(report(tests, ws=str(ws)), "./tool.sh", "add a test fixture",
                    ws=str(ws)) == "allow"
+
+
+def test_a_fresh_builds_binary_swapped_by_a_script_is_unsure():
+    """adv8b 06: with no target/ before the run, every change is created: a
+    run that built, then put a wrapper in place of the linked binary, was
+    committed, and the user's next `cargo run` ran the wrapper."""
+    binary = "target/debug/deps/hello-1a2b3c"
+    by_script = fc(binary, "created", "ignored", by="/usr/bin/python3[4]")
+    by_linker = fc(binary, "created", "ignored", by="/usr/bin/ld[5]")
+    out = fc("target/debug/build/hello-9f/out/gen.rs", "created", "ignored",
+             by=f"{WS}/target/debug/build/hello-9f/build-script-build[6]")
+    assert verdict(report(by_script), "cargo build", "build it") == "unsure"
+    assert verdict(report(by_linker, out), "cargo build", "build it") == "allow"

@@ -108,6 +108,8 @@ class Rules:
         self.scope_files = data["limits"]["scope_files"]
         self.install_places = self._globs(data["install_places"])
         self.install_caches = self._globs(data["install_caches"])
+        self.fresh_built = self._globs(data["fresh_built"])
+        self.fresh_built_scratch = self._globs(data["fresh_built_scratch"])
         self.installer_verbs = {k: set(v) for k, v in data["installer_verbs"].items()}
         self.asks_first = self._globs(data["asks_first"])
         self.plain_program_keys = list(data["git_plain_programs"]["keys"])
@@ -671,7 +673,20 @@ class _Judge:
         ignores) rewritten: what the user's next `cargo run`, `terraform
         plan` or `./app` runs, unreviewed. A build's own compiler, linker or
         tool rewrites it. (An untracked script of the user's is a source.)"""
-        if c.op not in ("modified", "replaced") or c.type != "file":
+        if c.type != "file":
+            return
+        if c.op in ("created", "renamed"):
+            # a fresh build's own outputs (no target/ before, or a swapped
+            # binary put in place of the one just linked): cargo's, rustc's
+            # and the linker's, or a build script's out/ dir
+            if self.r.matches(self.r.fresh_built, full) and not self._ran(c, self.r.builders) \
+                    and not self.r.matches(self.r.fresh_built_scratch, full):
+                self.add(60, "unsure", f"it would create {_quote_clipped(c.path)}, built code "
+                         "that no build tool wrote: what the user's next run of it starts",
+                         "persistence: code or configuration that runs later",
+                         "build it with the build tool", c.path)
+            return
+        if c.op not in ("modified", "replaced"):
             return
         try:
             st = os.lstat(full)
