@@ -78,6 +78,8 @@ CALLER_CREDENTIALS = {
     "BW_SESSION": "named-16", "OP_SESSION_my": "named-17", "TF_TOKEN_app_terraform_io": "named-18",
     "SYSTEM_ACCESSTOKEN": "named-19", "NGROK_AUTHTOKEN": "named-20", "SONAR_LOGIN": "named-21",
     "DOCKER_CONFIG_JSON": "named-22", "GCP_CREDS": "named-23",
+    # round 8: the word fused at the end, a SAS token
+    "HONEYCOMB_WRITEKEY": "named-24", "MEILI_MASTERKEY": "named-25", "AZURE_STORAGE_SAS": "named-26",
 }
 
 
