@@ -536,7 +536,9 @@ _SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:TOKEN|SECRET|KEY|API_?KEY|CREDENTIALS?
                           # round 7: a CLI's unlocked session, tokens with the word fused
                           # or first, a login that is a token, a credentials file inline
                           r"|(?:^|_)SESSION$|^OP_SESSION_|^TF_TOKEN_|(?:ACCESS|AUTH)TOKEN"
-                          r"|(?:^|_)LOGIN$|(?:^|_)CONFIG_JSON$|(?:^|_)CREDS$")
+                          r"|(?:^|_)LOGIN$|(?:^|_)CONFIG_JSON$|(?:^|_)CREDS$"
+                          # round 8: KEY fused at the end (WRITEKEY, MASTERKEY), SAS tokens
+                          r"|KEYS?$|(?:^|_)SAS(?:_|$)|SAS_?TOKEN")
 # A value that is an HTTP credential by its scheme (`Basic dXNlcjpwYXNz`, `Bearer x`).
 _AUTH_VALUE = re.compile(r"(?i)^\s*(?:basic|bearer|token|digest)\s+[A-Za-z0-9+/=._~-]{8,}"
                          # a connection string's key, a base64 PEM, a TOTP seed (round 5)
