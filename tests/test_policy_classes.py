@@ -440,5 +440,6 @@ def test_package_json_keys_that_run_without_being_named_are_persistence():
                 "githooks.pre-commit=sh x", "simple-git-hooks.pre-commit=sh x",
                 "lint-staged.*.js=sh x"):
         assert verdict(pkg(key), task="add a test script") == "block", key
-    assert verdict(pkg("scripts.test=jest"), task="add a test script") == "allow"
+    for key in ("scripts.test=jest", "scripts.preview=vite preview", "scripts.postcss=postcss x"):
+        assert verdict(pkg(key), task="add a test script") == "allow", key
     assert verdict(_git_config("core.ignorecase=true"), task=TASK) != "allow"

@@ -818,8 +818,13 @@ class _Judge:
             return True      # an alias of git subcommands, with no option that runs a program
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
             return True
-        if fmt == "package":     # what npm runs by itself on install, publish and pack
-            return not (key.startswith("scripts.") and key[8:] in self.r.npm_lifecycle)
+        if fmt == "package":     # what npm runs by itself: on install, publish and pack,
+            # before and after any script it runs (pretest), and hook managers' keys
+            script = key[8:] if key.startswith("scripts.") else None
+            hooked = script is not None and re.sub(r"^(?:pre|post)", "", script) in _HOOKED_SCRIPTS \
+                and script not in _HOOKED_SCRIPTS
+            return not (script in self.r.npm_lifecycle or hooked or
+                        key.startswith(_HOOK_MANAGER_KEYS))
         for prefix, subs in self.r.git_declares.items():
             if fmt == "git" and key.startswith(prefix) and self.d.git & set(subs):
                 return True  # `git remote add` sets remote.*, `git branch -u` branch.* ...
@@ -1548,6 +1553,13 @@ _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # What makes git hand a pager's or editor's value to the shell as code.
 _SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
 _FLAGS = re.compile(r"-[A-Za-z]+")
+# npm scripts whose pre/post scripts run whenever they are named (pretest
+# at `npm test`); `preview` or `postcss` is a script of its own.
+_HOOKED_SCRIPTS = frozenset({"test", "build", "start", "stop", "restart", "lint", "version", "dev",
+                             "serve", "deploy", "format", "typecheck", "check", "ci"})
+# package.json keys of hook managers, whose commands git runs at a commit.
+_HOOK_MANAGER_KEYS = ("husky.", "githooks.", "simple-git-hooks.", "lint-staged", "pre-commit",
+                      "ghooks.", "config.ghooks.")
 
 
 def _narrowing(detail: str | None) -> bool:
