@@ -100,7 +100,17 @@ def test_a_package_managers_descendant_counts_only_while_it_installs():
     assert verdict(report(by(sh, npm("install"))), "npm install", "install") == "allow"
     for verb in ("test", "exec", "run"):
         assert verdict(report(by(sh, npm(verb))), f"npm {verb}", "install") == "block", verb
-    assert verdict(report(by(npm("exec"))), "npm exec", "install") == "allow"   # npm itself
+    # npm's own process counts only at an installing subcommand too: code
+    # can run inside it (adv9 03: PYTHONPATH's sitecustomize in `pip --version`)
+    assert verdict(report(by(npm("exec"))), "npm exec", "install") == "block"
+    assert verdict(report(by(npm("install"))), "npm install", "install") == "allow"
+    # the subcommand is the word right after the program (adv9 01)
+    tricked = ("/usr/bin/node", "/usr/bin/npm", "--userconfig", "install", "exec", "-c")
+    assert verdict(report(by(sh, tricked)), "npm exec", "install") == "block"
+    # a package file the run made itself is the run's code (adv9 02)
+    wheel = [["/usr/bin/python3", "-m", "pip", "install", "--no-index", "/tmp/w/zz-1.0.whl"]]
+    made = fc(site, where="ignored", lineage=wheel)
+    assert verdict(report(made), "pip install /tmp/w/zz-1.0.whl", "install") == "block"
     user = "/home/u/.local/lib/python3.11/site-packages/evil-1.0.dist-info/entry_points.txt"
     build_rs = fc(user, where="home", lineage=[["/w/proj/target/debug/build/x/build-script-build"],
                                                ["/usr/bin/cargo", "build"]])

@@ -46,7 +46,7 @@ from caper.report import bytecode, configkeys
 from caper.report.content import SCHEMA_CODE
 from caper.judge.agent_config import programs_run
 from caper.judge.base import ApprovalRequest, Decision
-from caper.report.build import CHANGES_NOT_SHOWN
+from caper.report.build import CHANGES_NOT_SHOWN, LINEAGE_MORE
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
 from caper.report.workspace import GIT_ROUTINE, PathView, place
 from caper.state import default_state_dir
@@ -111,6 +111,7 @@ class Rules:
         self.fresh_built = self._globs(data["fresh_built"])
         self.fresh_built_scratch = self._globs(data["fresh_built_scratch"])
         self.installer_verbs = {k: set(v) for k, v in data["installer_verbs"].items()}
+        self.installer_own_verbs = {k: set(v) for k, v in data["installer_own_verbs"].items()}
         self.asks_first = self._globs(data["asks_first"])
         self.plain_program_keys = list(data["git_plain_programs"]["keys"])
         self.plain_programs = set(data["git_plain_programs"]["programs"])
@@ -964,36 +965,55 @@ class _Judge:
         or the script an interpreter runs."""
         inside = below(full, self.ws)
         for depth, (exe, *args) in enumerate(c.lineage or ()):
-            verb = self._installer(exe, args)
-            if verb is not None and (depth == 0 or inside and verb):
+            if self._installer(exe, args, own=depth == 0) and (depth == 0 or inside):
                 return True
             if not inside:
                 return False
         return False
 
-    def _installer(self, exe: str, args: list[str]) -> bool | None:
-        """None: not a package manager's process; else whether it runs one
-        of its installing subcommands (installer_verbs)."""
+    def _installer(self, exe: str, args: list[str], own: bool = False) -> bool:
+        """A package manager's process running one of its installing
+        subcommands (installer_verbs), named right after the program (an
+        option first could be one taking a value: `npm --userconfig install
+        exec`), on no package file the run made itself (a wheel it built in
+        /tmp is the run's code, whoever unpacks it). own: the writer's own
+        process, which also writes its stores at the subcommands that fetch
+        (installer_own_verbs: `cargo build` extracts crate sources)."""
         name = _VERSIONED.sub("", os.path.basename(exe))
         if not self._unplanted(exe):
-            return None
+            return False
         if name not in self.r.installers:
             if not _INTERPRETER.match(name) or not args:
-                return None
+                return False
             if args[0] == "-m" and len(args) > 1:    # python -m pip: unless a pip is the run's
                 name, args = args[1], args[2:]
                 if self._module_planted(name):
-                    return None
+                    return False
             else:                                    # node /usr/bin/npm, python .venv/bin/pip
                 script = args[0]
                 name, args = _VERSIONED.sub("", os.path.basename(script)), args[1:]
                 if script.startswith("-") or not self._unplanted(script):
-                    return None
+                    return False
             if name not in self.r.installers:
-                return None
+                return False
         verbs = self.r.installer_verbs.get(name)
-        verb = next((a for a in args if not a.startswith("-")), "")
-        return verbs is None or verb in verbs
+        if verbs is not None and own:
+            verbs = verbs | self.r.installer_own_verbs.get(name, set())
+        if verbs is not None and (args[0] if args else "") not in verbs:
+            return False
+        if args and args[-1] == LINEAGE_MORE:
+            return False                              # arguments the report does not hold
+        return not any(self._run_made(a) for a in args[1:] if not a.startswith("-"))
+
+    def _run_made(self, arg: str) -> bool:
+        """An argument naming a file or directory this run wrote, or one in a
+        scratch dir (where a run puts what it makes)."""
+        if "/" not in arg and not arg.endswith(_PACKAGE_FILES):
+            return False                              # a package's name
+        full = os.path.normpath(self.absolute(arg))
+        return any(x in self.changed or any(below(c, x) for c in self.changed) or
+                   any(below(x, t) for t in _SCRATCH)
+                   for x in dict.fromkeys([full, os.path.realpath(full)]))
 
     def _unplanted(self, program: str) -> bool:
         """A program file the run did not write: in the project only in its
@@ -1553,6 +1573,7 @@ _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # What makes git hand a pager's or editor's value to the shell as code.
 _SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
 _FLAGS = re.compile(r"-[A-Za-z]+")
+_PACKAGE_FILES = (".whl", ".tar.gz", ".tgz", ".zip", ".gem", ".crate", ".egg")
 # npm scripts whose pre/post scripts run whenever they are named (pretest
 # at `npm test`); `preview` or `postcss` is a script of its own.
 _HOOKED_SCRIPTS = frozenset({"test", "build", "start", "stop", "restart", "lint", "version", "dev",

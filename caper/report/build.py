@@ -129,7 +129,8 @@ NOTES = {
 ROUTINE_SEVERITY = 20            # below: no diff shown
 MAX_GIT_WORDS = 256              # of a git command line, looked at for credential names
 MAX_LINEAGE = 16                 # a writer's ancestors named in its change's lineage
-LINEAGE_ARGS = 6                 # and of each one's argv, the first words after argv[0]
+LINEAGE_ARGS = 64                # and of each one's argv, the first words after argv[0],
+LINEAGE_MORE = "..."             # then this where there were more
 MAX_INSPECTED = 200              # changed files whose content is read, most severe first
 MAX_INSPECT_BYTES = 16 << 20     # and at most this much of it in total
 # Building the report may take this long (the command's timeout covers only
@@ -1560,7 +1561,8 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         out.by = actor(pid, seq)
         if lineage:
             out.lineage = [[_clean(d.redactor, x, lim.path_chars)
-                            for x in (exe, *argv[1:1 + LINEAGE_ARGS])]
+                            for x in (exe, *argv[1:1 + LINEAGE_ARGS])] +
+                           ([LINEAGE_MORE] if len(argv) > 1 + LINEAGE_ARGS else [])
                            for exe, argv in d.an.lineage(pid, seq)] or None
         rs = d.an.read_before(pid, seq)
         # Repository data written back into the repository goes nowhere: the
