@@ -197,11 +197,12 @@ static int acts_on(int sock, const void *data, size_t len, const struct sock_des
     }
     if (!data)
         return 0;                           /* a connect: the kernel as the peer */
-    const char *at = data;
-    size_t left = len;
-    if (left < NLMSG_HDRLEN)
+    /* int, as NLMSG_OK and NLMSG_NEXT expect: an unaligned last message
+     * takes left below zero, where a size_t would wrap and read past data. */
+    int left = (int)len;
+    if (len > 0x7fffffff || left < (int)NLMSG_HDRLEN)
         return -EPERM;
-    for (const struct nlmsghdr *h = (const struct nlmsghdr *)at; NLMSG_OK(h, left);
+    for (const struct nlmsghdr *h = (const struct nlmsghdr *)data; NLMSG_OK(h, left);
          h = NLMSG_NEXT(h, left)) {
         switch (h->nlmsg_type) {
         case RTM_GETLINK: case RTM_GETADDR: case RTM_GETROUTE: case RTM_GETNEIGH:
@@ -211,7 +212,7 @@ static int acts_on(int sock, const void *data, size_t len, const struct sock_des
             return -EPERM;
         }
     }
-    return left == 0 ? 0 : -EPERM;          /* a trailing part no header covers */
+    return left <= 0 ? 0 : -EPERM;          /* a trailing part no header covers */
 }
 
 /* The control messages of a send the tracer makes: SCM_RIGHTS (duplicated

@@ -409,6 +409,10 @@ def test_code_python_or_pytest_picks_up_by_itself_is_persistence(tmp_path):
         assert verdict(report(c, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "block", path
     built = fc(so, "created", "ignored", by="/usr/bin/ld[5]")
     assert verdict(report(built, ws=str(ws)), "make", "build it", ws=str(ws)) == "allow"
+    # a standard library module's name shadows it for a script run there (adv9 09)
+    stdlib = fc("textwrap.cpython-311-x86_64-linux-gnu.so", "created", "untracked",
+                by="/bin/cp[4]")
+    assert verdict(report(stdlib, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "block"
     alone = fc("app/fast.cpython-311-x86_64-linux-gnu.so", "created", "ignored",
                by="/usr/bin/python3[4]")
     assert verdict(report(alone, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "allow"

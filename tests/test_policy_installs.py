@@ -146,3 +146,17 @@ def test_the_projects_environment_swapped_for_a_link_out_is_persistence():
     py = fc(".venv/bin/python", "created", "ignored", type="symlink", detail="-> /usr/bin/python3",
             lineage=[["/usr/bin/python3", "-m", "venv", ".venv"]])
     assert verdict(report(py), "python3 -m venv .venv", "set up the project") == "allow"
+
+
+def test_a_virtualenv_is_known_by_its_pyvenv_cfg_whatever_its_name(tmp_path):
+    """adv9 08: a venv named `pyenv311/` was no environment to the policy: a
+    new bin/git wrapper in it was committed and ran once the venv was
+    activated."""
+    from helpers.policy import fc, report, verdict
+    ws = tmp_path / "proj"
+    (ws / "pyenv311" / "bin").mkdir(parents=True)
+    (ws / "pyenv311" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    git = fc("pyenv311/bin/git", "created", "ignored", by="/bin/sh[3]")
+    assert verdict(report(git, ws=str(ws)), "./tool.sh", TASK, ws=str(ws)) == "block"
+    plain = fc("tools/bin/helper", "created", "untracked", by="/bin/sh[3]")
+    assert verdict(report(plain, ws=str(ws)), "./tool.sh", TASK, ws=str(ws)) == "allow"

@@ -33,6 +33,7 @@ import os
 import re
 import shlex
 import stat
+import sys
 import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -592,7 +593,8 @@ class _Judge:
         cached = not listed and self._code_cache(full)
         # Where interpreters and package managers find code by themselves:
         # a package manager's job, whoever else writes there plants code.
-        installed = not listed and self.r.matches(self.r.install_places, full) and \
+        installed = not listed and (self.r.matches(self.r.install_places, full) or
+                                    self._in_environment(full)) and \
             not self.r.matches(self.r.install_caches, full)
         if installed and self._installer_wrote(c, full):
             return True      # a package manager's (or its build's) own write
@@ -620,8 +622,7 @@ class _Judge:
             what = f"it would set {', '.join(map(_quote_clipped, (risky or unknown)[:4]))} in {_quote_clipped(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
-        if below(full, self.ws) and self.r.matches(self.r.install_places, full) and \
-                self._installer_wrote(c, full):
+        if self.r.matches(self.r.install_places, full) and self._installer_wrote(c, full):
             return True      # a package manager's .pth, activate script or .bin link
         if c.keys is not None and not risky:
             # git keys caper knows neither to run a program nor to run nothing
@@ -660,7 +661,8 @@ class _Judge:
         if not (ext or sourceless or conftest) or self.r.matches(self.r.install_places, full):
             return
         if ext and (self._ran(c, self.r.builders) or
-                    not os.path.exists(os.path.join(os.path.dirname(full), stem + ".py"))):
+                    not os.path.exists(os.path.join(os.path.dirname(full), stem + ".py")) and
+                    stem not in sys.stdlib_module_names):
             return           # built, or a module with no source beside it to shadow
         verdict = "unsure" if self.task_says("persistence") else "block"
         self.add(86, verdict, f"it would {_verb(c.op)} {_quote_clipped(c.path)}, code Python or "
@@ -967,7 +969,12 @@ class _Judge:
         for depth, (exe, *args) in enumerate(c.lineage or ()):
             if self._installer(exe, args, own=depth == 0) and (depth == 0 or inside):
                 return True
-            if not inside:
+            # on the way up, every program is one the run did not plant: a
+            # `git` pip finds on a PATH the run set writes as itself (adv9 06)
+            script = args[0] if _INTERPRETER.match(os.path.basename(exe)) and args and \
+                not args[0].startswith("-") else None
+            if not inside or not self._unplanted(exe, anywhere=True) or \
+                    script and not self._unplanted(script, anywhere=True):
                 return False
         return False
 
@@ -996,6 +1003,8 @@ class _Judge:
                     return False
             if name not in self.r.installers:
                 return False
+        elif args and os.path.basename(args[0]) == os.path.basename(exe):
+            args = args[1:]             # a script run by its #! line: its path, then its words
         verbs = self.r.installer_verbs.get(name)
         if verbs is not None and own:
             verbs = verbs | self.r.installer_own_verbs.get(name, set())
@@ -1005,23 +1014,37 @@ class _Judge:
             return False                              # arguments the report does not hold
         return not any(self._run_made(a) for a in args[1:] if not a.startswith("-"))
 
+    def _in_environment(self, full: str) -> bool:
+        """Below a virtualenv of the project whatever its name (adv9 08: a
+        `pyenv311/`): a directory holding pyvenv.cfg, on the host or made by
+        the run."""
+        d = os.path.dirname(full)
+        while below(d, self.ws) and d != self.ws:
+            cfg = os.path.join(d, "pyvenv.cfg")
+            if cfg in self.changed or os.path.isfile(cfg):
+                return True
+            d = os.path.dirname(d)
+        return False
+
     def _run_made(self, arg: str) -> bool:
-        """An argument naming a file or directory this run wrote, or one in a
-        scratch dir (where a run puts what it makes)."""
+        """An argument naming a file or directory that was not there before
+        the run, a package file it rewrote, or one in a scratch dir (where a
+        run puts what it makes)."""
         if "/" not in arg and not arg.endswith(_PACKAGE_FILES):
             return False                              # a package's name
         full = os.path.normpath(self.absolute(arg))
-        return any(x in self.changed or any(below(c, x) for c in self.changed) or
-                   any(below(x, t) for t in _SCRATCH)
+        return any(not os.path.lexists(x) or x in self.changed and os.path.isfile(x) or
+                   not below(x, self.ws) and any(below(x, t) for t in _SCRATCH)
                    for x in dict.fromkeys([full, os.path.realpath(full)]))
 
-    def _unplanted(self, program: str) -> bool:
+    def _unplanted(self, program: str, anywhere: bool = False) -> bool:
         """A program file the run did not write: in the project only in its
         environments (a venv's pip; a `tools/pip` is anyone's, an earlier
-        run's too), elsewhere outside the scratch dirs."""
+        run's too; anywhere: the project's own scripts too, as what a package
+        manager runs), elsewhere outside the scratch dirs."""
         full = os.path.normpath(self.absolute(program))
         return all(x not in self.changed and (
-            self.r.matches(self.r.install_places, x) if below(x, self.ws) else
+            (anywhere or self.r.matches(self.r.install_places, x)) if below(x, self.ws) else
             not any(below(x, t) for t in _SCRATCH))
             for x in dict.fromkeys([full, os.path.realpath(full)]))
 

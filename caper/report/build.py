@@ -559,12 +559,22 @@ _REVEALS_SANDBOX = re.compile(
     r"uid_map|gid_map|setgroups|net(?:/.*)?)|mounts|net(?:/.*)?|1(?:/.*)?)|/sys/class/net(?:/.*)?")
 
 
+def _through_links(path: str) -> str:
+    """path with its directory's symlinks resolved as the host has them (a
+    venv's lib64 -> lib; a link the run made itself is not on the host, and
+    the name stays as written)."""
+    if not os.path.isabs(path):
+        return path
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 class _Analysis:
     """One pass over the events: processes, reads, who wrote what."""
 
     def __init__(self, facts: RunFacts, view: PathView):
         self.procs: dict[int, _Proc] = defaultdict(_Proc)
         self.writers: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the last write
+        self.placed: set[str] = set()                   # paths a rename or link put in place
         self.renames: dict[str, str] = {}               # new path -> old path
         self.aliases = Aliases()
         self.net: list[Event] = []
@@ -625,7 +635,10 @@ class _Analysis:
             if e.info & Info.DEVICE and (e.result == -errno.EACCES or not _own_device(e.arg1)):
                 self.uncertain[DEVICE_OPENS] += 1
             if _writes(e.flags) and e.ok:
-                self.writers[e.path] = (e.pid, e.seq)
+                # under the name written and the file it is (a venv's lib64 -> lib:
+                # the snapshot shows the real one)
+                for x in dict.fromkeys([e.path, e.real or _through_links(e.path)]):
+                    self.writers[x] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
                 cred = self.credential(facts.protected, e.real, e.path)
                 if cred and cred[1] == stores.GIT_CONFIG and self._gits_own(e, facts.workspace):
@@ -645,11 +658,13 @@ class _Analysis:
                 if _REVEALS_SANDBOX.fullmatch(e.path):
                     self.uncertain["a-process-could-see-the-sandbox"] += 1
         elif k in _WRITE_KINDS and e.ok and e.path:
-            self.writers[e.path] = (e.pid, e.seq)
+            for x in dict.fromkeys([e.path, e.real or _through_links(e.path)]):
+                self.writers[x] = (e.pid, e.seq)
         elif k in (Kind.RENAME, Kind.LINK) and e.path and e.path2 and self.stopped_at == e.seq:
             self.linked_credentials(e, facts.protected, p)   # refused: the run ended in it
         elif k in (Kind.RENAME, Kind.LINK, Kind.SYMLINK) and e.ok and e.path2:
             self.writers[e.path2] = (e.pid, e.seq)
+            self.placed.add(e.path2)
             if k != Kind.SYMLINK and e.path:
                 self.linked_credentials(e, facts.protected, p)
                 self.aliases.take(e)
@@ -725,10 +740,15 @@ class _Analysis:
                        for w in argv[1:at])
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
-        """(pid, seq) of the last call that wrote path, or else the nearest
-        directory above it (a directory built elsewhere and renamed into place)."""
+        """(pid, seq) of the last call that wrote path, or else of the one
+        that renamed or linked the nearest directory above it into place (a
+        directory built elsewhere). Not a directory's other writer: whoever
+        made site-packages wrote none of what a shell later put in it."""
+        if path in self.writers:
+            return self.writers[path]
+        path = os.path.dirname(path)
         while path and path != "/":
-            if path in self.writers:
+            if path in self.placed:
                 return self.writers[path]
             path = os.path.dirname(path)
         return None
