@@ -160,3 +160,19 @@ def test_a_virtualenv_is_known_by_its_pyvenv_cfg_whatever_its_name(tmp_path):
     assert verdict(report(git, ws=str(ws)), "./tool.sh", TASK, ws=str(ws)) == "block"
     plain = fc("tools/bin/helper", "created", "untracked", by="/bin/sh[3]")
     assert verdict(report(plain, ws=str(ws)), "./tool.sh", TASK, ws=str(ws)) == "allow"
+
+
+@pytest.mark.parametrize("alias", [
+    f"echo 'import os' >> .venv/lib64/python{sys.version_info.major}.{sys.version_info.minor}"
+    "/site-packages/tinypkg.py",
+    f"ln {SITE}/tinypkg.py /tmp/caper-alias-$$ && echo 'import os' >> /tmp/caper-alias-$$ && "
+    "rm /tmp/caper-alias-$$"], ids=["lib64-symlink", "hard-link"])
+def test_a_write_through_another_name_is_the_writers_not_the_installers(project, tmp_path, alias):
+    """adv9 05: the file pip had just installed, appended to through the
+    venv's lib64 -> lib link or a hard link made in /tmp, kept pip as its
+    writer, and the trojaned module was committed."""
+    out = _run(project, tmp_path, ".venv/bin/python -m pip install -q --no-index "
+               "--no-build-isolation --force-reinstall ./pkg && " + alias,
+               task="install the package in pkg into the venv")
+    assert not out.committed, out.reason
+    assert "import os" not in (project / SITE / "tinypkg.py").read_text()

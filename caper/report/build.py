@@ -575,6 +575,7 @@ class _Analysis:
         self.procs: dict[int, _Proc] = defaultdict(_Proc)
         self.writers: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the last write
         self.placed: set[str] = set()                   # paths a rename or link put in place
+        self.hard_links: dict[str, str] = {}            # a link the run made -> its first name
         self.renames: dict[str, str] = {}               # new path -> old path
         self.aliases = Aliases()
         self.net: list[Event] = []
@@ -636,8 +637,8 @@ class _Analysis:
                 self.uncertain[DEVICE_OPENS] += 1
             if _writes(e.flags) and e.ok:
                 # under the name written and the file it is (a venv's lib64 -> lib:
-                # the snapshot shows the real one)
-                for x in dict.fromkeys([e.path, e.real or _through_links(e.path)]):
+                # the snapshot shows the real one; a hard link the run made: its source)
+                for x in self._names_of(e):
                     self.writers[x] = (e.pid, e.seq)
             if acc != os.O_WRONLY:
                 cred = self.credential(facts.protected, e.real, e.path)
@@ -658,13 +659,15 @@ class _Analysis:
                 if _REVEALS_SANDBOX.fullmatch(e.path):
                     self.uncertain["a-process-could-see-the-sandbox"] += 1
         elif k in _WRITE_KINDS and e.ok and e.path:
-            for x in dict.fromkeys([e.path, e.real or _through_links(e.path)]):
+            for x in self._names_of(e):
                 self.writers[x] = (e.pid, e.seq)
         elif k in (Kind.RENAME, Kind.LINK) and e.path and e.path2 and self.stopped_at == e.seq:
             self.linked_credentials(e, facts.protected, p)   # refused: the run ended in it
         elif k in (Kind.RENAME, Kind.LINK, Kind.SYMLINK) and e.ok and e.path2:
             self.writers[e.path2] = (e.pid, e.seq)
             self.placed.add(e.path2)
+            if k == Kind.LINK and e.path:
+                self.hard_links[e.path2] = self.hard_links.get(e.path, e.path)
             if k != Kind.SYMLINK and e.path:
                 self.linked_credentials(e, facts.protected, p)
                 self.aliases.take(e)
@@ -738,6 +741,13 @@ class _Analysis:
             return False
         return not any(w in ("-c", "--config-env") or w.startswith("--config-env=")
                        for w in argv[1:at])
+
+    def _names_of(self, e) -> list[str]:
+        """The names a write reaches: as written, through the host's symlinks
+        of its directory, and the first name of a hard link the run made."""
+        names = [e.path, e.real or _through_links(e.path)]
+        names += [self.hard_links[x] for x in names if x in self.hard_links]
+        return list(dict.fromkeys(names))
 
     def writer_of(self, path: str) -> tuple[int, int] | None:
         """(pid, seq) of the last call that wrote path, or else of the one
