@@ -166,7 +166,9 @@ def test_a_virtualenv_is_known_by_its_pyvenv_cfg_whatever_its_name(tmp_path):
     f"echo 'import os' >> .venv/lib64/python{sys.version_info.major}.{sys.version_info.minor}"
     "/site-packages/tinypkg.py",
     f"ln {SITE}/tinypkg.py /tmp/caper-alias-$$ && echo 'import os' >> /tmp/caper-alias-$$ && "
-    "rm /tmp/caper-alias-$$"], ids=["lib64-symlink", "hard-link"])
+    "rm /tmp/caper-alias-$$",
+    f"ln -s $PWD/{SITE} /tmp/caper-sp-$$ && echo 'import os' >> /tmp/caper-sp-$$/tinypkg.py && "
+    "rm /tmp/caper-sp-$$"], ids=["lib64-symlink", "hard-link", "symlink-the-run-made"])
 def test_a_write_through_another_name_is_the_writers_not_the_installers(project, tmp_path, alias):
     """adv9 05: the file pip had just installed, appended to through the
     venv's lib64 -> lib link or a hard link made in /tmp, kept pip as its

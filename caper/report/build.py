@@ -576,6 +576,7 @@ class _Analysis:
         self.writers: dict[str, tuple[int, int]] = {}   # path -> (pid, seq) of the last write
         self.placed: set[str] = set()                   # paths a rename or link put in place
         self.hard_links: dict[str, str] = {}            # a link the run made -> its first name
+        self.symlinks: dict[str, str] = {}              # a symlink the run made -> its target
         self.renames: dict[str, str] = {}               # new path -> old path
         self.aliases = Aliases()
         self.net: list[Event] = []
@@ -668,6 +669,9 @@ class _Analysis:
             self.placed.add(e.path2)
             if k == Kind.LINK and e.path:
                 self.hard_links[e.path2] = self.hard_links.get(e.path, e.path)
+            if k == Kind.SYMLINK and e.path and os.path.isabs(e.path2):
+                self.symlinks[e.path2] = os.path.normpath(
+                    os.path.join(os.path.dirname(e.path2), e.path))
             if k != Kind.SYMLINK and e.path:
                 self.linked_credentials(e, facts.protected, p)
                 self.aliases.take(e)
@@ -744,8 +748,15 @@ class _Analysis:
 
     def _names_of(self, e) -> list[str]:
         """The names a write reaches: as written, through the host's symlinks
-        of its directory, and the first name of a hard link the run made."""
+        of its directory or one the run made, and the first name of a hard
+        link the run made."""
         names = [e.path, e.real or _through_links(e.path)]
+        # through a symlink the run made (not on the host: ln -s target/debug /tmp/l)
+        d = os.path.dirname(e.path)
+        while d and d != "/" and d not in self.symlinks:
+            d = os.path.dirname(d)
+        if d in self.symlinks:
+            names.append(self.symlinks[d] + e.path[len(d):])
         names += [self.hard_links[x] for x in names if x in self.hard_links]
         return list(dict.fromkeys(names))
 
