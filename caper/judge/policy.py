@@ -1030,8 +1030,8 @@ class _Judge:
         """An argument naming a file or directory that was not there before
         the run, a package file it rewrote, or one in a scratch dir (where a
         run puts what it makes)."""
-        if "/" not in arg and not arg.endswith(_PACKAGE_FILES):
-            return False                              # a package's name
+        if "/" not in arg and not arg.endswith(_PACKAGE_FILES) or "://" in arg:
+            return False                              # a package's name, a registry's URL
         full = os.path.normpath(self.absolute(arg))
         return any(not os.path.lexists(x) or x in self.changed and os.path.isfile(x) or
                    not below(x, self.ws) and any(below(x, t) for t in _SCRATCH)
@@ -1041,11 +1041,14 @@ class _Judge:
         """A program file the run did not write: in the project only in its
         environments (a venv's pip; a `tools/pip` is anyone's, an earlier
         run's too; anywhere: the project's own scripts too, as what a package
-        manager runs), elsewhere outside the scratch dirs."""
+        manager runs), elsewhere outside the scratch dirs or in an
+        environment there."""
         full = os.path.normpath(self.absolute(program))
         return all(x not in self.changed and (
             (anywhere or self.r.matches(self.r.install_places, x)) if below(x, self.ws) else
-            not any(below(x, t) for t in _SCRATCH))
+            # in a scratch dir only an environment's (a checkout's .venv in /tmp),
+            # where a new program is a package manager's alone
+            not any(below(x, t) for t in _SCRATCH) or self.r.matches(self.r.install_places, x))
             for x in dict.fromkeys([full, os.path.realpath(full)]))
 
     def _module_planted(self, module: str) -> bool:
