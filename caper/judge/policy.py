@@ -948,10 +948,10 @@ class _Judge:
         exe = os.path.normpath(self.absolute(c.by.rsplit("[", 1)[0]))
         programs = [exe]
         if c.lineage and _INTERPRETER.match(os.path.basename(exe)):
-            args = c.lineage[0][1:]          # node .../webpack: the script is the program
-            if not args or args[0].startswith("-"):
-                return False
-            programs.append(os.path.normpath(self.absolute(args[0])))
+            script = _script(exe, c.lineage[0][1:])   # node .../webpack: the program
+            if script is None:
+                return False                          # node -e: whatever it is told
+            programs.append(os.path.normpath(self.absolute(script)))
         if os.path.basename(programs[-1]) not in names:
             return False
         return all(os.path.isabs(p) and self._unplanted(p) for p in programs)
@@ -971,8 +971,7 @@ class _Judge:
                 return True
             # on the way up, every program is one the run did not plant: a
             # `git` pip finds on a PATH the run set writes as itself (adv9 06)
-            script = args[0] if _INTERPRETER.match(os.path.basename(exe)) and args and \
-                not args[0].startswith("-") else None
+            script = _script(exe, args)
             if not inside or not self._unplanted(exe, anywhere=True) or \
                     script and not self._unplanted(script, anywhere=True):
                 return False
@@ -1607,6 +1606,14 @@ _HOOKED_SCRIPTS = frozenset({"test", "build", "start", "stop", "restart", "lint"
 # package.json keys of hook managers, whose commands git runs at a commit.
 _HOOK_MANAGER_KEYS = ("husky.", "githooks.", "simple-git-hooks.", "lint-staged", "pre-commit",
                       "ghooks.", "config.ghooks.")
+
+
+def _script(exe: str, args: list[str]) -> str | None:
+    """The script an interpreter exe runs with these arguments (`node
+    /usr/bin/npm`), None for no interpreter or code given inline (`-c`, `-e`)."""
+    if not _INTERPRETER.match(os.path.basename(exe)) or not args or args[0].startswith("-"):
+        return None
+    return args[0]
 
 
 def _narrowing(detail: str | None) -> bool:
