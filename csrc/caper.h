@@ -131,9 +131,13 @@ enum caper_info {
                                        one); arg1 is its st_rdev */
     CAPER_INFO_ARGV_CHANGED   = 64, /* exec: the argv the kernel ran (the event's) is not
                                        the one read when the call was checked */
-    CAPER_INFO_GIT_ENV        = 256 /* exec: the new image's environment configures git
+    CAPER_INFO_GIT_ENV        = 256, /* exec: the new image's environment configures git
                                        (GIT_CONFIG*, GIT_DIR, GIT_COMMON_DIR), which its
                                        argv does not show; or it could not be read */
+    CAPER_INFO_CODE_ENV       = 512 /* exec: the new image's environment holds a variable
+                                       that loads other code (LD_PRELOAD, PYTHONPATH,
+                                       GIT_SSH_COMMAND, PIP_*, ...) with a value caper did
+                                       not give the command; or it could not be read */
 };
 
 /* caper_config.flags */

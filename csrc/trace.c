@@ -76,6 +76,14 @@ struct pending {
     ino_t src_ino;
 };
 
+/* Hashes of the code-loading entries of the environment a process's image
+ * was given (exec_env); h NULL when it is not known (unreadable, or no
+ * memory): every exec from it then counts as given new ones. */
+struct env_set {
+    uint64_t *h;
+    size_t n;
+};
+
 struct proc {
     struct proc *next;
     pid_t tid, ppid;
@@ -88,6 +96,7 @@ struct proc {
     struct repeat *rep;
     uint32_t n_rep;
     uint64_t noise;
+    struct env_set env;  /* its image's code-loading variables, as exec gave them */
 };
 
 struct tracer {
@@ -140,6 +149,7 @@ static void destroy(struct tracer *t, struct proc *p)
     free(p->cwd);
     free(p->pend);
     free(p->rep);
+    free(p->env.h);
     free(p);
     t->live--;
 }
@@ -1170,6 +1180,70 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
     emit_folded(t, p, &pd->ev);
 }
 
+/* Variables that make a program load or run other code than its own: the
+ * dynamic loader's, the interpreters' module paths and startup options,
+ * the programs git runs for a remote or a diff, a shell's startup file and
+ * exported functions, the package managers' own settings (an index, a
+ * find-links directory). A command that sets one for a package manager
+ * makes its install the command's code (adv9 03/06, adv8b 19). */
+static const char *const code_names[] = {
+    "LD_PRELOAD=", "LD_LIBRARY_PATH=", "LD_AUDIT=", "GCONV_PATH=", "BASH_ENV=", "ENV=",
+    "BASH_FUNC_", "PYTHONPATH=", "PYTHONHOME=", "PYTHONUSERBASE=", "PYTHONSTARTUP=",
+    "PERL5LIB=", "PERLLIB=", "PERL5OPT=", "RUBYLIB=", "RUBYOPT=", "NODE_OPTIONS=",
+    "NODE_PATH=", "JAVA_TOOL_OPTIONS=", "_JAVA_OPTIONS=", "JDK_JAVA_OPTIONS=", "CLASSPATH=",
+    "GIT_SSH=", "GIT_SSH_COMMAND=", "GIT_EXEC_PATH=", "GIT_ASKPASS=", "SSH_ASKPASS=",
+    "GIT_EXTERNAL_DIFF=", "GIT_PROXY_COMMAND=", "GIT_TEMPLATE_DIR=", "MAKEFILES=",
+    "RUSTC_WRAPPER=", "RUSTC=", "PIP_", "UV_", "npm_config_", "NPM_CONFIG_", "CARGO_",
+};
+
+static int named(const char *entry, size_t len, const char *const *names, size_t count)
+{
+    for (size_t k = 0; k < count; k++)
+        if (len >= strlen(names[k]) && memcmp(entry, names[k], strlen(names[k])) == 0)
+            return 1;
+    return 0;
+}
+
+static uint64_t entry_hash(const char *entry, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)entry[i]) * 1099511628211ull;
+    return h;
+}
+
+static struct env_set env_copy(struct env_set from)
+{
+    struct env_set to = { NULL, 0 };
+    if (from.h && (to.h = calloc(from.n + 1, sizeof *to.h))) {
+        memcpy(to.h, from.h, from.n * sizeof *to.h);
+        to.n = from.n;
+    }
+    return to;
+}
+
+/* The set of caper's environment for the command, which its init passes on. */
+static struct env_set env_set_of(const char *const *envp)
+{
+    struct env_set b = { NULL, 0 };
+    size_t all = 0;
+    while (envp[all])
+        all++;
+    b.h = calloc(all + 1, sizeof *b.h);
+    for (size_t i = 0; b.h && envp[i]; i++)
+        if (named(envp[i], strlen(envp[i]), code_names, sizeof code_names / sizeof *code_names))
+            b.h[b.n++] = entry_hash(envp[i], strlen(envp[i]));
+    return b;
+}
+
+static int in_set(struct env_set b, uint64_t h)
+{
+    for (size_t i = 0; i < b.n; i++)
+        if (b.h[i] == h)
+            return 1;
+    return 0;
+}
+
 static void announce(struct tracer *t, struct proc *c, int64_t clone_flags)
 {
     struct ev ev;
@@ -1189,6 +1263,8 @@ static void on_new_child(struct tracer *t, struct proc *p, int event)
         return;
     c->ppid = p->is_init ? 0 : p->tid;
     c->is_command = p->is_init;
+    free(c->env.h);
+    c->env = env_copy(p->env);
     if (p->cwd)
         c->cwd = strdup(p->cwd);
     int64_t flags = 0;
@@ -1295,21 +1371,25 @@ static void take_executed_program(struct proc *p, struct pending *pd, int interp
     }
 }
 
-/* Whether the environment of the image just executed configures git, as
- * its command line does not show: GIT_CONFIG_COUNT/KEY/VALUE,
- * GIT_CONFIG_PARAMETERS, GIT_CONFIG_GLOBAL ... set keys (commit.template =
- * .git/config makes git read its own configuration as data), GIT_DIR and
- * GIT_COMMON_DIR another repository's, GIT_TRACE* and GIT_CURL_VERBOSE make
- * it print configuration and headers (GIT_TRACE2_CONFIG_PARAMS='remote.*'
- * prints a remote URL's token). Names only are looked at; an environment
- * that cannot be read counts as configuring. */
-static int git_env(pid_t tid)
+/* What the environment of the image just executed says, as its command
+ * line does not: CAPER_INFO_GIT_ENV when it configures git
+ * (GIT_CONFIG_COUNT/KEY/VALUE, GIT_CONFIG_PARAMETERS, GIT_CONFIG_GLOBAL ...
+ * set keys: commit.template = .git/config makes git read its own
+ * configuration as data; GIT_DIR and GIT_COMMON_DIR another repository's;
+ * GIT_TRACE* and GIT_CURL_VERBOSE make it print configuration and headers:
+ * GIT_TRACE2_CONFIG_PARAMS='remote.*' prints a remote URL's token), and
+ * CAPER_INFO_CODE_ENV when it holds a code-loading entry the image before
+ * did not have (p->env: what it was given; one unset is no code), so that
+ * the program that put it there is known: the shell of `LD_PRELOAD=x make`,
+ * or git setting GIT_EXEC_PATH for its own children. p->env becomes the new
+ * image's. An environment that cannot be read says both. */
+static uint32_t exec_env(struct proc *p)
 {
-    static const char *const names[] = { "GIT_CONFIG", "GIT_DIR=", "GIT_COMMON_DIR=",
-                                          "GIT_TRACE", "GIT_CURL_VERBOSE=" };
+    static const char *const git_names[] = { "GIT_CONFIG", "GIT_DIR=", "GIT_COMMON_DIR=",
+                                             "GIT_TRACE", "GIT_CURL_VERBOSE=" };
     enum { CAP = 4 << 20 };   /* past the kernel's limit for argv and environment together */
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/environ", (int)tid);
+    snprintf(path, sizeof path, "/proc/%d/environ", (int)p->tid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     char *buf = fd < 0 ? NULL : malloc(CAP);
     size_t len = 0;
@@ -1318,14 +1398,29 @@ static int git_env(pid_t tid)
         len += (size_t)n;
     if (fd >= 0)
         close(fd);
-    int found = !buf || n < 0 || len == CAP;
-    for (size_t start = 0; !found && start < len; start += strnlen(buf + start, len - start) + 1)
-        for (size_t k = 0; k < sizeof names / sizeof *names; k++)
-            if (len - start >= strlen(names[k]) &&
-                memcmp(buf + start, names[k], strlen(names[k])) == 0)
-                found = 1;
+    struct env_set now = { NULL, 0 };
+    uint32_t info = 0;
+    if (!buf || n < 0 || len == CAP || !p->env.h) {
+        info = CAPER_INFO_GIT_ENV | CAPER_INFO_CODE_ENV;
+    } else if ((now.h = calloc(len / 2 + 1, sizeof *now.h))) {
+        for (size_t start = 0, one; start < len; start += one + 1) {
+            one = strnlen(buf + start, len - start);
+            if (named(buf + start, one, git_names, sizeof git_names / sizeof *git_names))
+                info |= CAPER_INFO_GIT_ENV;
+            if (!named(buf + start, one, code_names, sizeof code_names / sizeof *code_names))
+                continue;
+            uint64_t h = entry_hash(buf + start, one);
+            if (!in_set(p->env, h))
+                info |= CAPER_INFO_CODE_ENV;
+            now.h[now.n++] = h;
+        }
+    } else {
+        info = CAPER_INFO_GIT_ENV | CAPER_INFO_CODE_ENV;
+    }
     free(buf);
-    return found;
+    free(p->env.h);
+    p->env = now;
+    return info;
 }
 
 static void on_exec(struct tracer *t, struct proc *leader)
@@ -1350,8 +1445,7 @@ static void on_exec(struct tracer *t, struct proc *leader)
     if (leader->in_call && leader->pend->ev.h.kind == CAPER_EV_EXEC) {
         int interpreted = take_executed_argv(t, leader, leader->pend);
         take_executed_program(leader, leader->pend, interpreted);
-        if (git_env(leader->tid))
-            leader->pend->ev.h.info |= CAPER_INFO_GIT_ENV;
+        leader->pend->ev.h.info |= exec_env(leader);
     }
 }
 
@@ -1424,6 +1518,7 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
         kill(s->init_pid, SIGKILL);
     } else {
         init->is_init = init->attached = init->announced = 1;
+        init->env = env_set_of(c->envp);
     }
     for (;;) {
         int st;

@@ -178,3 +178,102 @@ def test_a_write_through_another_name_is_the_writers_not_the_installers(project,
                task="install the package in pkg into the venv")
     assert not out.committed, out.reason
     assert "import os" not in (project / SITE / "tinypkg.py").read_text()
+
+
+# --- round 9 (adv9 02/03/06) and adv8b 19: the environment the command gives a tool -------
+
+SITECUSTOMIZE = "import os\nif os.path.isdir('.venv/bin'): open('.venv/bin/git', 'w').write('x')\n"
+
+
+@pytest.mark.parametrize("steer", ["assignment", "export"])
+def test_a_package_manager_given_code_by_the_commands_environment_is_the_commands(
+        project, tmp_path, steer):
+    """adv9 03: `PYTHONPATH=/tmp/x pip install ./pkg` ran a sitecustomize.py
+    inside the real pip, which planted `.venv/bin/git`; the write was pip's
+    and was committed. The tracer marks each exec whose environment holds a
+    code-loading variable the command set, and such a package manager is no
+    package manager."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    pip = ".venv/bin/python -m pip install -q --no-index --no-build-isolation --force-reinstall ./pkg"
+    command = f"PYTHONPATH={lib} {pip}" if steer == "assignment" else f"export PYTHONPATH={lib}; {pip}"
+    out = _run(project, tmp_path, command, task="install the package in pkg into the venv")
+    git = next((c for c in out.report.all_changes if c.path == ".venv/bin/git"), None)
+    assert git is not None, out.report.card()                     # the plant ran inside pip
+    assert not out.committed, out.reason
+    assert not (project / ".venv" / "bin" / "git").exists()
+
+
+def test_a_code_loading_variable_the_user_already_had_changes_nothing(project, tmp_path):
+    """The twin: PYTHONPATH in the user's own environment (caper gives it to
+    the command) is no command's doing; pip's install commits."""
+    empty = tmp_path / "pylib"
+    empty.mkdir()
+    out = run(".venv/bin/python -m pip install -q --no-index --no-build-isolation "
+              "--force-reinstall ./pkg", cwd=str(project), workspace=str(project),
+              approver="policy", task="install the package in pkg into the venv",
+              state_dir=str(tmp_path / "state"),
+              env={**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(empty)}, timeout=120)
+    assert out.committed, out.reason
+
+
+def test_the_tracer_marks_execs_given_code_loading_variables(tmp_path):
+    """CODE_ENV on an exec: set by the command (an assignment, an export, a
+    changed value), not for one caper gave it unchanged, nor for one unset."""
+    from caper.sandbox.events import Info, Kind
+    from caper.sandbox.trace import trace
+    script = ("LD_PRELOAD=/x.so /bin/true a; export GIT_SSH_COMMAND=x; /bin/true b; unset "
+              "GIT_SSH_COMMAND; /bin/true c; PYTHONPATH=$PYTHONPATH /bin/true d; "
+              "PYTHONPATH=/y /bin/true e; env -u PYTHONPATH /bin/true f")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "/given"}
+    got = {e.argv[1]: bool(e.info & Info.CODE_ENV) for e in trace(["/bin/sh", "-c", script],
+                                                                 env=env, cwd=str(tmp_path))
+           if e.kind == Kind.EXEC and e.ok and e.argv and e.argv[0] == "/bin/true"}
+    assert got == {"a": True, "b": True, "c": False, "d": False, "e": True, "f": False}
+
+
+def test_a_steered_build_tool_or_installer_licenses_nothing():
+    """adv8b 19: `LD_PRELOAD=./x.so make` wrote built code as make; adv9 06:
+    GIT_SSH_COMMAND under `pip install -r` ran the command's script as pip's
+    descendant. What counts is who put the variable there: the command's
+    shell (or env, or python -c), not a tool for its own children (pip's
+    build environment, git's GIT_EXEC_PATH)."""
+    from helpers.policy import WS, fc, report, verdict
+    site = f"{WS}/{SITE}/evil-1.0.dist-info/entry_points.txt"
+    pip = ["/usr/bin/python3", "-m", "pip", "install", "-r", "requirements.txt"]
+    ssh = ["/bin/sh", "-c", "./plant.sh"]
+    shell = ["/bin/sh", "-c", "GIT_SSH_COMMAND=./plant.sh pip install -r requirements.txt"]
+    line = [ssh, ["/usr/bin/git"], pip]
+    assert verdict(report(fc(site, where="ignored", lineage=line)), "pip install", "install") \
+        == "allow"
+    for by in (shell, ["/usr/bin/env", "GIT_SSH_COMMAND=./plant.sh", "pip"],
+               ["/usr/bin/python3", "-c", "import os"], ["/tmp/x/setenv"]):
+        assert verdict(report(fc(site, where="ignored", lineage=line, steered={2: by})),
+                       "pip install -r requirements.txt", "install") == "block", by
+    nested = [["/usr/bin/python3", "-m", "pip", "install", "setuptools"], pip]
+    assert verdict(report(fc(site, where="ignored", lineage=nested, steered={0: pip})),
+                   "pip install -r requirements.txt", "install") == "allow"
+    cc = lambda **kw: fc("target/debug/app", "modified", "ignored", by="/usr/bin/ld[9]",
+                         lineage=[["/usr/bin/ld"], ["/usr/bin/make"], ["/bin/sh", "-c", "make"]],
+                         **kw)
+    assert verdict(report(cc()), "make", "build it") == "allow"
+    assert verdict(report(cc(steered={0: ["/usr/bin/make"]})), "make", "build it") == "allow"
+    for steered in ({1: shell}, {0: ["/usr/bin/make"], 1: shell}):
+        assert verdict(report(cc(steered=steered)), "LD_PRELOAD=./x.so make", "build it") \
+            != "allow", steered
+
+
+@pytest.mark.parametrize("words", [["--find-links=/tmp/w", "tinypkg"], ["-f/tmp/w", "tinypkg"],
+                                   ["--index-url", "file:///tmp/w", "tinypkg"]])
+def test_packages_from_a_directory_the_run_made_are_the_runs_by_any_spelling(words):
+    """adv9 02: the wheel the run built in /tmp, installed by its name with
+    the directory given as an option's value or a file:// index."""
+    from helpers.policy import WS, fc, report, verdict
+    site = f"{WS}/{SITE}/evil-1.0.dist-info/entry_points.txt"
+    line = [["/usr/bin/python3", "-m", "pip", "install", "--no-index", *words]]
+    assert verdict(report(fc(site, where="ignored", lineage=line)), "pip install", "install") \
+        == "block", words
+    named = [["/usr/bin/python3", "-m", "pip", "install", "--no-index", "tinypkg"]]
+    assert verdict(report(fc(site, where="ignored", lineage=named)), "pip install", "install") \
+        == "allow"

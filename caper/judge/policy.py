@@ -943,8 +943,8 @@ class _Judge:
         where programs are: the exec path is the run's choice, so one in the
         workspace outside its environments, a temp dir or a file the run
         wrote (`cp /bin/sh /tmp/x/sed`) is nobody's but the run's."""
-        if c is None or not c.by or not c.by.endswith("]"):
-            return False
+        if c is None or not c.by or not c.by.endswith("]") or self._steered(c, 0):
+            return False                              # LD_PRELOAD=./x.so make (adv8b 19)
         exe = os.path.normpath(self.absolute(c.by.rsplit("[", 1)[0]))
         programs = [exe]
         if c.lineage and _INTERPRETER.match(os.path.basename(exe)):
@@ -967,7 +967,8 @@ class _Judge:
         or the script an interpreter runs."""
         inside = below(full, self.ws)
         for depth, (exe, *args) in enumerate(c.lineage or ()):
-            if self._installer(exe, args, own=depth == 0) and (depth == 0 or inside):
+            if self._installer(exe, args, own=depth == 0) and (depth == 0 or inside) and \
+                    not self._steered(c, depth):
                 return True
             # on the way up, every program is one the run did not plant: a
             # `git` pip finds on a PATH the run set writes as itself (adv9 06)
@@ -976,6 +977,30 @@ class _Judge:
                     script and not self._unplanted(script, anywhere=True):
                 return False
         return False
+
+    def _steered(self, c, depth: int) -> bool:
+        """The lineage's program at depth runs code the command chose
+        through its environment (adv9 03/06: PYTHONPATH or GIT_SSH_COMMAND
+        under a real pip): it, or an ancestor it inherited them from, was
+        given a code-loading variable by the command's own code, a shell's
+        inline script, `env`, an interpreter's -c, or a program the run
+        planted. A tool's own program setting them for its children (git's
+        GIT_EXEC_PATH, pip's build environment) is the tool's."""
+        return any(at >= depth and not self._sets_own_environment(by)
+                   for at, by in (c.steered or {}).items())
+
+    def _sets_own_environment(self, by: list[str]) -> bool:
+        exe, *args = by
+        name = os.path.basename(exe)
+        if not os.path.isabs(exe) or not self._unplanted(exe, anywhere=True) or name == "env" or \
+                args and args[-1] == LINEAGE_MORE:
+            return False
+        if name in _SHELLS or _INTERPRETER.match(name):
+            if args[:1] == ["-m"] and len(args) > 1:          # python -m pip
+                return not self._module_planted(args[1])
+            script = args[0] if args and not args[0].startswith("-") else None
+            return script is not None and self._unplanted(script, anywhere=True)
+        return True
 
     def _installer(self, exe: str, args: list[str], own: bool = False) -> bool:
         """A package manager's process running one of its installing
@@ -1011,7 +1036,7 @@ class _Judge:
             return False
         if args and args[-1] == LINEAGE_MORE:
             return False                              # arguments the report does not hold
-        return not any(self._run_made(a) for a in args[1:] if not a.startswith("-"))
+        return not any(self._run_made(a) for a in map(_option_value, args[1:]) if a)
 
     def _in_environment(self, full: str) -> bool:
         """Below a virtualenv of the project whatever its name (adv9 08: a
@@ -1029,6 +1054,8 @@ class _Judge:
         """An argument naming a file or directory that was not there before
         the run, a package file it rewrote, or one in a scratch dir (where a
         run puts what it makes)."""
+        if arg.startswith("file://"):
+            arg = arg[len("file://"):]                # --index-url file:///tmp/w
         if "/" not in arg and not arg.endswith(_PACKAGE_FILES) or "://" in arg:
             return False                              # a package's name, a registry's URL
         full = os.path.normpath(self.absolute(arg))
@@ -1608,6 +1635,17 @@ _HOOK_MANAGER_KEYS = ("husky.", "githooks.", "simple-git-hooks.", "lint-staged",
                       "ghooks.", "config.ghooks.")
 
 
+def _option_value(arg: str) -> str | None:
+    """The word of a command line that may name a file: itself, or an
+    option's value written into it (`--find-links=/tmp/w`, `-f/tmp/w`); a
+    value given as the next word is a word of its own."""
+    if not arg.startswith("-"):
+        return arg
+    if arg.startswith("--"):
+        return arg.split("=", 1)[1] if "=" in arg else None
+    return arg[2:] or None
+
+
 def _script(exe: str, args: list[str]) -> str | None:
     """The script an interpreter exe runs with these arguments (`node
     /usr/bin/npm`), None for no interpreter or code given inline (`-c`, `-e`)."""
@@ -1628,6 +1666,7 @@ def _narrowing(detail: str | None) -> bool:
     old, new = int(m.group(1), 8), int(m.group(2), 8)
     return new & ~old == 0 and (old ^ new) & ~0o077 == 0
 # Interpreters that run a package manager's script; a program's version suffix.
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "busybox", "ash"})
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
 _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
 # A path where a manifest names a package: after file:, or a token of its own

@@ -214,6 +214,12 @@ class FileChange(_Model):
     # path it exec'd) and first arguments, so that a judge can tell a package
     # manager's write from a shell's or `python -c`'s beside it.
     lineage: list[list[str]] | None = None
+    # Those (by index) that ran with a variable loading other code into
+    # them (LD_PRELOAD, PYTHONPATH, GIT_SSH_COMMAND, PIP_*) which the program
+    # before them put there, and that program (as in lineage): a shell's
+    # `LD_PRELOAD=./x.so make` makes make's writes the command's code, git
+    # setting GIT_EXEC_PATH for its own children does not.
+    steered: dict[int, list[str]] | None = None
 
 
 class GitLoss(_Model):
@@ -586,6 +592,7 @@ class _Analysis:
         self.history_readers: list[Event] = []   # git printing content, others reading objects
         self.git_config_reads: set[str] = set()             # token-holding configs git read for itself
         self.git_env: set[int] = set()                      # execs whose environment configures git
+        self.code_env: set[int] = set()                     # ... or loads code the command chose
         self.refused: list[Event] = []
         self.signals: list[Event] = []
         self.uncertain: dict[str, int] = defaultdict(int)
@@ -621,6 +628,8 @@ class _Analysis:
             p.execs.append((e.seq, e.path or "", e.argv or []))
             if e.info & Info.GIT_ENV:
                 self.git_env.add(e.seq)
+            if e.info & Info.CODE_ENV:
+                self.code_env.add(e.seq)
             # git reads a tracked (or once tracked) credential from its object
             # store, which no credential pattern covers: naming one is reading it.
             if os.path.basename(e.path or "") == "git":
@@ -794,18 +803,22 @@ class _Analysis:
             pid, seq = p.ppid, p.start_seq
         return None
 
-    def lineage(self, pid: int, seq: int) -> list[tuple[str, list[str]]]:
-        """(path, argv) of the image pid ran at seq, then of each ancestor's
-        when it forked the next, nearest first (a fork that did not exec
-        runs its parent's image: named once)."""
-        out: list[tuple[str, list[str]]] = []
+    def lineage(self, pid: int, seq: int) -> list[tuple[str, list[str], tuple[str, list[str]] | None]]:
+        """(path, argv, steered_by) of the image pid ran at seq, then of each
+        ancestor's when it forked the next, nearest first (a fork that did
+        not exec runs its parent's image: named once); steered_by: the
+        program that gave it a variable loading other code (Info.CODE_ENV),
+        the image its process ran before."""
+        out: list[tuple[str, list[str], tuple[str, list[str]] | None]] = []
         seen = set()
         while pid in self.procs and pid not in seen and len(out) < MAX_LINEAGE:
             seen.add(pid)
             p = self.procs[pid]
-            own = next(((path, argv) for s, path, argv in reversed(p.execs) if s < seq), None)
+            own = next(((s, path, argv) for s, path, argv in reversed(p.execs) if s < seq), None)
             if own is not None:
-                out.append(own)
+                s, path, argv = own
+                out.append((path, argv, (self.exe(pid, s) or ("?", [])) if s in self.code_env
+                            else None))
             if p.ppid is None:
                 break
             pid, seq = p.ppid, p.start_seq
@@ -1601,10 +1614,12 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         pid, seq = d.writer_of[c.path]
         out.by = actor(pid, seq)
         if lineage:
-            out.lineage = [[_clean(d.redactor, x, lim.path_chars)
-                            for x in (exe, *argv[1:1 + LINEAGE_ARGS])] +
-                           ([LINEAGE_MORE] if len(argv) > 1 + LINEAGE_ARGS else [])
-                           for exe, argv in d.an.lineage(pid, seq)] or None
+            named = lambda exe, argv: [_clean(d.redactor, x, lim.path_chars)
+                                       for x in (exe, *argv[1:1 + LINEAGE_ARGS])] + (
+                [LINEAGE_MORE] if len(argv) > 1 + LINEAGE_ARGS else [])
+            line = d.an.lineage(pid, seq)
+            out.lineage = [named(exe, argv) for exe, argv, _ in line] or None
+            out.steered = {i: named(*by) for i, (_, _, by) in enumerate(line) if by} or None
         rs = d.an.read_before(pid, seq)
         # Repository data written back into the repository goes nowhere: the
         # reads are shown where data could leave it, or when they include
