@@ -657,8 +657,14 @@ class _Judge:
             return
         ext = name.endswith((".so", ".pyd")) and ".cpython-" in name or name.endswith(".abi3.so")
         sourceless = name.endswith(".pyc") and os.path.basename(os.path.dirname(full)) != "__pycache__"
-        conftest = name == "conftest.py" and where == "ignored"
+        conftest = name in ("conftest.py", "pytest.ini") and where == "ignored"
         if not (ext or sourceless or conftest) or self.r.matches(self.r.install_places, full):
+            if name in ("conftest.py", "pytest.ini") and c.op == "created" and \
+                    where == "untracked" and not self._beside_tests(full):
+                self.add(60, "unsure", f"it would create {_quote_clipped(c.path)}, code pytest "
+                         "runs by itself when it collects there, away from the project's tests",
+                         "persistence: code or configuration that runs later",
+                         "put fixtures beside the tests they serve", c.path)
             return
         if ext and (self._ran(c, self.r.builders) or
                     not os.path.exists(os.path.join(os.path.dirname(full), stem + ".py")) and
@@ -669,6 +675,12 @@ class _Judge:
                  "pytest runs by itself in place of, or beside, the project's reviewed sources",
                  "persistence: code or configuration that runs later",
                  "build it with the build tool, or leave it alone", c.path)
+
+    def _beside_tests(self, full: str) -> bool:
+        """At the project's top or in a test directory (adv9 04: a new
+        tools/cache/conftest.py shows in git status as its directory only)."""
+        rel = os.path.relpath(os.path.dirname(full), self.ws)
+        return rel == "." or any(part in _TEST_DIRS for part in rel.split(os.sep))
 
     def built(self, c, full: str, where: str) -> None:
         """An existing file of built code git does not track (a binary in
@@ -1666,6 +1678,7 @@ def _narrowing(detail: str | None) -> bool:
     old, new = int(m.group(1), 8), int(m.group(2), 8)
     return new & ~old == 0 and (old ^ new) & ~0o077 == 0
 # Interpreters that run a package manager's script; a program's version suffix.
+_TEST_DIRS = frozenset({"tests", "test", "testing", "spec", "specs", "__tests__"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "busybox", "ash"})
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
 _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
