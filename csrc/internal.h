@@ -56,8 +56,9 @@ enum filter {
     FL_ENOSYS,           /* fail with ENOSYS without stopping (clone3: libc falls back) */
     FL_FAMILY,           /* allow when arg is a family a network namespace holds, else
                             EAFNOSUPPORT without stopping */
-    FL_PREALLOC,         /* an ioctl request that preallocates space (the ioctl doors to
-                            fallocate): EOPNOTSUPP without stopping, else allow */
+    FL_IOCTL,            /* an ioctl request refused (preallocating, inode flags, verity,
+                            fscrypt, btrfs's but clones): EOPNOTSUPP without stopping,
+                            else allow */
     FL_LOCK_CMD          /* an fcntl command that takes a lock or a lease: stop, else allow */
 };
 

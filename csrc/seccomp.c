@@ -64,16 +64,37 @@ static int put(struct prog *p, uint16_t code, uint8_t jt, uint8_t jf, uint32_t k
  * reach past it. */
 static const uint32_t FAMILIES[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
 #define N_FAMILIES ((int)(sizeof FAMILIES / sizeof *FAMILIES))
-/* ioctl requests that reach vfs_fallocate() (ioctl_preallocate, XFS's
- * ALLOCSP): one call would take any amount of space past the disk budget
- * the tracer holds fallocate() to. _IOW('X', n, struct space_resv), 48 bytes. */
-static const uint32_t PREALLOC_IOCTLS[] = {
+/* ioctl requests refused, without a stop. Those that reach vfs_fallocate()
+ * (ioctl_preallocate, XFS's ALLOCSP): one call would take any amount of
+ * space past the disk budget the tracer holds fallocate() to. Those that
+ * change an inode or a filesystem beyond its files' content and modes, which
+ * the report cannot show and a discard may not undo: inode flags (chattr +i
+ * made a btrfs snapshot's file immutable), fs-verity, fscrypt policies and
+ * keys (through a read-only bind they reach the host's filesystem). */
+static const uint32_t REFUSED_IOCTLS[] = {
     0x4030580a, 0x4030580b,   /* XFS_IOC_ALLOCSP, XFS_IOC_FREESP */
     0x40305824, 0x40305825,   /* XFS_IOC_ALLOCSP64, XFS_IOC_FREESP64 */
     0x40305828, 0x4030582a,   /* FS_IOC_RESVSP, FS_IOC_RESVSP64 */
     0x40305839,               /* FS_IOC_ZERO_RANGE */
+    0x40086602, 0x40046602,   /* FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS */
+    0x401c5820,               /* FS_IOC_FSSETXATTR */
+    0x40806685,               /* FS_IOC_ENABLE_VERITY */
+    0x800c6613,               /* FS_IOC_SET_ENCRYPTION_POLICY */
+    0xc0506617, 0xc0406618,   /* FS_IOC_ADD_ENCRYPTION_KEY, FS_IOC_REMOVE_ENCRYPTION_KEY */
+    0xc0406619,               /* FS_IOC_REMOVE_ENCRYPTION_KEY_ALL_USERS */
 };
-#define N_PREALLOC ((int)(sizeof PREALLOC_IOCTLS / sizeof *PREALLOC_IOCTLS))
+#define N_REFUSED ((int)(sizeof REFUSED_IOCTLS / sizeof *REFUSED_IOCTLS))
+/* btrfs's ioctls (type 0x94) are refused but for the file clones that
+ * share extents (cp --reflink): the others make, snapshot, delete or flag
+ * subvolumes, which a run's snapshot must not hold when it is discarded
+ * (a read-only one stayed on the host with all the run wrote, adv10a 01). */
+#define BTRFS_IOCTL_TYPE 0x9400
+static const uint32_t CLONE_IOCTLS[] = {
+    0x40049409,               /* FICLONE */
+    0x4020940d,               /* FICLONERANGE */
+    0xc0189436,               /* FIDEDUPERANGE */
+};
+#define N_CLONE ((int)(sizeof CLONE_IOCTLS / sizeof *CLONE_IOCTLS))
 /* fcntl commands that take a lock or a lease (F_GETLK and the rest pass):
  * F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE. */
 static const uint32_t LOCK_CMDS[] = { 6, 7, 37, 38, 1024 };
@@ -86,7 +107,8 @@ static int entry_len(const struct sysent *e)
     case FL_TRACE_IF_FLAG: return 4;  /* ld arg; jset; ret; ret */
     case FL_SKIP_IF_NULL:  return 6;  /* ld lo; jeq; ld hi; jeq; ret allow; ret trace */
     case FL_FAMILY:        return 3 + N_FAMILIES;  /* ld; jeq each; ret errno; ret allow */
-    case FL_PREALLOC:      return 3 + N_PREALLOC;  /* ld; jeq each; ret allow; ret errno */
+    case FL_IOCTL:         return 5 + N_REFUSED + N_CLONE;  /* ld; jeq each; and; jeq;
+                                                              ret allow; ret errno */
     case FL_LOCK_CMD:      return 3 + N_LOCK_CMDS; /* ld; jeq each; ret allow; ret trace */
     default:               return 1;
     }
@@ -128,10 +150,14 @@ static int emit_entry(struct prog *p, const struct sysent *e, uint32_t index)
         r |= RET(SECCOMP_RET_ERRNO | EAFNOSUPPORT);
         r |= RET(SECCOMP_RET_ALLOW);
         break;
-    case FL_PREALLOC:
+    case FL_IOCTL:
         r |= LD(OFF_ARG_LO(e->filter_arg));   /* the request is an unsigned int */
-        for (int i = 0; i < N_PREALLOC; i++)
-            r |= JEQ(PREALLOC_IOCTLS[i], (uint8_t)(N_PREALLOC - i), 0);
+        for (int i = 0; i < N_REFUSED; i++)
+            r |= JEQ(REFUSED_IOCTLS[i], (uint8_t)(N_REFUSED - i + N_CLONE + 2), 0);
+        for (int i = 0; i < N_CLONE; i++)
+            r |= JEQ(CLONE_IOCTLS[i], (uint8_t)(N_CLONE - i + 1), 0);
+        r |= put(p, BPF_ALU | BPF_AND | BPF_K, 0, 0, 0xff00);
+        r |= JEQ(BTRFS_IOCTL_TYPE, 1, 0);
         r |= RET(SECCOMP_RET_ALLOW);
         r |= RET(SECCOMP_RET_ERRNO | EOPNOTSUPP);
         break;
@@ -198,7 +224,8 @@ static const char *filter_name(const struct sysent *e)
     case FL_TRACE_IF_FLAG: return "trace if arg & v, else allow";
     case FL_ENOSYS:        return "errno ENOSYS";
     case FL_FAMILY:        return "allow if arg is AF_UNIX/INET/INET6/NETLINK, else errno EAFNOSUPPORT";
-    case FL_PREALLOC:      return "errno EOPNOTSUPP if arg is a preallocating ioctl, else allow";
+    case FL_IOCTL:         return "errno EOPNOTSUPP if arg is a refused ioctl (preallocating, inode "
+                                  "flags, verity, fscrypt) or a btrfs one but a clone, else allow";
     case FL_LOCK_CMD:      return "trace if arg is F_SETLK/F_SETLKW/F_OFD_SETLK/F_OFD_SETLKW/F_SETLEASE, else allow";
     default:               return "trace";
     }

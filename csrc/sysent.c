@@ -114,9 +114,11 @@ const struct sysent caper_sysent[] = {
      * guard's poll: the tracer holds it to the run's budget. */
     { SYS_fallocate, "fallocate", CAPER_EV_REFUSED, DEC_FALLOCATE, FL_TRACE, N, 0, 0,
       N, N, N, N, N, N, N, N, 0 },
-    /* ...and so would the ioctls that preallocate (FS_IOC_RESVSP64, ZERO_RANGE):
-     * refused in the filter, other ioctls pass unstopped. */
-    { SYS_ioctl, "ioctl", 0, DEC_REFUSE, FL_PREALLOC, 1, 0, 0, N, N, N, N, N, N, N, N, 0 },
+    /* ...and so would the ioctls that preallocate (FS_IOC_RESVSP64, ZERO_RANGE);
+     * those that set inode flags, verity, fscrypt policies and keys, and
+     * btrfs's subvolume ioctls change what the report cannot show: refused
+     * in the filter (seccomp.c), other ioctls pass unstopped. */
+    { SYS_ioctl, "ioctl", 0, DEC_REFUSE, FL_IOCTL, 1, 0, 0, N, N, N, N, N, N, N, N, 0 },
     /* Locks are per inode: one taken through a read-only bind of a host mount
      * (or on a device node bound from the host's /dev) is the host's, and
      * would hold off host processes and other runs. Overlay files are the

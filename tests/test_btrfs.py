@@ -5,11 +5,13 @@ mkfs.btrfs and the btrfsutil module; skipped with the reason otherwise.
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -613,3 +615,56 @@ def test_a_btrfs_workspace_does_not_hold_the_command_for_the_coarse_clock(env, t
     finally:
         bsnap.discard()
     assert env.siblings() == ["ws"]           # the probe file is gone too
+
+
+SUBVOLUME_IOCTLS = """
+import fcntl, os, struct, sys
+def vol_args(name):
+    return struct.pack("q", 0) + name.encode().ljust(4088, b"\\0")
+fd = os.open(".", os.O_RDONLY)
+for what, req, arg in (("create", 0x5000940e, vol_args("nested")),           # SUBVOL_CREATE
+                       ("setflags", 0x4008941a, struct.pack("Q", 2)),         # SUBVOL_SETFLAGS RDONLY
+                       ("snapshot", 0x50009401, struct.pack("q", fd) + vol_args("snap")[8:])):
+    try:
+        fcntl.ioctl(fd, req, bytearray(arg))
+        print(what, "ok")
+    except OSError as e:
+        print(what, e.errno)
+"""
+
+
+def test_a_run_can_neither_make_flag_nor_snapshot_subvolumes_but_can_clone(env):
+    """adv10a 01/02: BTRFS_IOC_SUBVOL_CREATE then SUBVOL_SETFLAGS made the
+    run's snapshot a read-only subvolume holding another: the discard failed
+    with EROFS and the snapshot, with all the blocked run wrote, stayed
+    beside the workspace; a committed one left the project read-only. chattr
+    +i made a file immutable unseen. btrfs's ioctls are refused but for the
+    clones `cp --reflink` makes, and inode flags cannot be set."""
+    import caper
+
+    (env.ws / "big").write_bytes(b"x" * 65536)
+    before = tree(env.ws)
+    cmd = (f"{sys.executable} -c '{SUBVOLUME_IOCTLS}'; chattr +i big; echo chattr=$?; "
+           "cp --reflink=always big clone && echo cloned")
+    out = caper.run(cmd, cwd=str(env.ws), approver="block", state_dir=str(env.state))
+    assert out.report.backend == "btrfs"
+    assert out.stdout.text().decode().split("\n")[:5] == [
+        f"create {errno.EOPNOTSUPP}", f"setflags {errno.EOPNOTSUPP}",
+        f"snapshot {errno.EOPNOTSUPP}", "chattr=1", "cloned"], out.stderr.text().decode()
+    settle()
+    assert env.siblings() == ["ws"] and os.listdir(env.state / "btrfs") == []
+    assert tree(env.ws) == before
+
+
+def test_a_read_only_snapshot_holding_a_subvolume_goes_with_the_discard(env):
+    """Should a snapshot be read-only at its discard anyway (a kernel's new
+    ioctl), it is made writable and deleted, not left on the host."""
+    pre = state(env.ws)
+    snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
+    _subvol(Path(snap.path) / "nested")
+    import btrfsutil
+    btrfsutil.set_subvolume_read_only(str(Path(snap.path) / "nested"), True)
+    btrfsutil.set_subvolume_read_only(snap.path, True)
+    snap.discard()
+    assert env.siblings() == ["ws"] and state(env.ws) == pre
+    assert os.listdir(env.state / "btrfs") == []

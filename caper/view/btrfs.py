@@ -408,8 +408,25 @@ def _delete(path: str, uuid_hex: str, what: str, nested: bool = False) -> bool:
     try:
         btrfsutil.delete_subvolume(path, recursive=nested)
     except btrfsutil.BtrfsUtilError as e:
-        raise _utilerr("delete_subvolume", path, e) from e
+        if not (nested and e.errno == errno.EROFS):
+            raise _utilerr("delete_subvolume", path, e) from e
+        _make_writable(path)       # a subvolume in it (or itself) was made read-only
+        try:
+            btrfsutil.delete_subvolume(path, recursive=True)
+        except btrfsutil.BtrfsUtilError as again:
+            raise _utilerr("delete_subvolume", path, again) from again
     return True
+
+
+def _make_writable(path: str) -> None:
+    """Clear the read-only flag of the subvolume at path and of every one
+    below it: a read-only parent keeps its children from being unlinked."""
+    try:
+        btrfsutil.set_subvolume_read_only(path, False)
+        for sub, _ in btrfsutil.SubvolumeIterator(path, top=0, post_order=False):
+            btrfsutil.set_subvolume_read_only(os.path.join(path, sub), False)
+    except btrfsutil.BtrfsUtilError as e:
+        raise _utilerr("set_subvolume_read_only", path, e) from e
 
 
 class BtrfsSnapshot:
