@@ -337,6 +337,14 @@ int64_t sock_send_for(const struct bound_socks *b, pid_t tid, int sock, const ui
     }
     if (tm.msg_iovlen > IOV_MAX_ || tm.msg_controllen > CONTROL_MAX)
         return tm.msg_iovlen > IOV_MAX_ ? -EMSGSIZE : -ENOBUFS;
+    /* MSG_ZEROCOPY would send from the tracer's own buffer after the call,
+     * which it frees and reuses: the command read caper's heap (adv10a 03).
+     * ENOBUFS is the kernel's answer when it cannot pin pages; callers then
+     * send a copy. Flags beyond the plain send's are not passed on. */
+    if (flags & MSG_ZEROCOPY)
+        return -ENOBUFS;
+    flags &= MSG_OOB | MSG_DONTROUTE | MSG_DONTWAIT | MSG_EOR | MSG_MORE | MSG_NOSIGNAL |
+             MSG_CONFIRM;
     struct sockaddr_un path;
     const struct sockaddr *name;
     socklen_t namelen;

@@ -1574,3 +1574,41 @@ def test_a_lock_on_a_host_inode_is_refused_and_reported(read_only_mount, tmp_pat
     finally:
         os.close(holder)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# A loopback TCP pair whose thread sends with MSG_ZEROCOPY: the tracer's send
+# would have let the kernel transmit from its own freed, reused buffer.
+ZEROCOPY_PROBE = r"""
+import errno, socket, threading
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+c = socket.create_connection(srv.getsockname()); peer, _ = srv.accept()
+c.setsockopt(socket.SOL_SOCKET, 60, 1)                      # SO_ZEROCOPY
+data = bytes(range(256)) * 256
+sent = []
+def send(name, flags):
+    try:
+        n = c.sendmsg([data], [], flags)
+        sent.append(data[:n])
+        print(name, n == len(data))
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+send("main-zerocopy", 0x4000000)                            # MSG_ZEROCOPY: the kernel's own
+for name, flags in (("thread-zerocopy", 0x4000000), ("thread-plain", 0)):
+    t = threading.Thread(target=send, args=(name, flags)); t.start(); t.join()
+want, got = b"".join(sent), b""
+while len(got) < len(want):
+    got += peer.recv(1 << 20)
+print("intact", got == want)
+"""
+
+
+@pytest.mark.parametrize("userns", [PLAIN, True], ids=["plain", "userns"])
+def test_a_threads_zerocopy_send_is_answered_enobufs_not_sent_from_caper_memory(tmp_path, userns):
+    """adv10a 03: the tracer passed the thread's MSG_ZEROCOPY to its own
+    sendmsg, and the kernel sent pages of the tracer's heap buffer after it
+    was freed and reused: the command read ~60 KB of caper's memory. It is
+    answered ENOBUFS (callers then copy); the plain send is intact."""
+    events, result = sandbox([PY, "-c", ZEROCOPY_PROBE], tmp_path, userns=userns)
+    got = dict(l.split() for l in stdout(result).splitlines())
+    assert got == {"main-zerocopy": "True", "thread-zerocopy": "ENOBUFS", "thread-plain": "True",
+                   "intact": "True"}, stdout(result) + stderr(result)
