@@ -559,17 +559,19 @@ def test_an_existing_file_in_a_code_cache_is_persistence():
     persistence, a new one the installer's job."""
     src = "~/.cargo/registry/src/index.crates.io-6f17d22bba15001f/serde-1.0.200/src/lib.rs"
     hook = "~/.cache/pre-commit/repo8x2k1/hooks/check.py"
-    for p in (src, hook, "~/.cache/pip/wheels/ab/cd/x-1.0-py3-none-any.whl",
-              "~/.local/share/virtualenvs/app-1a2b/bin/activate"):
+    wheel = "~/.cache/pip/wheels/ab/cd/x-1.0-py3-none-any.whl"
+    for p in (src, hook, wheel, "~/.local/share/virtualenvs/app-1a2b/bin/activate"):
         assert verdict(report(fc(p, "modified", "cache")), "./run-tests.sh", "run the tests") \
             == "block", p
         new = fc(p, "created", "cache")
-        if p in (src, "~/.local/share/virtualenvs/app-1a2b/bin/activate"):
+        if p in (src, wheel, "~/.local/share/virtualenvs/app-1a2b/bin/activate"):
             # a package manager's store: new entries are its own process's only
-            # (adv8b 24: a run planted extracted crate sources cargo then compiled)
+            # (adv8b 24: a run planted extracted crate sources cargo then compiled;
+            # adv10b 07: a wheel under pip's key for a vendored sdist)
             assert verdict(report(new), "cargo build", "build it") == "block", p
-            new = new.model_copy(update={"lineage": [["/usr/bin/cargo", "build"]] if p == src
-                                         else [["/usr/bin/python3", "-m", "virtualenv"]]})
+            new = new.model_copy(update={"lineage": {
+                src: [["/usr/bin/cargo", "build"]], wheel: [["/usr/bin/python3", "-m", "pip"]]}.get(
+                    p, [["/usr/bin/python3", "-m", "virtualenv"]])})
         assert verdict(report(new), "cargo build", "build it") == "allow", p
     # pre-commit's store and pip's http cache hold no code but say where it
     # comes from (round 4): unsure, not harmless data

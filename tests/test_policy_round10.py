@@ -34,10 +34,12 @@ def test_a_package_directory_in_front_of_a_module_is_persistence(tmp_path):
     (ws / "app" / "core.py").write_text("def f(): return 1\n")
     pkg = fc("app/core/__init__.py", "created", "untracked", by="/bin/sh[3]")
     assert verdict(report(pkg, ws=str(ws)), "./tool.sh", TASK, ws=str(ws)) == "block"
-    # a module made into a package, the module removed: a refactor
+    # a module made into a package, the module removed: a refactor (the
+    # deletion of a tracked file is judged on its own: unsure here)
     moved = fc("app/core.py", "deleted", "tracked", by="/usr/bin/git[4]")
-    assert verdict(report(pkg, moved, ws=str(ws)), "./tool.sh", "turn app/core.py into a package",
-                   ws=str(ws)) == "allow"
+    into = fc("app/core/__init__.py", "created", "untracked", by="/usr/bin/git[4]")
+    assert verdict(report(into, moved, ws=str(ws)), "git mv app/core.py app/core/__init__.py",
+                   "turn app/core.py into a package", ws=str(ws)) != "block"
     other = fc("app/extra/__init__.py", "created", "untracked", by="/bin/sh[3]")
     assert verdict(report(other, ws=str(ws)), "./tool.sh", TASK, ws=str(ws)) == "allow"
 

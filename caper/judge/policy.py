@@ -118,6 +118,7 @@ class Rules:
         self.plain_programs = set(data["git_plain_programs"]["programs"])
         self.plain_pagers = set(data["git_plain_programs"]["pagers"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
+        self.owned_caches = self._globs(data["owned_caches"])
         self.git_declarable = set(data["git_declares"].pop("config", []))
         self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
         ex = data["expendable"]
@@ -440,6 +441,7 @@ class _Judge:
         self.task_names = tuple(c.path for c in changes if self.t is not None and (
             self.t.names(c.path) or _stem(c.path) in self.t.words))
         self.changed = {self.absolute(c.path) for c in changes}
+        self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
         # git's own process changed something: what the git commands named did.
         self.git_ran = any(self._ran(c, {"git"}) for c in changes)
         for c in changes:
@@ -598,7 +600,8 @@ class _Judge:
             not self.r.matches(self.r.install_caches, full)
         if installed and self._installer_wrote(c, full):
             return True      # a package manager's (or its build's) own write
-        if not listed and not installed and (not cached or c.op in ("created", "deleted")):
+        if not listed and not installed and (not cached or c.op == "deleted" or c.op == "created" and (
+                not self.r.matches(self.r.owned_caches, full) or self._tool_wrote(c))):
             return False     # a tool's new cache entries; a removed one is fetched again
         if c.op == "deleted" or (c.op == "meta" and ("mode" not in (c.detail or "") or
                                                      _narrowing(c.detail))):
@@ -646,7 +649,8 @@ class _Judge:
     def shadowing(self, c, full: str, where: str) -> None:
         """Code Python or pytest picks up by itself from a place git ignores
         or does not track: an extension module beside a module's source
-        (Python imports app/parser.*.so before app/parser.py), a sourceless
+        (Python imports app/parser.*.so before app/parser.py), a package
+        beside one (app/parser/__init__.py, likewise), a sourceless
         .pyc outside __pycache__ (textwrap.pyc in the project shadows the
         standard library's for a script run there), a conftest.py in an
         ignored directory (htmlcov/, build/: pytest imports it when it
@@ -658,7 +662,12 @@ class _Judge:
         ext = name.endswith((".so", ".pyd")) and ".cpython-" in name or name.endswith(".abi3.so")
         sourceless = name.endswith(".pyc") and os.path.basename(os.path.dirname(full)) != "__pycache__"
         conftest = name in ("conftest.py", "pytest.ini") and where == "ignored"
-        if not (ext or sourceless or conftest) or self.r.matches(self.r.install_places, full):
+        # a package directory is imported before a module of its name (adv10b 03)
+        module = os.path.dirname(full) + ".py"
+        package = name == "__init__.py" and c.op == "created" and os.path.isfile(module) and \
+            module not in self.removed
+        if not (ext or sourceless or conftest or package) or \
+                self.r.matches(self.r.install_places, full):
             if name in ("conftest.py", "pytest.ini") and c.op == "created" and \
                     where == "untracked" and not self._beside_tests(full):
                 self.add(60, "unsure", f"it would create {_quote_clipped(c.path)}, code pytest "
@@ -989,6 +998,28 @@ class _Judge:
                     script and not self._unplanted(script, anywhere=True):
                 return False
         return False
+
+    def _tool_wrote(self, c) -> bool:
+        """The writer is an installed program's own process (pip, pre-commit,
+        gradle), not the command's code: a shell's, `env`'s, an interpreter's
+        -c, or a script the project or the run holds (adv10b 07: a script's
+        wheel under pip's cache key for a vendored sdist)."""
+        if c.lineage:
+            exe, *args = c.lineage[0]
+        elif c.by and c.by.endswith("]"):
+            exe, args = c.by.rsplit("[", 1)[0], []
+        else:
+            return False
+        exe = os.path.normpath(self.absolute(exe))
+        name = os.path.basename(exe)
+        if not self._unplanted(exe) or name == "env" or self._steered(c, 0):
+            return False
+        if name in _SHELLS or _INTERPRETER.match(name):
+            if args[:1] == ["-m"] and len(args) > 1:
+                return not self._module_planted(args[1])
+            script = args[0] if args and not args[0].startswith("-") else None
+            return script is not None and self._unplanted(script)
+        return True
 
     def _steered(self, c, depth: int) -> bool:
         """The lineage's program at depth runs code the command chose

@@ -908,10 +908,12 @@ FULL = Limits(1 << 30, 400, 400, 0, 400, 0, 0, 8, 0, 0, 0, 0)
 
 def _shown(d: "_Draft") -> list[tuple[int, FileChange]]:
     """The changes worth naming: a created directory that holds created
-    entries says nothing they don't."""
+    entries says nothing they don't, unless it grants something itself (a
+    0777 tests/ where anyone may plant a conftest.py, adv10b 06)."""
     implied = {os.path.dirname(c.path) for _, c in d.changes if c.op == "created"}
     return [(sev, c) for sev, c in d.changes
-            if not (c.op == "created" and c.type == "dir" and c.path in implied)]
+            if not (c.op == "created" and c.type == "dir" and c.path in implied
+                    and not c.detail and not c.privileges)]
 
 
 def _full_changes(d: "_Draft") -> list[FileChange]:
