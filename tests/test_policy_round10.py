@@ -84,3 +84,36 @@ def test_a_new_wheel_in_pips_cache_is_pips_alone():
                                                 "requirements.txt"]])
     assert verdict(report(pip), "pip install -r requirements.txt", "install the requirements") \
         == "allow"
+
+
+@pytest.mark.parametrize("path,text", [
+    (".pylintrc", "[MAIN]\ninit-hook=import os; os.system('id > /tmp/p')\n"),
+    ("pylintrc", "[MASTER]\ninit-hook =\n    import os\n    os.system('id')\n"),
+    (".coveragerc", "[run]\nplugins = evilplug\n"),
+    ("mypy.ini", "[mypy]\nplugins = evilplug\n"),
+    ("setup.cfg", "[mypy]\nplugins =\n    evilplug\n"),
+    ("pyproject.toml", "[tool.pylint.main]\nload-plugins = ['evilplug']\n"),
+    ("eslint.config.mjs", "import { execSync } from 'node:child_process';\nexecSync('id');\n"
+                          "export default [];\n"),
+    (".prettierrc.cjs", "require('child_process').exec('id');\nmodule.exports = {};\n"),
+])
+def test_a_tool_configuration_that_runs_code_is_unsure(policy_env: Path, path, text):
+    """adv10b 05: a new pylintrc with an init-hook, a coverage or mypy plugin,
+    an eslint flat config that spawns a process: editors' extensions run
+    them when a file is opened, before anyone reads them."""
+    ws = policy_env / "proj"
+    (policy_env / "payload").write_text(text)
+    out = gate(policy_env, f"cp ../payload {path}", "add a lint configuration for the project")
+    assert not out.committed, out.reason
+    assert not (ws / path).exists()
+
+
+@pytest.mark.parametrize("path,text", [
+    (".pylintrc", "[MAIN]\nmax-line-length=100\ndisable=C0114\n"),
+    ("setup.cfg", "[flake8]\nmax-line-length = 100\nexclude =\n    .venv\n    build\n"),
+    ("eslint.config.mjs", "export default [{ rules: { semi: 'error' } }];\n"),
+])
+def test_a_tool_configuration_of_settings_only_is_committed(policy_env: Path, path, text):
+    (policy_env / "payload").write_text(text)
+    out = gate(policy_env, f"cp ../payload {path}", "add a lint configuration for the project")
+    assert out.committed, out.reason
