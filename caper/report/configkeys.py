@@ -25,6 +25,12 @@ VALUE_CHARS = 80
 MAX_INCLUDED = 16        # git config files followed through include.path
 
 
+# Linters', type checkers' and test runners' INI files: keys there load
+# plugins or run code (pylint's init-hook), which editors run on open.
+_TOOL_INI = frozenset({"pylintrc", ".pylintrc", ".coveragerc", "mypy.ini", ".mypy.ini",
+                       "setup.cfg", "tox.ini", "pytest.ini", ".flake8"})
+
+
 def format_of(path: str) -> str | None:
     """git | npmrc | ini | toml | yaml | vscode | vscode-tasks | package | pth, or None for a
     file of no known role."""
@@ -37,8 +43,10 @@ def format_of(path: str) -> str | None:
         return "git"
     if name in (".npmrc", ".yarnrc"):
         return "npmrc"
-    if name in ("pip.conf", "pip.ini"):
+    if name in ("pip.conf", "pip.ini") or name in _TOOL_INI:
         return "ini"
+    if name == "pyproject.toml":
+        return "toml"
     if parent == ".cargo" and name in ("config", "config.toml"):
         return "toml"
     if name == ".yarnrc.yml":
@@ -153,20 +161,27 @@ _SECTION = re.compile(r"^\[([^\]]+)\]$")
 
 
 def _ini(data: bytes) -> set[tuple[str, str]]:
-    out, section = set(), ""
+    """An indented line continues the value above it (configparser's
+    multi-line values: `plugins =` then one name a line)."""
+    pairs: dict[str, list[str]] = {}
+    section, key = "", None
     for line in data.decode().splitlines():
         s = line.strip()
         if not s or s[0] in "#;":
             continue
+        if line[0] in " \t" and key is not None:
+            pairs[key].append(s)
+            continue
         m = _SECTION.match(s)
         if m:
-            section = m.group(1).strip().lower()
+            section, key = m.group(1).strip().lower(), None
             continue
         k, sep, v = s.partition("=") if "=" in s else s.partition(":")
         if not sep:
             raise ValueError(f"not a key: {s[:40]!r}")
-        out.add((f"{section}.{k.strip().lower()}", v.strip()))
-    return out
+        key = f"{section}.{k.strip().lower()}"
+        pairs[key] = [v.strip()]
+    return {(k, " ".join(x for x in v if x)) for k, v in pairs.items()}
 
 
 def _json(data: bytes) -> set[tuple[str, str]]:
