@@ -307,3 +307,23 @@ def test_a_directory_below_a_home_mounted_elsewhere_is_protected_there(tmp_path)
         assert p.kind(f"{alias}/notes.txt") is None
     finally:
         subprocess.run(["umount", str(alias)], check=True)
+
+
+@pytest.mark.parametrize("path, kind", [
+    (f"{HOME}/.config/configstore/firebase-tools.json", "cli-login"),
+    (f"{HOME}/.config/configstore/snyk.json", "cli-login"),
+    (f"{HOME}/.config/netlify/config.json", "cli-login"),
+    (f"{HOME}/.railway/config.json", "cli-login"), (f"{HOME}/.bunfig.toml", "npm-token"),
+    (f"{HOME}/.m2/settings-security.xml", "maven-credentials"),
+    ("/w/local_settings.py", "app-secrets"), ("/w/mysite/settings/local.py", "app-secrets"),
+    ("/w/appsettings.Production.json", "app-secrets"),
+    ("/w/appsettings.Development.json", "app-secrets"), ("/w/appsettings.json", None),
+    ("/w/config/database.yml", "app-secrets"), ("/w/config/master.key", "app-secrets"),
+    ("/w/config/credentials/production.key", "app-secrets"),
+])
+def test_cli_logins_and_framework_secret_files_are_credentials(path, kind):
+    """adv10b 19, 20: Node CLIs' configstore logins (firebase's refresh
+    token, snyk's), netlify's and railway's tokens, Maven's master password,
+    Django's local settings, .NET's per-environment appsettings, Rails'
+    database.yml and master key were read, encoded and committed."""
+    assert Protected(default_patterns(), HOME, "/w").kind(path) == kind
