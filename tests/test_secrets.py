@@ -318,8 +318,8 @@ def test_a_directory_below_a_home_mounted_elsewhere_is_protected_there(tmp_path)
     ("/w/local_settings.py", "app-secrets"), ("/w/mysite/settings/local.py", "app-secrets"),
     ("/w/appsettings.Production.json", "app-secrets"),
     ("/w/appsettings.Development.json", "app-secrets"), ("/w/appsettings.json", None),
-    ("/w/config/database.yml", "app-secrets"), ("/w/config/master.key", "app-secrets"),
-    ("/w/config/credentials/production.key", "app-secrets"),
+    ("/w/config/database.yml", "app-secrets"), ("/w/config/master.key", "private-key"),
+    ("/w/config/credentials/production.key", "private-key"),
 ])
 def test_cli_logins_and_framework_secret_files_are_credentials(path, kind):
     """adv10b 19, 20: Node CLIs' configstore logins (firebase's refresh

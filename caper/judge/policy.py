@@ -119,6 +119,7 @@ class Rules:
         self.plain_pagers = set(data["git_plain_programs"]["pagers"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
         self.owned_caches = self._globs(data["owned_caches"])
+        self.convention_code = self._globs(data["convention_code"])
         self.tool_code_keys = list(data["tool_code"]["keys"])
         self.tool_code_scripts = self._globs(data["tool_code"]["scripts"])
         self.spawn_markers = tuple(data["tool_code"]["spawn_markers"])
@@ -550,6 +551,13 @@ class _Judge:
             self.shadowing(c, full, where)
         if where in ("tracked", "untracked", "ignored") and not persists and op != "deleted":
             self.tool_code(c, full)
+        if op == "created" and where in ("untracked", "ignored") and \
+                self.r.matches(self.r.convention_code, full):
+            self.add(86, "unsure" if self.task_says("persistence") or self.t is not None and
+                     self.t.names(path) else "block",
+                     f"it would create {_quote_clipped(path)}, which the build tool or runtime "
+                     "runs or merges by itself at its next start", "persistence: code or "
+                     "configuration that runs later", "name the file in the task", path)
         if c.in_repository in ("HEAD", "commondir", "objects", "refs") and op == "created":
             self.new_repository(c, full[:-len(c.in_repository) - 1])
         if not persists and op != "deleted" and self.r.matches(self.r.instructions, full) and \
