@@ -317,3 +317,30 @@ def test_a_caller_in_another_pid_or_user_namespace_is_not_served_by_the_gate(env
                         "--approver", "allow", "-c", "true"], cwd=ws, env=env,
                        capture_output=True, text=True, timeout=120)
     assert f"the gate declined: the caller is in {why}" in p.stderr, p.stderr
+
+
+def test_an_anonymous_pipe_given_as_stdin_is_relayed_too(env, tmp_path):
+    """adv10a 04: fd 0 as the caller's own pipe let a blocked run open its
+    write end (/proc/self/fd/0) and leave bytes there for the caller's next
+    reader, or set O_NONBLOCK on the shared description. The command gets a
+    pipe only caper writes."""
+    import fcntl
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    r, w = os.pipe()
+    attack = ("head -c 2 > /dev/null; echo PLANTED > /proc/self/fd/0; "
+              "python3 -c 'import fcntl, os; fcntl.fcntl(0, fcntl.F_SETFL, os.O_NONBLOCK)'")
+    os.write(w, b"a\n")
+    p = subprocess.Popen([sys.executable, "-m", "caper", "run", "-q", "--stdin", "--approver",
+                          "block", "-c", attack], cwd=ws, env={**env, "CAPER_NO_GATE": "1"},
+                         stdin=r, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 125, err
+    assert not fcntl.fcntl(r, fcntl.F_GETFL) & os.O_NONBLOCK
+    os.write(w, b"next\n")
+    os.close(w)
+    rest = b""
+    while chunk := os.read(r, 4096):
+        rest += chunk
+    os.close(r)
+    assert b"PLANTED" not in rest and rest.endswith(b"next\n"), rest
