@@ -71,21 +71,14 @@ def _umask() -> int:
     return mask
 
 
-PIPEFS_MAGIC = 0x50495045
-
-
 def _stdin_for_the_command() -> int:
-    """fd 0 itself where it is an anonymous pipe; anything else (a file, a
-    named FIFO, a socket) is the host's own object, whose mode, owner,
-    content or peer a run not yet approved would reach through the
-    descriptor (round 8: `--stdin < FILE` was chmod'ed and rewritten by a
-    blocked run): its bytes are relayed through a new pipe instead."""
-    import stat         # here: only --stdin needs these, and the gate's client
-    import threading    # imports this module for every command
-    st = os.fstat(0)
-    if stat.S_ISFIFO(st.st_mode) and _fs_type(0) == PIPEFS_MAGIC:
-        return 0
-    r, w = os.pipe()
+    """A new pipe caper fills with fd 0's bytes: fd 0 itself is the host's
+    own object, whose mode, owner, content, peer or other readers a run not
+    yet approved would reach through the descriptor (round 8: `--stdin <
+    FILE` was chmod'ed and rewritten by a blocked run; adv10a 04: the
+    caller's pipe was written through /proc/self/fd/0 and set O_NONBLOCK)."""
+    import threading    # here: only --stdin needs it, and the gate's client
+    r, w = os.pipe()    # imports this module for every command
     os.set_inheritable(r, False)
 
     def relay() -> None:
@@ -98,16 +91,6 @@ def _stdin_for_the_command() -> int:
             os.close(w)
     threading.Thread(target=relay, name="caper-stdin-relay", daemon=True).start()
     return r
-
-
-def _fs_type(fd: int) -> int:
-    """The f_type of fstatfs(fd) (os has no fstatfs), -1 when it fails."""
-    import ctypes
-    import sys
-    buf = ctypes.create_string_buffer(120)          # struct statfs, f_type first
-    if ctypes.CDLL(None, use_errno=True).fstatfs(fd, buf) != 0:
-        return -1
-    return int.from_bytes(buf.raw[:8], sys.byteorder, signed=True)
 
 
 class Caller:
