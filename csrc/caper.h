@@ -50,10 +50,13 @@ enum caper_refusal {
                                      clone(CLONE_UNTRACED), which would leave the tracer */
     CAPER_REFUSE_DISK_BUDGET = 5, /* fallocate() past what the upper layers may still take
                                      (failed with ENOSPC, as a full filesystem would) */
-    CAPER_REFUSE_HOST_LOCK   = 6  /* flock()/fcntl() lock or lease on a file the sandbox
+    CAPER_REFUSE_HOST_LOCK   = 6, /* flock()/fcntl() lock or lease on a file the sandbox
                                      shares with the host: a read-only bind of a host
                                      mount, a device node bound from the host's /dev
                                      (failed with ENOLCK) */
+    CAPER_REFUSE_USER_LIMIT  = 7  /* an inotify or fanotify instance past the run's share
+                                     of its user's (fs.inotify.max_user_instances ...,
+                                     counted per user, host-wide): failed with EMFILE */
 };
 
 /* Address families in network events (CAPER_EV_CONNECT/SENDTO/BIND.flags). */

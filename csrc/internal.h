@@ -43,7 +43,9 @@ enum decode {
     DEC_REFUSE_NS,    /* clone/unshare with namespace flags: refuse and report */
     DEC_FALLOCATE,    /* fallocate: refused (ENOSPC) past the run's disk budget */
     DEC_AFFINITY,     /* sched_setaffinity: held inside caper's CPU pin, as a cpuset would */
-    DEC_LOCK          /* flock, fcntl's lock commands: refused (ENOLCK) on a host inode */
+    DEC_LOCK,         /* flock, fcntl's lock commands: refused (ENOLCK) on a host inode */
+    DEC_USER_OBJECT   /* inotify_init, fanotify_init: a kernel object its user has few of,
+                         host-wide: refused (EMFILE) past the run's share */
 };
 
 /* What the seccomp filter does before the tracer sees anything. */

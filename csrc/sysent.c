@@ -123,6 +123,14 @@ const struct sysent caper_sysent[] = {
      * (or on a device node bound from the host's /dev) is the host's, and
      * would hold off host processes and other runs. Overlay files are the
      * overlay's own inodes. fcntl stops only for its lock and lease commands. */
+    /* inotify instances and fanotify groups are counted per user across the
+     * host (128 each by default): a run takes a few, not its user's all. */
+    { SYS_inotify_init, "inotify_init", CAPER_EV_REFUSED, DEC_USER_OBJECT, FL_TRACE, N, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
+    { SYS_inotify_init1, "inotify_init1", CAPER_EV_REFUSED, DEC_USER_OBJECT, FL_TRACE, N, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
+    { SYS_fanotify_init, "fanotify_init", CAPER_EV_REFUSED, DEC_USER_OBJECT, FL_TRACE, N, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
     { SYS_flock, "flock", CAPER_EV_REFUSED, DEC_LOCK, FL_TRACE, N, 0, 0,
       N, N, N, N, N, N, N, N, 0 },
     { SYS_fcntl, "fcntl", CAPER_EV_REFUSED, DEC_LOCK, FL_LOCK_CMD, 1, 0, 0,

@@ -113,7 +113,12 @@ struct tracer {
     uint64_t falloc_inflight; /* granted to fallocate() calls not returned yet */
     int pinned;              /* the sandbox runs on the CPUs of pin (CAPER_F_SHARE_CPU) */
     cpu_set_t pin;
+    uint32_t user_objects;   /* inotify and fanotify instances made (DEC_USER_OBJECT) */
 };
+
+/* The run's share of its user's inotify instances and fanotify groups (128
+ * each by default, for every process of that user on the host). */
+#define USER_OBJECTS_MAX 32
 
 /* ---- process table -------------------------------------------------------- */
 
@@ -872,6 +877,11 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         return;
     case DEC_CWD:
         forget_cwds(t);
+        return;
+    case DEC_USER_OBJECT:
+        /* made, not held: one closed is not counted back (the tracer sees no close) */
+        if (++t->user_objects > USER_OBJECTS_MAX)
+            refuse(t, p, &si, CAPER_REFUSE_USER_LIMIT, EMFILE);
         return;
     default:
         break;

@@ -301,6 +301,33 @@ def test_the_ioctls_that_preallocate_are_refused(ws):
     assert os.stat(ws / "f").st_blocks == 0
 
 
+USER_OBJECTS = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+for name, make in (("inotify", lambda: libc.inotify_init1(0)),
+                   ("fanotify", lambda: libc.fanotify_init(0, 0))):
+    made = 0
+    while made < 200:
+        fd = make()
+        if fd < 0:
+            break
+        made += 1
+    print(name, made, errno.errorcode.get(ctypes.get_errno(), "?"))
+"""
+
+
+def test_a_run_takes_a_share_of_its_users_inotify_and_fanotify_instances(ws):
+    """adv10a 05: inotify instances and fanotify groups are counted per
+    user across the host (128 each): a blocked run held them all, and every
+    host process of that user (systemd, editors' watchers, tail -f) got
+    EMFILE. The run gets 32 in all; past them EMFILE, and the report says so."""
+    outcome = run([PY, "-c", USER_OBJECTS], cwd=str(ws), approver="block")
+    got = outcome.stdout.text().decode().split()
+    assert got[:3] == ["inotify", "32", "EMFILE"], outcome.stderr.text()
+    assert got[3:] == ["fanotify", "0", "EMFILE"]                 # the share is spent
+    assert {r.reason for r in outcome.report.processes.refused} >= {"user_limit"}
+
+
 def test_fallocate_within_the_budget_works(ws):
     _, r = trace([PY, "-c", "import os; fd = os.open('f', os.O_CREAT | os.O_WRONLY); "
                   "os.posix_fallocate(fd, 0, 1 << 20); print(os.fstat(fd).st_size)"],
