@@ -523,3 +523,34 @@ def test_a_file_with_hard_links_the_run_did_not_name_is_shown_and_not_committed(
     assert c.unseen_links == 1 and "OTHER HARD LINKS" in out.report.card()
     assert not out.committed and "hard links" in out.reason, out.reason
     assert (home / ".bashrc").read_text() == "alias ll='ls -l'\n"
+
+
+def test_a_database_whose_cells_are_huge_is_not_read_whole(repo, tmp_path):
+    """adv10a 09: an 8 KB database with a generated column of zeroblob(200
+    MB) made caper's report (in the gate, outside the run's memory limit)
+    allocate ~2 GB to digest two rows. A cell past MAX_SQLITE_CELL fails to
+    read: the table is compared as unknown, in a fraction of the memory."""
+    script = f"""
+import resource, sqlite3, sys
+sys.path[:0] = {sys.path!r}
+from helpers.facts import Recording
+from caper.report.build import build
+con = sqlite3.connect({str(repo / "big.db")!r})
+con.executescript("CREATE TABLE t(a INTEGER, b BLOB AS (zeroblob(200000000)) VIRTUAL);"
+                  "INSERT INTO t(a) VALUES (1), (2);")
+con.commit(); con.close()
+from pathlib import Path
+rec = Recording(Path({str(tmp_path / "run")!r}), Path({str(repo)!r}))
+con = sqlite3.connect(rec.copy_up("big.db"))
+con.execute("DELETE FROM t WHERE a = 1"); con.commit(); con.close()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+r = build(rec.facts("python3 migrate.py"))
+ch = next(c for c in r.changes if c.path == "big.db")
+print([t.compared for t in ch.tables], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=str(Path(__file__).parent), timeout=120)
+    assert got.returncode == 0, got.stderr
+    compared, grown_kb = got.stdout.rsplit("]", 1)
+    assert compared + "]" == "[False]"
+    assert int(grown_kb) < 200_000, grown_kb          # one cell is 200 MB

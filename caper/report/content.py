@@ -34,6 +34,7 @@ MAX_TABLES = 32
 SQLITE_DEADLINE_S = 0.2       # per database, for counting rows
 SQLITE_ROWS_DEADLINE_S = 0.3  # per database, for comparing rows by content
 MAX_ROWS_COMPARED = 100_000   # per table
+MAX_SQLITE_CELL = 1 << 20     # bytes of one value read (SQLITE_LIMIT_LENGTH)
 SQLITE_MAGIC = b"SQLite format 3\0"
 SQLITE_LOGS = ("-wal", "-journal")
 MAX_SQLITE_COPY = 256 << 20   # a database with its log, copied to be read as its next opener will;
@@ -278,6 +279,10 @@ def _sqlite_tables(pieces: "list[tuple[str, str] | None]"
         except sqlite3.Error:
             return None
         done.callback(con.close)
+        # a cell is read whole: a generated column of zeroblob(1e9) in an
+        # 8 KB file made caper allocate gigabytes (adv10a 09); past the
+        # limit the read fails and the table is compared as unknown
+        con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_SQLITE_CELL)
         deadline = time.monotonic() + SQLITE_DEADLINE_S
         con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
