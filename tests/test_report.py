@@ -554,3 +554,16 @@ print([t.compared for t in ch.tables], resource.getrusage(resource.RUSAGE_SELF).
     compared, grown_kb = got.stdout.rsplit("]", 1)
     assert compared + "]" == "[False]"
     assert int(grown_kb) < 200_000, grown_kb          # one cell is 200 MB
+
+
+def test_a_settings_file_of_one_key_word_repeated_is_scanned_to_its_end(tmp_path):
+    """adv10a 10: the settings scanner's pattern backtracked quadratically on
+    a line of "password" repeated: 1 MiB held the gate (and its GIL, every
+    session's runs) for half an hour. A child scans 1 MiB of it and a real
+    setting after it; the timeout is a hang guard, not a speed figure."""
+    script = ("from caper.report.build import _SECRET_SETTING as p\n"
+              "data = b'password' * (1 << 17) + b'\\npassword = hunter2hunter2\\n'\n"
+              "print(p.findall(data))\n")
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert got.stdout.strip() == "[b'hunter2hunter2']", got.stderr

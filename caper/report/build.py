@@ -1051,9 +1051,13 @@ def _credentials_by_content(reads: "list[tuple[Event, str]]", loc: RunTree, dead
 # A settings line that holds a secret (`ossrhPassword=...`, `access-token: ...`,
 # `pass_phrase=...`, a URL with a password), in a settings file: one in the
 # home outside the workspace (a tool's own config), or a config-shaped one in it.
+# The key's words around the name are bounded: two unbounded runs of \w
+# either side of it backtracked quadratically on a line of "password"
+# repeated (adv10a 10: 1 MiB held the gate's GIL for half an hour).
 _SECRET_SETTING = re.compile(
-    rb"""(?im)^[ \t]*["']?[:\w.\-]*(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|"""
-    rb"""pass_?phrase|credentials?)[\w.\-]*["']?[ \t]*[:=][ \t]*["']?([^\s"'#,;<>]{8,})""")
+    rb"""(?im)^[ \t]*["']?[:\w.\-]{0,64}?(?:password|passwd|secret|token|api[_-]?key|"""
+    rb"""access[_-]?key|pass_?phrase|credentials?)[\w.\-]{0,64}["']?[ \t]*[:=][ \t]*["']?"""
+    rb"""([^\s"'#,;<>]{8,})""")
 _URL_PASSWORD = re.compile(rb"://[^/\s:@]*:([^/\s@]{3,})@")
 _SETTINGS_SUFFIXES = (".conf", ".cfg", ".ini", ".toml", ".yaml", ".yml", ".json", ".properties",
                       ".xml", ".config", ".env", "rc")
