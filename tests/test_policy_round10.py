@@ -146,3 +146,35 @@ def test_review_owners_and_update_bots_are_judged_as_ci(path):
     and renovate which registry every future bump comes from."""
     c = fc(path, "modified", "tracked", by="/bin/sh[3]")
     assert verdict(report(c), "./tool.sh", TASK) == "unsure", path
+
+
+@pytest.mark.parametrize("path", [".roo/mcp.json", ".kilocode/mcp.json", ".junie/mcp/mcp.json",
+                                  ".factory/mcp.json", ".openhands/setup.sh"])
+def test_more_agents_configs_that_start_programs_are_persistence(path):
+    """adv10b 26: the round's first list missed Roo's, Kilo Code's, Junie's,
+    Factory's MCP configs and OpenHands' setup script."""
+    c = fc(path, "created", "untracked", by="/bin/sh[3]")
+    assert verdict(report(c), "./tool.sh", TASK) == "block", path
+
+
+@pytest.mark.parametrize("path", [".gitea/workflows/ci.yml", ".forgejo/workflows/ci.yml",
+                                  ".drone.yml", ".woodpecker.yml", ".woodpecker/build.yml",
+                                  "cloudbuild.yaml", ".github/settings.yml", "netlify.toml",
+                                  "vercel.json"])
+def test_other_ci_and_deploy_configs_are_judged_as_ci(path):
+    """adv10b 30: Gitea/Forgejo, Drone, Woodpecker, Cloud Build, the
+    repository settings app, Netlify's and Vercel's build commands run at
+    the next push like a GitHub workflow."""
+    c = fc(path, "modified", "tracked", by="/bin/sh[3]")
+    assert verdict(report(c), "./tool.sh", TASK) == "unsure", path
+
+
+def test_a_script_config_the_task_does_not_name_is_unsure_whatever_it_holds():
+    """adv10b 23: the spawn markers are a word list (`require('child' +
+    '_process')`, a plain fs write to ~/.bashrc pass it). A JS config the
+    task does not speak of is unsure; one it asks for is judged by the
+    markers (and by the LLM or the user on its diff)."""
+    c = fc("eslint.config.mjs", "created", "untracked", by="/bin/sh[3]",
+           diff=["+import fs from 'fs'; fs.appendFileSync(process.env.HOME + '/.bashrc', 'x');"])
+    assert verdict(report(c), "./tool.sh", TASK) == "unsure"
+    assert verdict(report(c), "./tool.sh", "add an eslint configuration") == "allow"
