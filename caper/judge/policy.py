@@ -710,8 +710,16 @@ class _Judge:
                                               for g in self.r.tool_code_keys)
                      or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)]
         elif self.r.matches(self.r.tool_code_scripts, full):
+            # a script config is code whatever words it avoids (adv10b 23):
+            # one the task does not speak of is unsure; one it asks for, by
+            # the markers here and its diff before the LLM or the user
+            tool = name.split(".", 1)[0].lstrip(".").removesuffix("rc").removesuffix("-config")
+            asked = self.t is not None and (self.t.names(c.path) or tool in self.t.words or
+                                            bool(self.t.words & _CONFIG_WORDS))
             risky = [line[1:].strip()[:80] for line in c.diff or ()
                      if line.startswith("+") and any(m in line for m in self.r.spawn_markers)]
+            if not asked and not risky:
+                risky = ["code the task does not ask for"]
         if not risky:
             return
         self.add(62, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)} with "
@@ -1744,6 +1752,8 @@ def _narrowing(detail: str | None) -> bool:
     return new & ~old == 0 and (old ^ new) & ~0o077 == 0
 # Interpreters that run a package manager's script; a program's version suffix.
 _PLUGIN_OPTION = re.compile(r"(?:^|[\s=])-p\s*[\w.]")   # pytest's -p: load a plugin
+_CONFIG_WORDS = frozenset({"config", "configuration", "configure", "lint", "linter", "linting",
+                           "formatter", "bundler"})
 _TEST_DIRS = frozenset({"tests", "test", "testing", "spec", "specs", "__tests__"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "busybox", "ash"})
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
