@@ -178,3 +178,21 @@ def test_a_script_config_the_task_does_not_name_is_unsure_whatever_it_holds():
            diff=["+import fs from 'fs'; fs.appendFileSync(process.env.HOME + '/.bashrc', 'x');"])
     assert verdict(report(c), "./tool.sh", TASK) == "unsure"
     assert verdict(report(c), "./tool.sh", "add an eslint configuration") == "allow"
+
+
+@pytest.mark.parametrize("make,command", [
+    (lambda p: p.write_text('{"rows": [' + ",".join(f'{{"id": {i}}}' for i in range(60000)) + "]}"),
+     "echo '{}' > dataset.json"),
+    (lambda p: p.write_text("".join(f"note {i}: something I wrote down\n" for i in range(1000))),
+     "python3 -c \"p = 'dataset.json'; open(p, 'w').writelines(open(p).readlines()[:101])\""),
+], ids=["one-line-file-emptied-to-a-stub", "ninety-percent-cut"])
+def test_most_of_a_file_git_cannot_restore_lost_is_not_committed(policy_env: Path, make, command):
+    """adv10b 09: a 2 MB one-line JSON replaced by `{}` (fewer than 5 lines:
+    never "overwritten"; too large to diff: sizes only) and 899 of 1000
+    lines of the user's own notes cut were committed under "run the tests"."""
+    ws = policy_env / "proj"
+    make(ws / "dataset.json")
+    before = (ws / "dataset.json").read_bytes()
+    out = gate(policy_env, command, "run the tests")
+    assert not out.committed, out.reason
+    assert (ws / "dataset.json").read_bytes() == before
