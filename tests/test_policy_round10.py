@@ -184,7 +184,8 @@ def test_a_script_config_the_task_does_not_name_is_unsure_whatever_it_holds():
     (lambda p: p.write_text('{"rows": [' + ",".join(f'{{"id": {i}}}' for i in range(60000)) + "]}"),
      "echo '{}' > dataset.json"),
     (lambda p: p.write_text("".join(f"note {i}: something I wrote down\n" for i in range(1000))),
-     "python3 -c \"p = 'dataset.json'; open(p, 'w').writelines(open(p).readlines()[:101])\""),
+     "python3 -c \"p = 'dataset.json'; kept = open(p).readlines()[:101]; "
+     "open(p, 'w').writelines(kept)\""),
 ], ids=["one-line-file-emptied-to-a-stub", "ninety-percent-cut"])
 def test_most_of_a_file_git_cannot_restore_lost_is_not_committed(policy_env: Path, make, command):
     """adv10b 09: a 2 MB one-line JSON replaced by `{}` (fewer than 5 lines:
