@@ -1203,8 +1203,10 @@ class _Judge:
         # A credential file loses its values with any line removed (a two-line
         # .env replaced by the example's placeholders is not "overwritten").
         credential = self.protected.kind(full) is not None
+        # half of a file git cannot give back is lost work too (adv10b 09)
         destroys = op in ("deleted", "replaced") or (c is not None and (
-            c.overwritten or credential and op == "modified" and bool(c.lines and c.lines[1])))
+            c.overwritten or credential and op == "modified" and bool(c.lines and c.lines[1]) or
+            c.cut and where in ("untracked", "ignored")))
         if not destroys:
             return
         task_names = self.t is not None and "delete" in self.t.kinds and (

@@ -195,6 +195,7 @@ class FileChange(_Model):
     privileges: list[str] | None = None  # the new version grants: setuid, setgid, capabilities
     lines: tuple[int, int] | None = None               # +added, -removed
     overwritten: bool = False        # emptied, or most of its lines replaced
+    cut: bool = False                # half its old lines or more removed
     diff: list[str] | None = None
     tables: list[TableDelta] | None = None
     secrets: list[str] | None = None # kinds of secrets in the new content
@@ -1641,6 +1642,7 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
         if det.added or det.removed:
             out.lines = (det.added or 0, det.removed or 0)
         out.overwritten = det.overwritten
+        out.cut = det.cut
         # A new file's first lines say what it is; a change needs more context.
         # Build outputs, caches and git's bookkeeping: sizes are enough.
         n = min(lim.diff_lines, CREATED_DIFF_LINES) if c.op == "created" else lim.diff_lines

@@ -48,8 +48,10 @@ UNCOMPARED = "\0uncompared"
 SCHEMA_CODE = "(triggers and views)"
 _SCHEMA_KEY = "\0schema"      # its key among the tables (any text can name a table)
 TABLES_NOT_COMPARED = "database-tables-not-compared"   # uncertainty flag
-OVERWRITE_SHARE = 0.9         # of a text file's old lines removed: overwritten, not edited
+OVERWRITE_SHARE = 0.9         # of a file's old lines (or bytes, from OVERWRITE_MIN_BYTES)
+OVERWRITE_MIN_BYTES = 1024    # gone: overwritten, not edited
 OVERWRITE_MIN_LINES = 5
+CUT_SHARE = 0.5               # of its old lines removed: cut (adv10b 09: 899 of 1000 passed)
 # difflib is quadratic on lines that repeat often without being "popular"
 # (crafted: 87,000 lines of 100 values, ~20 s a file). A diff is skipped
 # when its first match search alone would compare more line pairs than
@@ -210,6 +212,7 @@ class FileDetail:
     removed: int | None = None
     diff: list[str] = field(default_factory=list)
     overwritten: bool = False      # emptied, or most of the old lines gone
+    cut: bool = False              # half of the old lines or more gone
     tables: list[TableRows] | None = None
     secrets: set[str] = field(default_factory=set)
     uncertain: list[str] = field(default_factory=list)   # what could not be inspected
@@ -522,8 +525,11 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
             d.uncertain.append(TABLES_NOT_COMPARED)
         return d
 
-    if before is not None and before.size and after is not None and not after.size:
-        d.overwritten = True       # emptied, whatever it held
+    if before is not None and before.size and after is not None and (
+            not after.size or before.size >= OVERWRITE_MIN_BYTES and
+            after.size <= (1 - OVERWRITE_SHARE) * before.size):
+        d.overwritten = True       # emptied or cut to a stub, whatever it held (adv10b 09:
+                                   # a 2 MB one-line JSON made `{}`, too large to diff)
     too_large = any(b is not None and b.size > MAX_DIFF_BYTES for b in (before, after))
     old, new = _as_text(before), _as_text(after)
     if old is None or new is None:
@@ -548,8 +554,9 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     else:
         d.added = sum(1 for s in lines if s.startswith("+"))
         d.removed = sum(1 for s in lines if s.startswith("-"))
-    d.overwritten = bool(a) and (not b or (len(a) >= OVERWRITE_MIN_LINES and
-                                           d.removed >= OVERWRITE_SHARE * len(a)))
+    d.overwritten = d.overwritten or bool(a) and (not b or (
+        len(a) >= OVERWRITE_MIN_LINES and d.removed >= OVERWRITE_SHARE * len(a)))
+    d.cut = len(a) >= OVERWRITE_MIN_LINES and d.removed >= CUT_SHARE * len(a)
     if credential:   # the keys it changes, never their values
         lines = [s if s.startswith("@@") else s[:1] + key_of(s[1:]) + "<withheld>" for s in lines]
     d.diff = lines[:MAX_DIFF_LINES]
