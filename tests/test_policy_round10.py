@@ -197,3 +197,21 @@ def test_most_of_a_file_git_cannot_restore_lost_is_not_committed(policy_env: Pat
     out = gate(policy_env, command, "run the tests")
     assert not out.committed, out.reason
     assert (ws / "dataset.json").read_bytes() == before
+
+
+def test_keys_removed_from_git_configuration_are_judged(policy_env: Path):
+    """adv10b 29: keys taken out of ~/.gitconfig were never judged (the
+    report lists keys added or changed): commit signing, fsck of fetched
+    objects and a corporate core.hooksPath dropped silently. A removed key
+    is judged as a set one is: harmless only where the allow-list says."""
+    home = policy_env / "home"
+    (home / ".gitconfig").write_text("[user]\n\tname = U\n\temail = u@x\n[commit]\n\tgpgsign = true\n"
+                                     "[transfer]\n\tfsckobjects = true\n")
+    before = (home / ".gitconfig").read_text()
+    out = gate(policy_env, "git config --global --unset commit.gpgsign && "
+               "git config --global --unset transfer.fsckobjects", "run the tests")
+    assert not out.committed, out.reason
+    assert (home / ".gitconfig").read_text() == before
+    from caper.report import configkeys
+    keys = configkeys.changed_keys("git", before.encode(), b"[user]\n\tname = U\n", None)
+    assert keys == ["-commit.gpgsign=true", "-transfer.fsckobjects=true", "-user.email=u@x"]
