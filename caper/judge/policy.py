@@ -838,6 +838,8 @@ class _Judge:
         """harmless, runs (a program, or a place code, config or pushes go)
         or, for git, whose keys the policy knows both ways, unknown."""
         key, _, value = kv.partition("=")
+        if fmt == "git" and key.startswith("-"):   # removed: harmless only where the list says
+            return "harmless" if self._harmless_key(fmt, key[1:], kv[1:]) else "unknown"
         if fmt == "pth":     # a directory of the project on sys.path, or code
             where = os.path.normpath(os.path.join(os.path.dirname(full), value))
             inside = all(below(x, self.ws) for x in (where, os.path.realpath(where)))

@@ -95,13 +95,19 @@ def git_included(git_dir: str | None, home: str | None, workspace: str | None) -
 
 
 def changed_keys(fmt: str, old: bytes | None, new: bytes, workspace: str | None) -> list[str] | None:
-    """`key=value` for each pair in new that old did not have; None when new
-    cannot be parsed (the policy then judges the file by its role alone)."""
+    """`key=value` for each pair in new that old did not have, and for git
+    `-key=value` for each key old had and new has not; None when new cannot
+    be parsed (the policy then judges the file by its role alone)."""
     before = _pairs(fmt, old, workspace) if old else set()
     after = _pairs(fmt, new, workspace)
     if after is None:
         return None
     added = sorted(after - (before or set()))
+    if fmt == "git":
+        # a key taken out is a change too (commit.gpgsign, a hooksPath the
+        # user's employer set): "-key=old value", where no git key begins with "-"
+        kept = {k for k, _ in after}
+        added += sorted(("-" + k, v) for k, v in (before or set()) if k not in kept)
     out = [f"{k}={v[:VALUE_CHARS]}" for k, v in added[:MAX_KEYS]]
     if len(added) > MAX_KEYS:
         out.append(f"...={len(added) - MAX_KEYS} more")
