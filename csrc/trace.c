@@ -1194,7 +1194,7 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
  * dynamic loader's, the interpreters' module paths and startup options,
  * the programs git runs for a remote or a diff, a shell's startup file and
  * exported functions, the package managers' own settings (an index, a
- * find-links directory). A command that sets one for a package manager
+ * find-links directory) and where they look for them. A command that sets one for a package manager
  * makes its install the command's code (adv9 03/06, adv8b 19). */
 static const char *const code_names[] = {
     "LD_PRELOAD=", "LD_LIBRARY_PATH=", "LD_AUDIT=", "GCONV_PATH=", "BASH_ENV=", "ENV=",
@@ -1204,6 +1204,11 @@ static const char *const code_names[] = {
     "GIT_SSH=", "GIT_SSH_COMMAND=", "GIT_EXEC_PATH=", "GIT_ASKPASS=", "SSH_ASKPASS=",
     "GIT_EXTERNAL_DIFF=", "GIT_PROXY_COMMAND=", "GIT_TEMPLATE_DIR=", "MAKEFILES=",
     "RUSTC_WRAPPER=", "RUSTC=", "PIP_", "UV_", "npm_config_", "NPM_CONFIG_", "CARGO_",
+    /* where tools find their configuration (pip.conf, .npmrc, gitconfig): another
+     * home is another index (adv11b 01) */
+    "HOME=", "XDG_CONFIG_HOME=", "XDG_CONFIG_DIRS=", "XDG_DATA_HOME=", "POETRY_", "PIPENV_",
+    "GOFLAGS=", "GOPROXY=", "GONOSUMDB=", "GONOSUMCHECK=", "GOPRIVATE=",
+    "BUNDLE_", "GEM_HOME=", "GEM_PATH=", "YARN_", "COREPACK_",
 };
 
 static int named(const char *entry, size_t len, const char *const *names, size_t count)

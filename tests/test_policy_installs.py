@@ -225,12 +225,15 @@ def test_the_tracer_marks_execs_given_code_loading_variables(tmp_path):
     from caper.sandbox.trace import trace
     script = ("LD_PRELOAD=/x.so /bin/true a; export GIT_SSH_COMMAND=x; /bin/true b; unset "
               "GIT_SSH_COMMAND; /bin/true c; PYTHONPATH=$PYTHONPATH /bin/true d; "
-              "PYTHONPATH=/y /bin/true e; env -u PYTHONPATH /bin/true f")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "/given"}
+              "PYTHONPATH=/y /bin/true e; env -u PYTHONPATH /bin/true f; "
+              # where pip finds its pip.conf, npm its .npmrc (adv11b 01)
+              "XDG_CONFIG_HOME=/tmp/c /bin/true g; HOME=/tmp/h /bin/true h")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "/given", "HOME": "/root"}
     got = {e.argv[1]: bool(e.info & Info.CODE_ENV) for e in trace(["/bin/sh", "-c", script],
                                                                  env=env, cwd=str(tmp_path))
            if e.kind == Kind.EXEC and e.ok and e.argv and e.argv[0] == "/bin/true"}
-    assert got == {"a": True, "b": True, "c": False, "d": False, "e": True, "f": False}
+    assert got == {"a": True, "b": True, "c": False, "d": False, "e": True, "f": False,
+                   "g": True, "h": True}
 
 
 def test_a_steered_build_tool_or_installer_licenses_nothing():
@@ -258,8 +261,11 @@ def test_a_steered_build_tool_or_installer_licenses_nothing():
                          lineage=[["/usr/bin/ld"], ["/usr/bin/make"], ["/bin/sh", "-c", "make"]],
                          **kw)
     assert verdict(report(cc()), "make", "build it") == "allow"
-    assert verdict(report(cc(steered={0: ["/usr/bin/make"]})), "make", "build it") == "allow"
-    for steered in ({1: shell}, {0: ["/usr/bin/make"], 1: shell}):
+    stdbuf = ["/usr/bin/stdbuf", "-oL", "make"]          # LD_PRELOAD of its own library
+    assert verdict(report(cc(steered={1: stdbuf})), "stdbuf -oL make", "build it") == "allow"
+    # a program not known to set them for itself sets what it is told (adv11b 02:
+    # make --eval 'export PIP_INDEX_URL=...')
+    for steered in ({1: shell}, {0: stdbuf, 1: shell}, {0: ["/usr/bin/make", "--eval", "export"]}):
         assert verdict(report(cc(steered=steered)), "LD_PRELOAD=./x.so make", "build it") \
             != "allow", steered
 
@@ -277,3 +283,22 @@ def test_packages_from_a_directory_the_run_made_are_the_runs_by_any_spelling(wor
     named = [["/usr/bin/python3", "-m", "pip", "install", "--no-index", "tinypkg"]]
     assert verdict(report(fc(site, where="ignored", lineage=named)), "pip install", "install") \
         == "allow"
+
+
+def test_a_package_the_run_wrote_or_pointed_at_is_the_runs():
+    """adv11b 03, 04, 05: `pip install -e .` of a setup.py the run wrote, a
+    requirements file the run wrote, `--find-links .` with a wheel the run
+    dropped there: the install is the run's code."""
+    import tempfile
+    from helpers.policy import fc, report, verdict
+    ws = tempfile.mkdtemp()
+    open(os.path.join(ws, "setup.py"), "w").close()
+    site = f"{ws}/{SITE}/evil.pth"
+    pip = lambda *words: [["/usr/bin/python3", "-m", "pip", "install", *words]]
+    for made, words in (("setup.py", ["-e", "."]), ("dev-deps.txt", ["-r", "dev-deps.txt"]),
+                        ("x-1.0-py3-none-any.whl", ["--find-links", ".", "x"])):
+        r = report(fc(site, where="ignored", lineage=pip(*words)), fc(made, "created", "untracked"),
+                   ws=ws)
+        assert verdict(r, "pip install", "install", ws=ws) == "block", made
+    r = report(fc(site, where="ignored", lineage=pip("-e", ".")), ws=ws)
+    assert verdict(r, "pip install -e .", "install", ws=ws) == "allow"
