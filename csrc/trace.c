@@ -1414,23 +1414,19 @@ static uint32_t exec_env(struct proc *p)
     if (fd >= 0)
         close(fd);
     struct env_set now = { NULL, 0 };
-    uint32_t info = 0;
-    if (!buf || n < 0 || len == CAP || !p->env.h) {
-        info = CAPER_INFO_GIT_ENV | CAPER_INFO_CODE_ENV;
-    } else if ((now.h = calloc(len / 2 + 1, sizeof *now.h))) {
-        for (size_t start = 0, one; start < len; start += one + 1) {
-            one = strnlen(buf + start, len - start);
-            if (named(buf + start, one, git_names, sizeof git_names / sizeof *git_names))
-                info |= CAPER_INFO_GIT_ENV;
-            if (!named(buf + start, one, code_names, sizeof code_names / sizeof *code_names))
-                continue;
-            uint64_t h = entry_hash(buf + start, one);
-            if (!in_set(p->env, h))
-                info |= CAPER_INFO_CODE_ENV;
-            now.h[now.n++] = h;
-        }
-    } else {
-        info = CAPER_INFO_GIT_ENV | CAPER_INFO_CODE_ENV;
+    if (buf && n >= 0 && len < CAP && p->env.h)
+        now.h = calloc(len / 2 + 1, sizeof *now.h);   /* at most one entry per two bytes */
+    uint32_t info = now.h ? 0 : CAPER_INFO_GIT_ENV | CAPER_INFO_CODE_ENV;
+    for (size_t start = 0, one; now.h && start < len; start += one + 1) {
+        one = strnlen(buf + start, len - start);
+        if (named(buf + start, one, git_names, sizeof git_names / sizeof *git_names))
+            info |= CAPER_INFO_GIT_ENV;
+        if (!named(buf + start, one, code_names, sizeof code_names / sizeof *code_names))
+            continue;
+        uint64_t h = entry_hash(buf + start, one);
+        if (!in_set(p->env, h))
+            info |= CAPER_INFO_CODE_ENV;
+        now.h[now.n++] = h;
     }
     free(buf);
     free(p->env.h);
