@@ -1060,10 +1060,7 @@ class _Judge:
         if not self._unplanted(exe) or name == "env" or self._steered(c, 0):
             return False
         if name in _SHELLS or _INTERPRETER.match(name):
-            if args[:1] == ["-m"] and len(args) > 1:
-                return not self._module_planted(args[1])
-            script = args[0] if args and not args[0].startswith("-") else None
-            return script is not None and self._unplanted(script)
+            return self._interpreted(args, anywhere=False) is not None
         return True
 
     def _steered(self, c, depth: int) -> bool:
@@ -1089,16 +1086,22 @@ class _Judge:
                 args and args[-1] == LINEAGE_MORE:
             return False
         if _INTERPRETER.match(name):
-            if args[:1] == ["-m"] and len(args) > 1:          # python -m pip
-                if self._module_planted(args[1]):
-                    return False
-                name = args[1]
-            else:
-                script = args[0] if args and not args[0].startswith("-") else None
-                if script is None or not self._unplanted(script, anywhere=True):
-                    return False
-                name = os.path.basename(script)
+            name = self._interpreted(args, anywhere=True)   # python -m pip, node .../npm
+            if name is None:
+                return False
         return _VERSIONED.sub("", name) in self.r.env_setters
+
+    def _interpreted(self, args: list[str], anywhere: bool) -> str | None:
+        """What an interpreter or a shell runs with these arguments, by name:
+        the module of `-m X` unless one the run planted would be imported
+        first, or the script's file name unless the code is inline (-c, -e)
+        or the script is one the run planted (anywhere: _unplanted's)."""
+        if args[:1] == ["-m"] and len(args) > 1:
+            return None if self._module_planted(args[1]) else args[1]
+        script = args[0] if args and not args[0].startswith("-") else None
+        if script is None or not self._unplanted(script, anywhere=anywhere):
+            return None
+        return os.path.basename(script)
 
     def _installer(self, exe: str, args: list[str], own: bool = False) -> bool:
         """A package manager's process running one of its installing
