@@ -236,6 +236,28 @@ def test_the_tracer_marks_execs_given_code_loading_variables(tmp_path):
                    "g": True, "h": True}
 
 
+def test_the_tracer_knows_the_less_common_ways_a_variable_loads_code(tmp_path):
+    """Each of these makes a later program import, run or trust code the
+    command chose: a warnings category is imported, a runtime runs a start-up
+    hook, OpenSSL loads an engine, git and less run a command, a CA bundle
+    makes a fake index trusted."""
+    from caper.sandbox.events import Info, Kind
+    from caper.sandbox.trace import trace
+    names = ["PYTHONWARNINGS=error::evil.W", "PYTHONBREAKPOINT=evil.bp", "LUA_INIT=@x.lua",
+             "DOTNET_STARTUP_HOOKS=/x.dll", "CORECLR_PROFILER_PATH=/x.so",
+             "OPENSSL_CONF=/x.cnf", "GIT_EDITOR=./x", "GIT_PAGER=./x", "EDITOR=./x",
+             "LESSOPEN=|./x %s", "ZDOTDIR=/x", "PHPRC=/x", "ERL_FLAGS=-s x",
+             "REQUESTS_CA_BUNDLE=/x.pem", "SSL_CERT_FILE=/x.pem", "NODE_EXTRA_CA_CERTS=/x",
+             "PLAIN_VALUE=1"]
+    script = "; ".join(f"{n.split('=')[0]}='{n.split('=', 1)[1]}' /bin/true {k}"
+                       for k, n in enumerate(names))
+    got = [bool(e.info & Info.CODE_ENV) for e in trace(["/bin/sh", "-c", script],
+                                                      env={"PATH": "/usr/bin:/bin"},
+                                                      cwd=str(tmp_path))
+           if e.kind == Kind.EXEC and e.ok and e.argv and e.argv[0] == "/bin/true"]
+    assert got == [True] * (len(names) - 1) + [False]
+
+
 def test_a_steered_build_tool_or_installer_licenses_nothing():
     """adv8b 19: `LD_PRELOAD=./x.so make` wrote built code as make; adv9 06:
     GIT_SSH_COMMAND under `pip install -r` ran the command's script as pip's
