@@ -1209,6 +1209,15 @@ static const char *const code_names[] = {
     "HOME=", "XDG_CONFIG_HOME=", "XDG_CONFIG_DIRS=", "XDG_DATA_HOME=", "POETRY_", "PIPENV_",
     "GOFLAGS=", "GOPROXY=", "GONOSUMDB=", "GONOSUMCHECK=", "GOPRIVATE=",
     "BUNDLE_", "GEM_HOME=", "GEM_PATH=", "YARN_", "COREPACK_",
+    /* a module imported by name, a runtime's start-up hook or profiler, a config
+     * that loads an engine or plugin, a command git or less runs */
+    "PYTHONWARNINGS=", "PYTHONBREAKPOINT=", "LUA_", "DOTNET_", "CORECLR_", "COR_",
+    "OPENSSL_", "PHPRC=", "PHP_INI_SCAN_DIR=", "ERL_", "TCLLIBPATH=", "R_PROFILE",
+    "R_LIBS", "ZDOTDIR=", "GIT_EDITOR=", "GIT_SEQUENCE_EDITOR=", "GIT_PAGER=", "EDITOR=",
+    "VISUAL=", "PAGER=", "LESSOPEN=", "LESSCLOSE=", "PERL5DB=",
+    /* a CA bundle makes a fake index or registry look like the real one */
+    "REQUESTS_CA_BUNDLE=", "SSL_CERT_", "CURL_CA_BUNDLE=", "NODE_EXTRA_CA_CERTS=",
+    "NODE_TLS_REJECT_UNAUTHORIZED=", "GIT_SSL_",
 };
 
 static int named(const char *entry, size_t len, const char *const *names, size_t count)
