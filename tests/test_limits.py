@@ -301,6 +301,31 @@ def test_the_ioctls_that_preallocate_are_refused(ws):
     assert os.stat(ws / "f").st_blocks == 0
 
 
+NEWER_INODE_CALLS = r"""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+open("f", "w").close()
+fsx = ctypes.create_string_buffer(32)          # struct fsxattr: xflags first
+ctypes.memmove(fsx, (0x4000 | 0x40).to_bytes(4, "little"), 4)   # NODUMP | NOATIME
+for name, nr, args in (("file_setattr", 469, (-100, b"f", fsx, 32, 0)),
+                       ("statmount", 457, (None, None, 0, 0)),
+                       ("listmount", 458, (None, None, 0, 0))):
+    rc = libc.syscall(nr, *args)
+    print(name, "ok" if rc >= 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_the_newer_calls_that_set_inode_flags_or_list_mounts_are_refused(ws):
+    """adv11a 01: file_setattr(2) (Linux 6.17) sets the flags FS_IOC_FSSETXATTR
+    does, which the filter refuses; statmount and listmount may name mount
+    namespaces other than the sandbox's. Each answers ENOSYS, as a kernel
+    without them would: tools fall back to the ioctl or /proc."""
+    outcome = run([PY, "-c", NEWER_INODE_CALLS], cwd=str(ws), approver="allow")
+    assert outcome.stdout.text().decode().split("\n")[:3] == [
+        "file_setattr ENOSYS", "statmount ENOSYS", "listmount ENOSYS"], outcome.stderr.text()
+
+
 USER_OBJECTS = r"""
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
