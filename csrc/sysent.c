@@ -31,7 +31,11 @@
     { SYS_##sys, #sys, CAPER_EV_##k, dec, filt, farg, 0, 0, 0, N, N, N, N, N, N, N, 0 }
 #define SIG(sys, target, sig) \
     { SYS_##sys, #sys, CAPER_EV_SIGNAL, DEC_SIGNAL, FL_TRACE, N, 0, 0, N, N, N, N, N, N, target, sig, 0 }
-#define SYS_open_tree_attr_ 467   /* Linux 6.15; not in every libc's headers */
+/* Not in every libc's headers: */
+#define SYS_statmount_ 457        /* Linux 6.8 */
+#define SYS_listmount_ 458        /* Linux 6.8 */
+#define SYS_open_tree_attr_ 467   /* Linux 6.15 */
+#define SYS_file_setattr_ 469     /* Linux 6.17 */
 #define REFUSE(sys) \
     { SYS_##sys, #sys, CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE, N, 0, 0, N, N, N, N, N, N, N, N, 0 }
 
@@ -158,6 +162,14 @@ const struct sysent caper_sysent[] = {
     REFUSE(pidfd_getfd), REFUSE(process_madvise), REFUSE(process_mrelease),
     { SYS_open_tree_attr_, "open_tree_attr", CAPER_EV_REFUSED, DEC_REFUSE, FL_TRACE, N, 0, 0,
       N, N, N, N, N, N, N, N, 0 },
+    /* file_setattr sets the inode flags FS_IOC_FSSETXATTR would (refused in the
+     * filter); statmount and listmount may name another mount namespace than
+     * the sandbox's. ENOSYS, as on an older kernel: tools fall back to the
+     * ioctl or to /proc. */
+    { SYS_file_setattr_, "file_setattr", 0, DEC_REFUSE, FL_ENOSYS, N, 0, 0,
+      N, N, N, N, N, N, N, N, 0 },
+    { SYS_statmount_, "statmount", 0, DEC_REFUSE, FL_ENOSYS, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
+    { SYS_listmount_, "listmount", 0, DEC_REFUSE, FL_ENOSYS, N, 0, 0, N, N, N, N, N, N, N, N, 0 },
 };
 
 const size_t caper_n_sysent = sizeof caper_sysent / sizeof caper_sysent[0];
