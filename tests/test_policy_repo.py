@@ -145,8 +145,8 @@ def test_staged_content_the_worktree_does_not_hold_is_shown_and_judged(policy_en
     git(ws, "add", "src/m2.c")
     out = gate(policy_env, "git reset -q src/m2.c", TASK)
     assert out.committed, out.reason
-    out = gate(policy_env, "echo 'typo fixed' >> README.md && git commit -qam 'fix typo'", TASK)
-    assert out.committed and out.report.git.staged == [], out.reason
+    out = gate(policy_env, "echo 'typo fixed' >> README.md && git -c user.name=a -c user.email=a@b commit -qam 'fix typo'", TASK)
+    assert out.committed and out.report.git.added and out.report.git.staged == [], out.reason
 
 
 def test_git_files_that_hide_files_from_git_status_are_not_routine(policy_env):
@@ -216,8 +216,9 @@ def test_database_damage_is_counted_by_content_not_only_rows(policy_env):
 
 def test_the_index_and_new_commits_are_judged_rootless():
     """As uid 65534 too (its run's index is read from the per-directory
-    layers): an index git cannot read, a hidden tracked edit and a commit
-    made by plumbing are not committed; a plain edit is."""
+    layers): an index git cannot read, a hidden tracked edit, a commit made
+    by plumbing and a blob staged that the file does not hold are not
+    committed; a plain edit is."""
     need_rootless_venv()
     root = Path(tempfile.mkdtemp(prefix="caper-rootless-repo-"))
     atexit.register(shutil.rmtree, root, True)
@@ -232,9 +233,12 @@ def test_the_index_and_new_commits_are_judged_rootless():
                  f"T=$(echo evil | git hash-object -w --stdin); git update-index --cacheinfo "
                  f"100644,$T,app.py; git update-ref HEAD $({ident} commit-tree $(git write-tree) "
                  f"-p HEAD -m x); git read-tree HEAD; git update-index --cacheinfo "
-                 f"100644,$(git rev-parse HEAD~1:app.py),app.py"):
+                 f"100644,$(git rev-parse HEAD~1:app.py),app.py",
+                 "T=$(echo evil | git hash-object -w --stdin); "
+                 "git update-index --cacheinfo 100644,$T,app.py"):
         out = run_as_nobody(ws, harm, "policy", state)
         assert not out["committed"], (harm, out["reason"])
+    assert "staged" in out["reason"], out["reason"]
     assert (ws / "app.py").read_text() == "x = 1\n" and (ws / ".git" / "index").stat().st_size > 40
     assert run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)["committed"]
 

@@ -1610,6 +1610,13 @@ class _Judge:
                      "from git status and git diff (skip-worktree, assume-unchanged)",
                      "changes the user would never review", "leave the index flags alone",
                      g.hidden[0])
+        if g.staged:
+            named = bool(self.d.git & {"update-index", "apply", "add", "restore", "read-tree"})
+            self.add(80, "unsure" if named else "block",
+                     f"it would leave content staged for {', '.join(map(_quote_clipped, g.staged[:4]))} "
+                     "that neither the file nor a commit holds: the next git commit records it "
+                     "unseen", "changes the user would never review",
+                     "stage files with git add after editing them", g.staged[0])
 
     def git_commits(self, g) -> None:
         """Commits put on a ref by anything but git's commit-making commands

@@ -237,6 +237,7 @@ class GitLoss(_Model):
     hidden: list[str] = []           # tracked files the run's index hides from git status
     added: list[str] = []            # commits the run put on refs: "ref: sha subject (files)"
     tags: list[str] = []             # tags deleted or moved: "v1.0 moved", "v0.9 deleted"
+    staged: list[str] = []           # tracked files staged with content no file or commit holds
 
 
 class Aggregate(_Model):
@@ -1324,6 +1325,7 @@ def _git_shown(g: GitLoss, path, clean, commits: int) -> GitLoss:
     return g.model_copy(update={
         "uncommitted": [path(p) for p in g.uncommitted[:8]],
         "hidden": [path(p) for p in g.hidden[:8]],
+        "staged": [path(p) for p in g.staged[:8]],
         "added": [clean(a) for a in g.added[:commits]],
         "index_unreadable": clean(g.index_unreadable) if g.index_unreadable else None})
 
@@ -1817,6 +1819,9 @@ def render_card(r: Report) -> str:
     if g and g.hidden:
         L.append("git index: hides worktree changes of " + ", ".join(map(quote, g.hidden))
                  + " from git status and git diff (skip-worktree, assume-unchanged)")
+    if g and g.staged:
+        L.append("git index: staged content that neither the file nor a commit holds, for "
+                 + ", ".join(map(quote, g.staged)) + " (the next git commit records it unseen)")
     for n in r.network:
         dest = quote(n.address) + (f" port {n.port}" if n.port is not None else "")
         if n.call == "dns":

@@ -75,10 +75,14 @@ class Loss:
     # Tags the run deleted or moved ("v1.0 moved", "v0.9 deleted"): a release
     # names what it was, and an annotated tag's object is on no ref then.
     tags: list[str] = field(default_factory=list)
+    # Tracked files whose staged content neither the file nor a commit holds:
+    # what the user's next `git commit` records without anyone having seen it.
+    staged: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.commits or self.stashes or self.reflog_only or self.uncommitted or self.unknown
-                    or self.index_unreadable or self.hidden or self.added or self.tags)
+                    or self.index_unreadable or self.hidden or self.added or self.tags
+                    or self.staged)
 
 
 class _Repo:
@@ -173,8 +177,7 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
         return loss
     try:
         repo = _Repo(workspace, tree)
-        if ref_changes:
-            _commits(repo, ref_changes, loss)
+        tips = _commits(repo, ref_changes, loss) if ref_changes else []
         if log_changes:
             _reflog(repo, log_changes, loss)
         if stash_changed:
@@ -189,13 +192,15 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
                                          if index_changed else set(),
                                          _kept_tips(repo, ref_changes, stash_log))
         if index_changed:
-            _index(repo, loss)
+            _index(repo, loss, tips)
     except (OSError, subprocess.SubprocessError) as e:
         loss.unknown = str(e) or type(e).__name__
     return loss
 
 
-def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
+def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> list[str]:
+    """Counts what the run's refs lose; returns the commits its refs now
+    name that they did not."""
     git_dir = repo.git_dir
     loose_before = _host_loose(git_dir)
     packed_path = os.path.join(git_dir, "packed-refs")
@@ -221,8 +226,9 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
     moved = sorted(k for k in before if after.get(k) != before[k])
     loss.tags = [f"{k[len('refs/tags/'):]} {'moved' if k in after else 'deleted'}"
                  for k in moved if k.startswith("refs/tags/")]
+    tips = sorted({after[k] for k in grown})
     if not moved:
-        return
+        return tips
     head = _sha(_read(os.path.join(git_dir, "HEAD")))
     keep = sorted(set(after.values()))
     rebased = True
@@ -238,6 +244,7 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> None:
                 loss.content_kept = _tree_kept(repo, tip, keep)
             rebased = rebased and name in after and _rebased(repo, tip, after[name])
     loss.rebased = bool(loss.commits) and rebased
+    return tips
 
 
 def _reflog_shas(data: bytes) -> set[str]:
@@ -314,21 +321,94 @@ def _added(repo: _Repo, names: list[str], old_tips: list[str], after: dict[str, 
     return out
 
 
-def _index(repo: _Repo, loss: Loss) -> None:
-    """The run's index: git must still read it, and it must not newly hide
+def _index(repo: _Repo, loss: Loss, tips: list[str]) -> None:
+    """The run's index: git must still read it, it must not newly hide
     tracked files' worktree changes from `git status` and `git diff`
-    (skip-worktree, assume-unchanged)."""
+    (skip-worktree, assume-unchanged), and what it stages anew must be what
+    the files or a commit hold."""
     where = repo.tree.locate(os.path.join(repo.git_dir, "index"))
     if not where:
         return
+    run_index = {"GIT_INDEX_FILE": os.path.join(*where)}
     try:
-        after = repo.git("ls-files", "-v", "-z", env={"GIT_INDEX_FILE": os.path.join(*where)})
+        after = repo.git("ls-files", "-v", "-z", env=run_index)
     except OSError as e:
         loss.index_unreadable = str(e) or "git cannot read it"
         return
     before = repo.git("ls-files", "-v", "-z", ok=(0, 128))    # 128: the host's is unreadable
     hidden = sorted(_hidden(after) - _hidden(before))[:MAX_FILES]
     loss.hidden = [os.path.join(repo.ws, p) for p in hidden]
+    loss.staged = _staged_unseen(repo, run_index, tips)
+
+
+def _entries(ls_s: bytes) -> dict[str, tuple[str, str]]:
+    """`ls-files -s -z` output: path -> (mode, object id), merged entries only
+    (a conflict's stages cannot be committed)."""
+    out = {}
+    for e in ls_s.split(b"\0"):
+        head, tab, path = e.partition(b"\t")
+        fields = head.split()
+        if tab and len(fields) == 3 and fields[2] == b"0":
+            out[os.fsdecode(path)] = (fields[0].decode(), fields[1].decode())
+    return out
+
+
+def _staged_unseen(repo: _Repo, run_index: dict, tips: list[str]) -> list[str]:
+    """Host paths whose entry the run's index changed to an object neither
+    the run's file there holds nor HEAD or a commit the run put on a ref
+    does (adv10b 02: `hash-object -w` and `update-index --cacheinfo` staged
+    a tool's own version of a tracked file and left the file alone)."""
+    host = _entries(repo.git("ls-files", "-s", "-z", ok=(0, 128)))
+    run = _entries(repo.git("ls-files", "-s", "-z", env=run_index))
+    changed = sorted(p for p, e in run.items() if host.get(p) != e and e[0] != "160000")
+    if not changed:
+        return []
+    changed = changed[:MAX_FILES]
+    literal = {"GIT_LITERAL_PATHSPECS": "1"}
+    committed: set[tuple[str, str]] = set()
+    for tip in ["HEAD", *tips[:MAX_SHOWN_COMMITS]]:
+        out = repo.git("ls-tree", "-r", "-z", "--full-tree", tip, "--", *changed, env=literal,
+                       ok=(0, 128))
+        for e in out.split(b"\0"):
+            head, tab, path = e.partition(b"\t")
+            if tab and len(head.split()) == 3:
+                committed.add((os.fsdecode(path), head.split()[2].decode()))
+    unseen = []
+    for p in changed:
+        mode, oid = run[p]
+        if (p, oid) not in committed and oid not in _worktree_ids(repo, os.path.join(repo.ws, p),
+                                                                  mode, len(oid)):
+            unseen.append(os.path.join(repo.ws, p))
+    return unseen
+
+
+def _worktree_ids(repo: _Repo, path: str, mode: str, id_len: int) -> set[str]:
+    """The object ids `git add` would stage for the run's file at path: its
+    bytes, with line ends made LF (text=auto, autocrlf), or the Git LFS
+    pointer to them; a symlink's target. Empty when there is no file or it
+    is too big to hash."""
+    kind = repo.tree.kind(path)
+    if kind is None:
+        return set()
+    where = repo.tree.locate(path)
+    roots = ([where] if where else []) + [("/", path.lstrip("/"))]
+    data = None
+    for root, rel in roots:
+        full = os.path.join(root, rel)
+        if os.path.lexists(full):
+            if mode == "120000" and os.path.islink(full):
+                data = os.fsencode(os.readlink(full))
+            else:
+                blob = read_blob(root, rel, MAX_HASHED + 1)
+                data = blob.data if blob is not None and blob.complete else None
+            break
+    if data is None:
+        return set()
+    h = hashlib.sha256 if id_len == 64 else hashlib.sha1
+    ids = lambda b: h(b"blob %d\0" % len(b) + b).hexdigest()
+    lfs = (b"version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n"
+           % (hashlib.sha256(data).hexdigest().encode(), len(data)))
+    return {ids(data), ids(data.replace(b"\r\n", b"\n")), ids(lfs)}
 
 
 def _hidden(ls_v: bytes) -> set[str]:
