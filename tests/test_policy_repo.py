@@ -145,6 +145,9 @@ def test_staged_content_the_worktree_does_not_hold_is_shown_and_judged(policy_en
     git(ws, "add", "src/m2.c")
     out = gate(policy_env, "git reset -q src/m2.c", TASK)
     assert out.committed, out.reason
+    (ws / "src" / "m1.c").write_text("int one; /* the user's edit */\n")   # uncommitted
+    out = gate(policy_env, "echo '/* more */' >> src/m1.c && git add src/m1.c", TASK)
+    assert out.committed and "uncommitted" not in out.reason, out.reason
     out = gate(policy_env, "echo 'typo fixed' >> README.md && git -c user.name=a -c user.email=a@b commit -qam 'fix typo'", TASK)
     assert out.committed and out.report.git.added and out.report.git.staged == [], out.reason
 
@@ -218,7 +221,8 @@ def test_the_index_and_new_commits_are_judged_rootless():
     """As uid 65534 too (its run's index is read from the per-directory
     layers): an index git cannot read, a hidden tracked edit, a commit made
     by plumbing and a blob staged that the file does not hold are not
-    committed; a plain edit is."""
+    committed; a plain edit is, and so is `git add` of an edit over the
+    user's uncommitted one (its blob is the run's: nothing was put back)."""
     need_rootless_venv()
     root = Path(tempfile.mkdtemp(prefix="caper-rootless-repo-"))
     atexit.register(shutil.rmtree, root, True)
@@ -241,6 +245,8 @@ def test_the_index_and_new_commits_are_judged_rootless():
     assert "staged" in out["reason"], out["reason"]
     assert (ws / "app.py").read_text() == "x = 1\n" and (ws / ".git" / "index").stat().st_size > 40
     assert run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)["committed"]
+    out = run_as_nobody(ws, "echo y = 3 >> app.py && git add app.py", "policy", state)
+    assert out["committed"], out["reason"]
 
 
 def test_a_sealed_card_withholds_the_commits_subjects():
