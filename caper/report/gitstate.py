@@ -507,7 +507,7 @@ def _reachable_new(repo: _Repo, tips: list[str]) -> set[str]:
 
 def _restored(repo: _Repo, paths: list[str], staged_only: set[str],
               kept_tips: list[str]) -> list[str]:
-    """Tracked files the run put back to a version git holds, whose host
+    """Tracked files the run put back to a version git held before it, whose host
     content git holds nowhere, or only in an index entry the run dropped
     (uncommitted work thrown away). A blob the run itself wrote (`git add
     -A`, `git stash`) holds it only while a ref, a stash entry or the run's
@@ -527,13 +527,15 @@ def _restored(repo: _Repo, paths: list[str], staged_only: set[str],
     held = {ln.split()[0].decode() for ln in out.splitlines() if ln.endswith(b" blob")}
     olds = sorted({a for _, a, _ in pairs})
     out = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
-                   stdin="\n".join(olds).encode() + b"\n", host=True)
+                   stdin="\n".join(ids).encode() + b"\n", host=True)
     host_held = {ln.split()[0].decode() for ln in out.splitlines() if ln.endswith(b" blob")}
     run_only = [a for a in olds if a in held and a not in host_held]
     if run_only:
         kept = _reachable_new(repo, kept_tips) | _run_index_ids(repo, paths)
         held -= set(run_only) - kept
-    return [p for p, a, b in pairs if (a not in held or a in staged_only) and b in held]
+    # Put back: to a version git held before the run. A blob of the run's
+    # own (`git add` of its edit) is new content, not a restore.
+    return [p for p, a, b in pairs if (a not in held or a in staged_only) and b in host_held]
 
 
 def _run_index_ids(repo: _Repo, paths: list[str]) -> set[str]:
