@@ -689,7 +689,7 @@ class _Judge:
                          "persistence: code or configuration that runs later",
                          "put fixtures beside the tests they serve", c.path)
             return
-        if ext and (self._ran(c, self.r.builders) or
+        if ext and (self._built(c) or
                     not os.path.exists(os.path.join(os.path.dirname(full), stem + ".py")) and
                     stem not in sys.stdlib_module_names):
             return           # built, or a module with no source beside it to shadow
@@ -746,7 +746,7 @@ class _Judge:
             # a fresh build's own outputs (no target/ before, or a swapped
             # binary put in place of the one just linked): cargo's, rustc's
             # and the linker's, or a build script's out/ dir
-            if self.r.matches(self.r.fresh_built, full) and not self._ran(c, self.r.builders) \
+            if self.r.matches(self.r.fresh_built, full) and not self._built(c) \
                     and not self.r.matches(self.r.fresh_built_scratch, full):
                 self.add(60, "unsure", f"it would create {_quote_clipped(c.path)}, built code "
                          "that no build tool wrote: what the user's next run of it starts",
@@ -761,8 +761,7 @@ class _Judge:
                 st.st_mode & 0o111 != 0
         except OSError:
             executable = False
-        if not executable and not self.r.matches(self.r.built_code, full) or \
-                self._ran(c, self.r.builders):
+        if not executable and not self.r.matches(self.r.built_code, full) or self._built(c):
             return
         verdict = "unsure" if self.task_says("persistence") or not executable else "block"
         self.add(86 if executable else 60, verdict,
@@ -1021,6 +1020,57 @@ class _Judge:
         if os.path.basename(programs[-1]) not in names:
             return False
         return all(os.path.isabs(p) and self._unplanted(p) for p in programs)
+
+    def _built(self, c) -> bool:
+        """A compiler, linker or build tool wrote this change from what the
+        project holds. The first of the chain of builders that wrote it (gcc
+        over collect2 over ld; cargo over rustc) names its inputs in its
+        argv: standard input (`-`, /dev/stdin, a process substitution), a
+        file in a scratch dir or one the run wrote outside the project is the
+        run's code however it was compiled (adv10b 08: `printf ... | gcc -x
+        c - -o target/debug/app`); so is a source the run wrote and deleted
+        again, when no build tool started the compiler (under one, its
+        directory is not known). A build tool told its rules on the command
+        line or from such a file is no project's build either."""
+        if not self._ran(c, self.r.builders):
+            return False
+        lineage = [list(x) for x in c.lineage or ()]
+        depth = 0
+        while depth < len(lineage) and os.path.basename(lineage[depth][0]) in self.r.builders:
+            depth += 1
+        if depth == 0:
+            return True                     # a report without lineage: its writer alone
+        tools = [x for x in lineage[depth:] if os.path.basename(x[0]) in _BUILD_TOOLS]
+        if not self._inputs_held(lineage[depth - 1][1:], _BUILDER_VALUE_OPTIONS, not tools):
+            return False
+        for _, *words in tools:
+            if any(w in ("--eval", "-E") or w.startswith("--eval=") for w in words):
+                return False
+            files = [v for k, v in zip([""] + words, words) if k in _BUILD_FILE_OPTIONS]
+            files += [w.split("=", 1)[1] for w in words
+                      if w.startswith("--") and w.split("=", 1)[0] in _BUILD_FILE_OPTIONS and "=" in w]
+            files += [w[2:] for w in words if w.startswith("-f") and len(w) > 2]
+            if files and not self._inputs_held(files, frozenset(), True):
+                return False
+        return True
+
+    def _inputs_held(self, args: list[str], value_options: frozenset, exist: bool) -> bool:
+        """Every input among args is a file of the project's or the host's
+        that the run did not write outside the project: none from standard
+        input, /dev, /proc or a scratch dir; when exist, each one still
+        there after the run (on the host, or written by it and shown)."""
+        for prev, arg in zip([""] + args, args):
+            if prev in value_options or arg.startswith("-") and arg != "-":
+                continue
+            if arg == "-":
+                return False
+            full = os.path.normpath(self.absolute(arg.removeprefix("@")))
+            inside = below(full, self.ws)
+            if not inside and (any(below(full, t) for t in (*_SCRATCH, "/dev", "/proc")) or
+                               full in self.changed) or full in self.removed or \
+                    exist and not os.path.exists(full) and full not in self.changed:
+                return False
+        return True
 
     def _installer_wrote(self, c, full: str) -> bool:
         """A package manager wrote this change: its own process, or in the
@@ -1743,6 +1793,25 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# Programs that run compilers from the project's rules: the directory a
+# compiler they start runs in is theirs, not the command's; the file of
+# rules they read is named by these options.
+_BUILD_TOOLS = frozenset({"make", "gmake", "ninja", "cmake", "meson", "scons", "bazel", "cargo",
+                          "go"})
+_BUILD_FILE_OPTIONS = frozenset({"-f", "--file", "--makefile", "-P", "--manifest-path"})
+# Options of compilers, linkers and objcopy whose value is the next argument:
+# not an input (-o names the output; the rest are directories, languages,
+# names).
+_BUILDER_VALUE_OPTIONS = frozenset({"-o", "-x", "-I", "-L", "-isystem", "-iquote", "-idirafter",
+                                    "-include", "-imacros", "-MF", "-MT", "-MQ", "-T", "-e",
+                                    "-D", "-U", "-l", "-O", "-j", "-B", "-z", "-Xlinker",
+                                    "-Xassembler", "-Xpreprocessor", "--sysroot", "--target",
+                                    "-target", "--output", "--edition", "--crate-name",
+                                    "--crate-type", "--cfg", "--out-dir", "-C", "--emit",
+                                    "-p", "--manifest-path", "--features", "-F",
+                                    "--add-section", "--set-section-flags", "--rename-section",
+                                    "-R", "-K", "-N", "--only-section",
+                                    "--remove-section", "--keep-symbol", "--strip-symbol"})
 # What makes git hand a pager's or editor's value to the shell as code.
 _SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
 _FLAGS = re.compile(r"-[A-Za-z]+")
