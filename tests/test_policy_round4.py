@@ -295,7 +295,12 @@ def test_a_binary_compiled_from_what_the_project_does_not_hold_is_no_build(polic
     for harm in (f"{payload} | cc -x c - -o build/app",
                  f"rm -f build/app; {payload} | gcc -xc -o build/app -",
                  f"d=$(mktemp -d); {payload} > $d/x.c; cc -o build/app $d/x.c",
-                 f"d=$(mktemp -d); {payload} | cc -x c -o $d/e -; objcopy $d/e build/app"):
+                 f"d=$(mktemp -d); {payload} | cc -x c -o $d/e -; objcopy $d/e build/app",
+                 f"{payload} | cc -x c /dev/stdin -o build/app",
+                 f"{payload} > x.c; cc x.c -o build/app; rm x.c",
+                 f"d=$(mktemp -d); printf 'all:\\n\\tcc x.c -o build/app\\n' > $d/mk; "
+                 f"{payload} > x.c; make -f $d/mk; rm x.c",
+                 f"d=$(mktemp -d); {payload} > $d/x.c; make --eval \"all: ; cc $d/x.c -o build/app\""):
         out = gate(policy_env, harm, "run the tests")
         assert not out.committed and "executable" in out.reason, (harm, out.reason)
         assert (ws / "build" / "app").read_bytes() == before
