@@ -152,6 +152,28 @@ def test_staged_content_the_worktree_does_not_hold_is_shown_and_judged(policy_en
     assert out.committed and out.report.git.added and out.report.git.staged == [], out.reason
 
 
+def test_the_repositorys_own_hooks_and_config_are_not_deleted_on_a_tools_word(policy_env):
+    """adv10b 27/28: a tool deleted the user's secret-scanning pre-commit hook
+    and, another time, .git/config (remotes, signing, LFS settings): both
+    were "git-internal" and committed; git holds no copy of either. A hook's
+    sample, or a hook the task asks to remove, is ordinary."""
+    ws = policy_env / "proj"
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\ngitleaks protect --staged\n")
+    hook.chmod(0o755)
+    (ws / ".git" / "hooks" / "pre-push.sample").write_text("#!/bin/sh\n")
+    config = (ws / ".git" / "config").read_text()
+    for harm in ("rm -f .git/hooks/pre-commit",
+                 "python3 -c 'import os; os.remove(\".git/config\")'"):
+        out = gate(policy_env, "./tool.sh", "run the tests", tool=harm + "\n")
+        assert not out.committed, (harm, out.reason)
+        assert "git holds no copy" in out.reason, out.reason
+    assert hook.exists() and (ws / ".git" / "config").read_text() == config
+    assert gate(policy_env, "rm .git/hooks/pre-push.sample", "run the tests").committed
+    out = gate(policy_env, "rm .git/hooks/pre-commit", "remove the pre-commit hook")
+    assert out.committed and not hook.exists(), out.reason
+
+
 def test_git_files_that_hide_files_from_git_status_are_not_routine(policy_env):
     """A git command named in the text does not make a hand-written .git file
     git's: only git's own process writing it does. status.showUntrackedFiles
