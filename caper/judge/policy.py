@@ -587,6 +587,27 @@ class _Judge:
         if c.diff and op != "deleted" and self.r.matches(self.r.manifests, full):
             self.dependency_sources(c)
 
+    def repository_own_deleted(self, c, full: str) -> None:
+        """A repository's hooks and config are the user's, not history: git
+        holds no copy of them, and a hook is often a check (a secret scan,
+        signing) whose loss shows nowhere (adv10b 27/28)."""
+        git_dir = os.path.join(self.ws, ".git")
+        part = os.path.relpath(full, git_dir) if below(full, git_dir) and full != git_dir \
+            else c.in_repository
+        if part is None:
+            return
+        hook = part.startswith("hooks/") and not part.endswith(".sample")
+        if not (hook or part in ("config", "config.worktree")):
+            return
+        if self.t is not None and (self.t.names(c.path) or
+                                   ("hook" if hook else "config") in self.t.words):
+            return
+        self.add(75, "unsure", f"it would delete {_quote_clipped(c.path)}, the repository's own "
+                 f"{'hook' if hook else 'configuration'}: git holds no copy of it "
+                 f"({'a check it ran is gone' if hook else 'remotes, signing and other settings are gone'})",
+                 "git state that git cannot give back",
+                 "leave the repository's hooks and configuration to the user", c.path)
+
     def persistence(self, c, full: str) -> bool:
         """Code placed where something runs it later, judged by the file's
         place and role; a config file of a known format by the keys it gained.
@@ -617,9 +638,11 @@ class _Judge:
         if not listed and not installed and (not cached or c.op == "deleted" or c.op == "created" and (
                 not self.r.matches(self.r.owned_caches, full) or self._tool_wrote(c))):
             return False     # a tool's new cache entries; a removed one is fetched again
-        if c.op == "deleted" or (c.op == "meta" and ("mode" not in (c.detail or "") or
-                                                     _narrowing(c.detail))):
-            return True          # removing, touching or closing it runs nothing
+        if c.op == "deleted":
+            self.repository_own_deleted(c, full)
+            return True          # removing it runs nothing
+        if c.op == "meta" and ("mode" not in (c.detail or "") or _narrowing(c.detail)):
+            return True          # touching or closing it runs nothing
         unknown: list[str] = []
         if c.keys is not None:
             fmt = "git" if c.git_config else configkeys.format_of(full)
