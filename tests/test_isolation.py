@@ -1501,8 +1501,9 @@ LOCKS = ("import errno, fcntl, os, struct, sys\n"
 
 @pytest.fixture
 def read_only_mount():
-    """A read-only tmpfs of the host's holding a file `lock` (root only); the
-    sandbox sees it through a read-only bind: the host's inode."""
+    """A read-only tmpfs of the host's holding a file `lock` and a FIFO `fifo`
+    (root only); the sandbox sees it through a read-only bind: the host's
+    inodes."""
     if os.geteuid() != 0:
         pytest.skip("mounting a read-only filesystem needs root")
     point = Path(tempfile.mkdtemp(prefix="caper-rolock-"))
@@ -1512,6 +1513,7 @@ def read_only_mount():
     try:
         (point / "lock").write_text("x\n")
         (point / "lock").chmod(0o644)
+        os.mkfifo(point / "fifo", 0o666)
         subprocess.run(["mount", "-o", "remount,ro", str(point)], check=True)
         yield point
     finally:
@@ -1574,6 +1576,63 @@ def test_a_lock_on_a_host_inode_is_refused_and_reported(read_only_mount, tmp_pat
     finally:
         os.close(holder)
         shutil.rmtree(base, ignore_errors=True)
+
+
+FIFO_PROBE = r"""
+import errno, os, sys
+for name, flags in (("write", os.O_WRONLY | os.O_NONBLOCK), ("read", os.O_RDONLY | os.O_NONBLOCK)):
+    try:
+        fd = os.open(sys.argv[1], flags)
+        print(name, "opened", os.write(fd, b"FROM-THE-SANDBOX") if name == "write" else os.read(fd, 64))
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+os.mkfifo("own")
+fd = os.open("own", os.O_RDWR)
+os.write(fd, b"x")
+print("own", os.read(fd, 1).decode())
+os.close(fd)
+os.unlink("own")
+"""
+
+
+@pytest.mark.parametrize("rootless", [False, True])
+def test_a_fifo_on_a_host_mount_is_not_opened(read_only_mount, rootless):
+    """adv12a 01: a FIFO seen through a read-only bind of a host mount is the
+    host's pipe: a blocked run wrote into a host reader's FIFO and read what a
+    host writer sent. Its open is refused (EACCES, reported as host_fifo),
+    and the host reader gets nothing; a FIFO the run makes in the workspace
+    (the overlay's own) works."""
+    import json
+    fifo = read_only_mount / "fifo"
+    reader = subprocess.Popen(["timeout", "60", "cat", str(fifo)], stdout=subprocess.PIPE)
+    base = Path(tempfile.mkdtemp(prefix="caper-rofifo-ws-"))
+    try:
+        base.chmod(0o755)
+        ws, state = base / "ws", base / "state"
+        for p in (ws, state):
+            p.mkdir()
+            if rootless:
+                os.chown(p, NOBODY, NOBODY)
+        (ws / "probe.py").write_text(FIFO_PROBE)
+        command = f"python3 probe.py {fifo}"
+        if rootless:
+            need_rootless_venv()
+            out = run_as_nobody(ws, command, "block", state)
+            text = out["stdout"]
+            refused = json.loads(out["report"])["processes"]["refused"]
+        else:
+            from caper.transaction import run
+            o = run(command, cwd=str(ws), workspace=str(ws), approver="block",
+                    state_dir=str(state), env={**os.environ, "HOME": str(state)})
+            text = o.stdout.text().decode()
+            refused = [r.model_dump() for r in o.report.processes.refused]
+        assert text.splitlines() == ["write EACCES", "read EACCES", "own x"], text
+        assert {(r["syscall"], r["reason"]) for r in refused} == {("openat", "host_fifo")}, refused
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))     # the reader's EOF
+        got = reader.communicate(timeout=30)[0]
+        shutil.rmtree(base, ignore_errors=True)
+    assert got == b""
 
 
 # A loopback TCP pair whose thread sends with MSG_ZEROCOPY: the tracer's send
