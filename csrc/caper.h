@@ -54,9 +54,13 @@ enum caper_refusal {
                                      shares with the host: a read-only bind of a host
                                      mount, a device node bound from the host's /dev
                                      (failed with ENOLCK) */
-    CAPER_REFUSE_USER_LIMIT  = 7  /* an inotify or fanotify instance past the run's share
+    CAPER_REFUSE_USER_LIMIT  = 7, /* an inotify or fanotify instance past the run's share
                                      of its user's (fs.inotify.max_user_instances ...,
                                      counted per user, host-wide): failed with EMFILE */
+    CAPER_REFUSE_HOST_FIFO   = 8  /* an open of a FIFO on a read-only mount: a bind of a
+                                     host mount, where the pipe is a host process's
+                                     (failed with EACCES; one reached by a rename race
+                                     after the check ends the run) */
 };
 
 /* Address families in network events (CAPER_EV_CONNECT/SENDTO/BIND.flags). */

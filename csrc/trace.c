@@ -716,6 +716,50 @@ static int host_lock(pid_t tid, int fd)
     return host;
 }
 
+/* Whether the tracer's descriptor fd is a FIFO on a read-only mount. The
+ * sandbox's writable places are its own overlays and tmpfs, where a FIFO is
+ * a pipe of the sandbox's; a read-only mount in it is a bind of a host
+ * mount (a read-only or held one, a top-level file rootless), where the
+ * pipe is the host's: its reader or writer a host process (adv12a 01). The
+ * sandbox's own read-only mounts (the stage, stand-ins) hold no FIFOs. A
+ * FIFO that cannot be looked at counts as one. */
+static int host_fifo(int fd)
+{
+    struct stat st;
+    struct statfs sfs;
+    if (fstat(fd, &st) < 0 || !S_ISFIFO(st.st_mode))
+        return 0;
+    return fstatfs(fd, &sfs) < 0 || (sfs.f_flags & ST_RDONLY);
+}
+
+/* What an open's name leads to at its stop, looked up in the sandbox's view
+ * as the kernel will (O_PATH: no FIFO opened, no driver run). */
+static int opens_host_fifo(struct proc *p, struct pending *pd)
+{
+    if (pd->ev.h.info & (CAPER_INFO_UNREADABLE | CAPER_INFO_TRUNCATED))
+        return 0;       /* the kernel answers EFAULT or ENAMETOOLONG */
+    int refused, fd = tracee_open(p->tid, pd->dirfd[0], pd->raw[0],
+                                  !(pd->ev.h.flags & O_NOFOLLOW), &refused);
+    if (fd < 0)
+        return 0;
+    int fifo = host_fifo(fd);
+    close(fd);
+    return fifo;
+}
+
+/* The descriptor an open returned (the tracee's, looked at through /proc). */
+static int opened_host_fifo(pid_t tid, int64_t rv)
+{
+    char at[64];
+    snprintf(at, sizeof at, "/proc/%d/fd/%d", (int)tid, (int)rv);
+    int fd = open(at, O_PATH | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    int fifo = host_fifo(fd);
+    close(fd);
+    return fifo;
+}
+
 /* A link or rename, done here, by the tracer, from its copy of the names
  * (names.c): the kernel never reads them again, so the event's names are
  * the ones used. The call itself is skipped and returns what this did. */
@@ -821,7 +865,8 @@ static int opened_credential(struct tracer *t, struct proc *p, struct pending *p
  * stays in its stop until it dies (the kernel skips a call whose caller is
  * killed at its seccomp stop, and an exit stop never returns to the process).
  * A child too new to be in the table dies at its first stop (trace_loop). */
-static void stop_run(struct tracer *t, struct proc *p, struct pending *pd, int64_t err)
+static void stop_run(struct tracer *t, struct proc *p, struct pending *pd, int64_t err,
+                     uint32_t end)
 {
     pd->ev.h.info |= CAPER_INFO_REFUSED;
     pd->ev.h.result = err;
@@ -832,7 +877,7 @@ static void stop_run(struct tracer *t, struct proc *p, struct pending *pd, int64
             if (q != p)
                 kill(q->tid, SIGKILL);
     kill(p->tid, SIGKILL);
-    kill_sandbox(t, CAPER_END_CREDENTIAL);
+    kill_sandbox(t, end);
 }
 
 static void on_seccomp(struct tracer *t, struct proc *p)
@@ -1005,8 +1050,12 @@ static void on_seccomp(struct tracer *t, struct proc *p)
         break;
     }
 
+    if (h->kind == CAPER_EV_OPEN && opens_host_fifo(p, pd)) {
+        refuse(t, p, &si, CAPER_REFUSE_HOST_FIFO, EACCES);
+        return;
+    }
     if (t->c->stop_at && reaches_credential(t, p, pd)) {
-        stop_run(t, p, pd, -EACCES);
+        stop_run(t, p, pd, -EACCES, CAPER_END_CREDENTIAL);
         return;
     }
     if (t->c->n_noise && !t->noise_off && !(t->c->flags & CAPER_F_KEEP_NOISE) &&
@@ -1157,11 +1206,19 @@ static void on_syscall_exit(struct tracer *t, struct proc *p)
             pd->ev.s[2] = pd->s[2];
         }
     }
+    if (pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 && opened_host_fifo(p->tid, rv)) {
+        /* A name changed after the stop's look (a rename race): the host's
+         * pipe is open, not yet returned; the descriptor dies with the run. */
+        pd->ev.h.kind = CAPER_EV_REFUSED;
+        pd->ev.h.flags = CAPER_REFUSE_HOST_FIFO;
+        stop_run(t, p, pd, -EACCES, CAPER_END_TRACE_FAILED);
+        return;
+    }
     if (t->c->stop_at && pd->ev.h.kind == CAPER_EV_OPEN && rv >= 0 &&
         ((pd->ev.h.flags & O_ACCMODE) != O_WRONLY || (pd->ev.h.flags & O_PATH)) &&
         opened_credential(t, p, pd)) {
         /* Opened, not yet returned: the descriptor dies with the process. */
-        stop_run(t, p, pd, rv);
+        stop_run(t, p, pd, rv, CAPER_END_CREDENTIAL);
         return;
     }
     if (pd->noise) {
@@ -1589,8 +1646,10 @@ int trace_loop(const struct caper_config *c, struct spawn *s, struct emitter *e,
         }
         if (!WIFSTOPPED(st))
             continue;
-        if (t.killed && (r->end == CAPER_END_CREDENTIAL || r->end == CAPER_END_EVENT_LIMIT)) {
-            /* Stopped at a credential, or past the event cap: nothing acts, or
+        if (t.killed && (r->end == CAPER_END_CREDENTIAL || r->end == CAPER_END_EVENT_LIMIT ||
+                         r->end == CAPER_END_TRACE_FAILED)) {
+            /* Stopped at a credential, past the event cap or where the tracer
+             * lost a race: nothing acts, or
              * costs caper an event, any more (init's death would reach the
              * others only after the kernel tore its namespace down). */
             kill(pid, SIGKILL);
