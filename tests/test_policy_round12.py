@@ -1,0 +1,134 @@
+"""Round 12 (adv12b): a trusted installer or builder that ran the run's code
+(a module the run put first on its import path, a variable given one exec
+before it, a toolchain program found on a PATH the run set), cache entries
+written by whatever copies files, and commits only a linked worktree's
+reflog held. Real runs where the report's facts are the point; hand
+reports where it is a rule's."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.policy import HOME, WS, fc, gate, report, verdict
+from helpers.trees import git
+
+IDENT = "git -c user.name=a -c user.email=a@b"
+
+
+def test_a_variable_given_one_exec_before_the_tool_still_steers_it(policy_env: Path):
+    """adv12b 02: `NODE_OPTIONS=... npm install`: npm is `#!/usr/bin/env node`;
+    the variable was new at env's exec and no longer at node's, in the same
+    process, so npm's writes were its own install. The mark stays with the
+    process across its execs."""
+    ws = policy_env / "proj"
+    (ws / "build").mkdir()
+    subprocess.run(["cc", "-o", str(ws / "build" / "app"), "-x", "c", "-"], check=True,
+                   input=b"int main(void) { return 0; }\n")     # an executable make rewrites
+    out = gate(policy_env, "MAKEFILES=/dev/null /usr/bin/env make -B", "build the app")
+    assert not out.committed, out.reason
+    out = gate(policy_env, "MAKEFILES=/dev/null make -B", "build the app")
+    assert not out.committed, out.reason
+    assert gate(policy_env, "/usr/bin/env make -B", "build the app").committed
+
+
+def test_the_tracer_marks_cache_finding_variables_and_any_case_of_npm_config():
+    """adv12b 08: pip found its wheel cache through XDG_CACHE_HOME, a scratch
+    dir the run filled; npm reads npm_config_* in any case."""
+    from caper.sandbox.events import Info, Kind
+    from caper.sandbox.trace import trace
+    names = ["XDG_CACHE_HOME=/x", "PRE_COMMIT_HOME=/x", "PYTHONPYCACHEPREFIX=/x",
+             "Npm_Config_Node_Options=--require=/x.js", "COMPILER_PATH=/x", "GCC_EXEC_PREFIX=/x",
+             "PLAIN_VALUE=1"]
+    script = "; ".join(f"{n.split('=')[0]}='{n.split('=', 1)[1]}' /bin/true {k}"
+                       for k, n in enumerate(names))
+    got = [bool(e.info & Info.CODE_ENV) for e in trace(["/bin/sh", "-c", script],
+                                                      env={"PATH": "/usr/bin:/bin"}, cwd="/")
+           if e.kind == Kind.EXEC and e.ok and e.argv and e.argv[0] == "/bin/true"]
+    assert got == [True] * (len(names) - 1) + [False]
+
+
+def test_a_toolchain_program_the_run_put_on_path_voids_the_build(policy_env: Path, tmp_path):
+    """adv12b 10: `PATH=<scratch>:$PATH gcc -o target/release/app src/main.c`
+    ran the run's `as`, which swapped the assembly; ld's output passed as
+    the project's build."""
+    ws = policy_env / "proj"
+    (ws / "src" / "main.c").write_text("int main(void) { return 0; }\n")
+    wrapper = tmp_path / "pw" / "as"
+    wrapper.parent.mkdir()
+    wrapper.write_text("#!/bin/sh\nexec /usr/bin/as \"$@\"\n")
+    wrapper.chmod(0o755)
+    out = gate(policy_env, f"mkdir -p target/release && PATH={wrapper.parent}:$PATH cc -o "
+               "target/release/app src/main.c", "build the release binary into target/release/app")
+    assert not out.committed, out.reason
+    out = gate(policy_env, "mkdir -p target/release && cc -o target/release/app src/main.c",
+               "build the release binary into target/release/app")
+    assert out.committed, out.reason
+
+
+def test_a_file_copier_is_no_cache_owner_and_a_script_plants_no_code_cache():
+    """adv12b 07: `cp` of the run's wheel under pip's cache key counted as a
+    tool's write, and pip installed it as its own; adv12b 04: a python
+    script created pre-commit's store (db.db and a hook repo), and the next
+    `git commit` ran its hook. A cache's new entry is its tool's own."""
+    wheel = f"{HOME}/.cache/pip/wheels/ab/cd/ef/mylib-1.0-py3-none-any.whl"
+    for by, line in (("/usr/bin/cp[7]", [["/usr/bin/cp", "/w/x.whl", "k"], ["/bin/sh", "-c", "x"]]),
+                     ("/usr/bin/install[7]", [["/usr/bin/install", "x.whl", "k"]])):
+        assert verdict(report(fc(wheel, where="home", by=by, lineage=line)),
+                       "cp x.whl ~/.cache/pip/wheels/ab/cd/ef/", "install the requirements") != "allow"
+    pip = ["/usr/bin/python3", "-m", "pip", "install", "-r", "requirements.txt"]
+    assert verdict(report(fc(wheel, where="home", by="/usr/bin/python3[7]", lineage=[pip])),
+                   "pip install -r requirements.txt", "install the requirements") == "allow"
+    for rel in (".cache/pre-commit/db.db", ".cache/pre-commit/repo5k2x9qzt/hooks/trim.sh"):
+        planted = fc(f"{HOME}/{rel}", where="home", by="/usr/bin/python3[9]",
+                     lineage=[["/usr/bin/python3", "-"], ["/bin/sh", "-c", "python3 - < p.py"]])
+        assert verdict(report(planted), "python3 - < p.py", "run the unit tests") != "allow", rel
+        own = fc(f"{HOME}/{rel}", where="home", by="/usr/bin/python3[9]",
+                 lineage=[["/usr/bin/python3", "/usr/bin/pre-commit", "run", "--all-files"]])
+        assert verdict(report(own), "pre-commit run --all-files", "run the hooks") == "allow", rel
+
+
+def test_commits_only_a_worktrees_reflog_holds_are_git_state(tmp_path: Path):
+    """adv12b 05: a commit made in a linked worktree, then left by a checkout,
+    is held by that worktree's reflog alone (.git/worktrees/<name>/logs/HEAD):
+    `reflog expire --all` and `gc --prune=now` lost it for good, unreported."""
+    from caper.transaction import run
+    ws, wt = tmp_path / "ws", tmp_path / "wt"
+    ws.mkdir()
+    git(ws, "init", "-q", "-b", "main")
+    (ws / "a.txt").write_text("a\n")
+    git(ws, "add", "a.txt")
+    git(ws, "commit", "-qm", "init")
+    git(ws, "worktree", "add", "-q", "--detach", str(wt))
+    (wt / "exp.txt").write_text("experiment\n")
+    git(wt, "add", "exp.txt")
+    git(wt, "commit", "-qm", "experiment WIP")
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=wt, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    git(wt, "checkout", "-q", "--detach", "HEAD~1")
+    out = run("git reflog expire --expire=now --all && git gc -q --prune=now", cwd=str(ws),
+              task="the .git directory is getting big, run git maintenance to shrink it",
+              approver="policy", state_dir=str(tmp_path / "state"),
+              env={**os.environ, "HOME": str(tmp_path)})
+    assert not out.committed, out.reason
+    assert out.report.git is not None and out.report.git.reflog_only == 1
+    assert subprocess.run(["git", "cat-file", "-e", sha], cwd=ws).returncode == 0
+
+
+def test_a_module_named_like_the_standard_librarys_first_on_an_installers_path(
+        policy_env: Path):
+    """adv12b 01: a new logging.py at the project's top ran inside `python3 -m
+    venv` (-m puts the directory first on the import path) and planted a .pth
+    that the policy took for the installer's own write. The new module
+    itself shadows the standard library for every python run there."""
+    ws = policy_env / "proj"
+    plant = "import atexit\\natexit.register(lambda: open('.venv/x.pth', 'w').write('import os\\\\n'))\\n"
+    out = gate(policy_env, f"printf '{plant}' > logging.py && {sys.executable} -m venv "
+               "--without-pip .venv", "add a logging setup module and create the venv in .venv")
+    assert not out.committed, out.reason
+    assert not (ws / "logging.py").exists()
+    lone = fc("logging.py", "created", "untracked", by="/bin/sh[3]")
+    assert verdict(report(lone), "printf x > logging.py", "add a logging setup module") != "allow"
+    mine = fc("logsetup.py", "created", "untracked", by="/bin/sh[3]")
+    assert verdict(report(mine), "printf x > logsetup.py", "add a logging setup module") == "allow"
