@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/file.h>
@@ -1260,7 +1261,7 @@ static const char *const code_names[] = {
     "NODE_PATH=", "JAVA_TOOL_OPTIONS=", "_JAVA_OPTIONS=", "JDK_JAVA_OPTIONS=", "CLASSPATH=",
     "GIT_SSH=", "GIT_SSH_COMMAND=", "GIT_EXEC_PATH=", "GIT_ASKPASS=", "SSH_ASKPASS=",
     "GIT_EXTERNAL_DIFF=", "GIT_PROXY_COMMAND=", "GIT_TEMPLATE_DIR=", "MAKEFILES=",
-    "RUSTC_WRAPPER=", "RUSTC=", "PIP_", "UV_", "npm_config_", "NPM_CONFIG_", "CARGO_",
+    "RUSTC_WRAPPER=", "RUSTC=", "PIP_", "UV_", "npm_config_", "CARGO_",
     /* where tools find their configuration (pip.conf, .npmrc, gitconfig): another
      * home is another index (adv11b 01) */
     "HOME=", "XDG_CONFIG_HOME=", "XDG_CONFIG_DIRS=", "XDG_DATA_HOME=", "POETRY_", "PIPENV_",
@@ -1275,12 +1276,19 @@ static const char *const code_names[] = {
     /* a CA bundle makes a fake index or registry look like the real one */
     "REQUESTS_CA_BUNDLE=", "SSL_CERT_", "CURL_CA_BUNDLE=", "NODE_EXTRA_CA_CERTS=",
     "NODE_TLS_REJECT_UNAUTHORIZED=", "GIT_SSL_",
+    /* where a cache of code is found (pip's wheels, pre-commit's hook repos,
+     * bytecode), and where gcc finds as, ld and cc1 (adv12b 08, 10) */
+    "XDG_CACHE_HOME=", "XDG_STATE_HOME=", "PRE_COMMIT_HOME=", "PYTHONPYCACHEPREFIX=",
+    "COMPILER_PATH=", "GCC_EXEC_PREFIX=", "LIBRARY_PATH=", "CPATH=", "C_INCLUDE_PATH=",
+    "CPLUS_INCLUDE_PATH=", "RUSTFLAGS=", "RUSTDOCFLAGS=",
 };
 
+/* In any case: npm reads npm_config_* so (adv12b 02), and a name marked
+ * that no program reads costs only a stricter judgment. */
 static int named(const char *entry, size_t len, const char *const *names, size_t count)
 {
     for (size_t k = 0; k < count; k++)
-        if (len >= strlen(names[k]) && memcmp(entry, names[k], strlen(names[k])) == 0)
+        if (len >= strlen(names[k]) && strncasecmp(entry, names[k], strlen(names[k])) == 0)
             return 1;
     return 0;
 }

@@ -810,7 +810,9 @@ class _Analysis:
         ancestor's when it forked the next, nearest first (a fork that did
         not exec runs its parent's image: named once); steered_by: the
         program that gave it a variable loading other code (Info.CODE_ENV),
-        the image its process ran before."""
+        the image its process ran before the first exec given one. The mark
+        stays across the process's later execs: `#!/usr/bin/env node` got
+        the variable at env's exec, and node's has it as env had (adv12b 02)."""
         out: list[tuple[str, list[str], tuple[str, list[str]] | None]] = []
         seen = set()
         while pid in self.procs and pid not in seen and len(out) < MAX_LINEAGE:
@@ -819,8 +821,9 @@ class _Analysis:
             own = next(((s, path, argv) for s, path, argv in reversed(p.execs) if s < seq), None)
             if own is not None:
                 s, path, argv = own
-                out.append((path, argv, (self.exe(pid, s) or ("?", [])) if s in self.code_env
-                            else None))
+                given = next((m for m, _, _ in p.execs if m <= s and m in self.code_env), None)
+                out.append((path, argv, (self.exe(pid, given) or ("?", []))
+                            if given is not None else None))
             if p.ppid is None:
                 break
             pid, seq = p.ppid, p.start_seq
