@@ -447,6 +447,12 @@ class _Judge:
             self.t.names(c.path) or _stem(c.path) in self.t.words))
         self.changed = {self.absolute(c.path) for c in changes}
         self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
+        # A compiler's own subprograms (as, ld, cc1) found on a PATH or
+        # COMPILER_PATH the run chose: any build's output is the run's then
+        # (adv12b 10: a wrapper `as` swapped the assembly under a real gcc).
+        self.planted_toolchain = sorted(
+            p for p in report.programs if os.path.isabs(p) and
+            os.path.basename(p) in self.r.builders | _TOOLCHAIN_PARTS and not self._unplanted(p))
         # git's own process changed something: what the git commands named did.
         self.git_ran = any(self._ran(c, {"git"}) for c in changes)
         for c in changes:
@@ -1055,7 +1061,7 @@ class _Judge:
         again, when no build tool started the compiler (under one, its
         directory is not known). A build tool told its rules on the command
         line or from such a file is no project's build either."""
-        if not self._ran(c, self.r.builders):
+        if not self._ran(c, self.r.builders) or self.planted_toolchain:
             return False
         lineage = [list(x) for x in c.lineage or ()]
         depth = 0
@@ -1816,6 +1822,9 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# Programs a compiler driver runs by name from its search path.
+_TOOLCHAIN_PARTS = frozenset({"cc1", "cc1plus", "cc1obj", "cpp", "lto1", "lto-wrapper", "as",
+                              "collect2", "ld", "f951", "go1", "rustc"})
 # Programs that run compilers from the project's rules: the directory a
 # compiler they start runs in is theirs, not the command's; the file of
 # rules they read is named by these options.

@@ -363,6 +363,9 @@ class Report(_Model):
     # the changes it flagged listed.
     _all_changes: list[FileChange] | None = PrivateAttr(default=None)
     _draft: "_Draft | None" = PrivateAttr(default=None)
+    # Every program the run exec'd (its path), for the policy: the card
+    # lists only the first execs.
+    _programs: list[str] | None = PrivateAttr(default=None)
     # Kinds of the credentials the run read (an open that succeeded, a link
     # or rename of one, a copy read back) or whose values it showed.
     _read_credentials: list[str] = PrivateAttr(default_factory=list)
@@ -401,6 +404,14 @@ class Report(_Model):
     def redacted_output(self, name: str) -> Output:
         """stdout or stderr as the report shows it: every secret redacted."""
         return self._redacted[name]
+
+    @property
+    def programs(self) -> list[str]:
+        """Every program the run exec'd (a report made by hand: its listed
+        execs' argv[0])."""
+        if self._programs is not None:
+            return self._programs
+        return [e.argv[0] for e in self.processes.execs if e.argv]
 
     @property
     def all_changes(self) -> list[FileChange]:
@@ -898,6 +909,8 @@ def _build(draft: "_Draft", pinned: frozenset[str]) -> Report:
     report._redacted = {name: h.released(getattr(draft.facts.result, name).omitted)
                         for name, h in draft.held.items()}
     report._all_changes = _full_changes(draft)
+    report._programs = sorted({path for p in draft.an.procs.values() for _, path, _ in p.execs
+                               if path})
     report._draft = draft
     report._late = draft.late
     report._read_credentials = sorted(
