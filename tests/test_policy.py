@@ -556,7 +556,7 @@ def test_auto_sends_the_unsure_to_the_llm_with_the_flagged_changes(tmp_path):
 
 def test_an_existing_file_in_a_code_cache_is_persistence():
     """Caches whose code later builds and hooks run: a changed entry is
-    persistence, a new one the installer's job."""
+    persistence, a new one the installer's own process's job."""
     src = "~/.cargo/registry/src/index.crates.io-6f17d22bba15001f/serde-1.0.200/src/lib.rs"
     hook = "~/.cache/pre-commit/repo8x2k1/hooks/check.py"
     wheel = "~/.cache/pip/wheels/ab/cd/x-1.0-py3-none-any.whl"
@@ -564,14 +564,15 @@ def test_an_existing_file_in_a_code_cache_is_persistence():
         assert verdict(report(fc(p, "modified", "cache")), "./run-tests.sh", "run the tests") \
             == "block", p
         new = fc(p, "created", "cache")
-        if p in (src, wheel, "~/.local/share/virtualenvs/app-1a2b/bin/activate"):
-            # a package manager's store: new entries are its own process's only
-            # (adv8b 24: a run planted extracted crate sources cargo then compiled;
-            # adv10b 07: a wheel under pip's key for a vendored sdist)
-            assert verdict(report(new), "cargo build", "build it") == "block", p
-            new = new.model_copy(update={"lineage": {
-                src: [["/usr/bin/cargo", "build"]], wheel: [["/usr/bin/python3", "-m", "pip"]]}.get(
-                    p, [["/usr/bin/python3", "-m", "virtualenv"]])})
+        # a package manager's store: new entries are its own process's only
+        # (adv8b 24: a run planted extracted crate sources cargo then compiled;
+        # adv10b 07: a wheel under pip's key for a vendored sdist; adv12b 04:
+        # a script's hook repository in pre-commit's store)
+        assert verdict(report(new), "cargo build", "build it") == "block", p
+        new = new.model_copy(update={"lineage": {
+            src: [["/usr/bin/cargo", "build"]], wheel: [["/usr/bin/python3", "-m", "pip"]],
+            hook: [["/usr/bin/python3", "/usr/bin/pre-commit", "run"]]}.get(
+                p, [["/usr/bin/python3", "-m", "virtualenv"]])})
         assert verdict(report(new), "cargo build", "build it") == "allow", p
     # pre-commit's store and pip's http cache hold no code but say where it
     # comes from (round 4): unsure, not harmless data
@@ -1108,10 +1109,11 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
         assert verdict(report(fc(p, "modified", where)), "./run-tests.sh",
                        "run the tests") == "block", p
         # a new entry of a cache is its tool's; one of the project's
-        # environments (what interpreters and npm load by themselves), only an
+        # environments (what interpreters and npm load by themselves), or of
+        # a store a package manager picks by key (Maven's), only an
         # installer's
         installed = p.startswith((".venv/", "node_modules/", "~/.cache/node/corepack/",
-                                  "~/.cargo/git/"))
+                                  "~/.cargo/git/", "~/.m2/repository/"))
         assert verdict(report(fc(p, "created", where)), "./run-tests.sh", "run the tests") \
             == ("block" if installed else "allow"), p
     # the installer itself wrote it, in the project's own environment

@@ -132,7 +132,7 @@ def test_bytecode_of_code_that_runs_later_is_persistence(tmp_path: Path):
 def test_cache_indexes_that_say_where_code_comes_from_are_unsure_when_changed(tmp_path: Path):
     """pip's http cache, uv's cached index and pre-commit's store decide what
     code later installs and hooks run: an entry that was there, changed, is
-    unsure; a new one is the installer's."""
+    unsure; a new one is the installer's own process's."""
     _project(tmp_path)
     home = tmp_path / "home"
     for rel in (".cache/pip/http-v2/4/2/a/42abc.body", ".cache/uv/simple-v14/pypi/requests.rkyv",
@@ -143,10 +143,16 @@ def test_cache_indexes_that_say_where_code_comes_from_are_unsure_when_changed(tm
         rec.write("~/" + rel, "redirected\n")
         d, _ = judged(rec.facts("./tool.sh"), TASK, raw=True)
         assert d.decision == "unsure", (rel, d.reason)
-        rec = Recording(tmp_path / f"new-{rel.replace('/', '_')}", tmp_path / "ws", home)
-        rec.write("~/" + rel + ".new", "fetched\n")
-        d, _ = judged(rec.facts("pip install requests"), TASK, raw=True)
-        assert d.decision == "allow", (rel, d.reason)
+        # a new one is the installer's own process's; a script's is not (adv12b 04)
+        for argv, decision in (((sys.executable, "-m", "pip", "install", "requests"), "allow"),
+                               (("/usr/bin/cp", "x", "y"), "unsure")):
+            rec = Recording(tmp_path / f"new-{rel.replace('/', '_')}-{decision}", tmp_path / "ws",
+                            home)
+            fresh = "~/" + rel + ("-journal" if rel.endswith("db.db") else ".new")
+            rec.wrote(rec.program(*argv), fresh)
+            rec.write(fresh, "fetched\n")
+            d, _ = judged(rec.facts("pip install requests"), TASK, raw=True)
+            assert d.decision == decision, (rel, argv, d.reason)
 
 
 def test_a_run_that_plants_bytecode_is_not_committed(policy_env: Path):

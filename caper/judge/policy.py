@@ -82,6 +82,7 @@ class Rules:
             + _own_config_globs(own_config, xdg_config, data["persistence"])
             + [d.rstrip("/") + "/**" for d in hook_dirs]) + [
             re.compile(re.escape(p) + r"\Z") for p in agent_programs]
+        self.owned_caches = self._globs(data["owned_caches"])
         self.code_caches = self._globs(data["code_caches"])
         self.cache_data = self._globs(data["cache_data"])
         self.cache_indexes = self._globs(data["cache_indexes"])
@@ -118,7 +119,6 @@ class Rules:
         self.plain_programs = set(data["git_plain_programs"]["programs"])
         self.plain_pagers = set(data["git_plain_programs"]["pagers"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
-        self.owned_caches = self._globs(data["owned_caches"])
         self.convention_code = self._globs(data["convention_code"])
         self.env_setters = frozenset(data["env_setters"])
         self.tool_code_keys = list(data["tool_code"]["keys"])
@@ -626,7 +626,7 @@ class _Judge:
             self._persistent_place("/r/.git/" + c.in_repository)
         listed = self._persistent_place(full) or bool(c.git_config) or nested  # git includes it
         if not listed and self.r.matches(self.r.cache_indexes, full):
-            if c.op not in ("created", "deleted"):
+            if c.op != "deleted" and (c.op != "created" or not self._tool_wrote(c)):
                 self.add(60, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, an index "
                          "that decides what code a cache hands out later (a redirected entry "
                          "runs other code at the next install or hook)",
@@ -1126,8 +1126,9 @@ class _Judge:
     def _tool_wrote(self, c) -> bool:
         """The writer is an installed program's own process (pip, pre-commit,
         gradle), not the command's code: a shell's, `env`'s, an interpreter's
-        -c, or a script the project or the run holds (adv10b 07: a script's
-        wheel under pip's cache key for a vendored sdist)."""
+        -c, a script the project or the run holds (adv10b 07: a script's
+        wheel under pip's cache key for a vendored sdist), or a program that
+        writes whatever it is given (adv12b 07: `cp` of the run's wheel)."""
         if c.lineage:
             exe, *args = c.lineage[0]
         elif c.by and c.by.endswith("]"):
@@ -1140,7 +1141,7 @@ class _Judge:
             return False
         if name in _SHELLS or _INTERPRETER.match(name):
             return self._interpreted(args, anywhere=False) is not None
-        return True
+        return name not in _FILE_TOOLS
 
     def _steered(self, c, depth: int) -> bool:
         """The lineage's program at depth runs code the command chose
@@ -1895,6 +1896,14 @@ _CONFIG_WORDS = frozenset({"config", "configuration", "configure", "lint", "lint
                            "formatter", "bundler"})
 _TEST_DIRS = frozenset({"tests", "test", "testing", "spec", "specs", "__tests__"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "busybox", "ash"})
+# Programs that write what their arguments or input say: their output is the
+# command's, whichever installed binary copies it.
+_FILE_TOOLS = frozenset({"cp", "mv", "install", "ln", "tar", "bsdtar", "unzip", "7z", "7za",
+                         "cpio", "pax", "rsync", "scp", "dd", "tee", "cat", "sed", "awk", "gawk",
+                         "mawk", "perl", "php", "lua", "tclsh", "patch", "curl", "wget", "gzip",
+                         "gunzip", "zcat", "xz", "unxz", "zstd", "bzip2", "bunzip2", "base64",
+                         "xxd", "openssl", "truncate", "split", "csplit", "head", "tail", "sort",
+                         "tr", "cut", "printf", "echo", "touch", "sqlite3"})
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
 _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
 # A path where a manifest names a package: after file:, or a token of its own
