@@ -167,8 +167,9 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
     stash_log = os.path.join(git_dir, "logs", "refs", "stash")
     ref_changes = [c for c in changes if below(c.path, refs_dir) or c.path == packed_path]
     stash_changed = any(below(stash_log, c.path) for c in changes)
-    logs = os.path.join(git_dir, "logs")
-    log_changes = [c for c in changes if below(c.path, logs) and not below(c.path, stash_log)]
+    log_dirs = _log_dirs(git_dir)
+    log_changes = [c for c in changes if any(below(c.path, d) for d in log_dirs)
+                   and not below(c.path, stash_log)]
     restored = [c.path for c in changes if c.path in tracked and c.kind == "modified"
                 and c.ftype == "file"][:MAX_FILES]
     index = os.path.join(git_dir, "index")
@@ -247,6 +248,24 @@ def _commits(repo: _Repo, ref_changes: list, loss: Loss) -> list[str]:
     return tips
 
 
+def _worktree_dirs(git_dir: str) -> list[str]:
+    """The linked worktrees' own directories (.git/worktrees/<name>)."""
+    top = os.path.join(git_dir, "worktrees")
+    try:
+        return sorted(os.path.join(top, n) for n in os.listdir(top)
+                      if os.path.isdir(os.path.join(top, n)))
+    except OSError:
+        return []
+
+
+def _log_dirs(git_dir: str) -> list[str]:
+    """Where the repository's reflogs are: .git/logs, and each linked
+    worktree's own HEAD log (adv12b 05: a commit made there and left by a
+    checkout is held by that log alone)."""
+    return [os.path.join(git_dir, "logs")] + [os.path.join(d, "logs")
+                                               for d in _worktree_dirs(git_dir)]
+
+
 def _reflog_shas(data: bytes) -> set[str]:
     """The commits a reflog's entries name ("old new ident\tmessage")."""
     out = set()
@@ -263,7 +282,7 @@ def _reflog(repo: _Repo, log_changes: list, loss: Loss) -> None:
     run's reflogs no longer naming them (`reflog expire`, a deleted log)
     loses them; the next gc prunes their objects. The stash's reflog is the
     stashes' own count; a log too big to read is taken as unchanged."""
-    logs, stash = os.path.join(repo.git_dir, "logs"), os.path.join(repo.git_dir, "logs", "refs", "stash")
+    stash = os.path.join(repo.git_dir, "logs", "refs", "stash")
     gone = [c.path for c in log_changes if c.kind == "deleted"]
     written = {c.path for c in log_changes if c.kind != "deleted" and c.ftype == "file"}
 
@@ -273,7 +292,8 @@ def _reflog(repo: _Repo, log_changes: list, loss: Loss) -> None:
             return old if new is None else new
         return b"" if any(below(p, g) for g in gone) else old
 
-    host = [os.path.join(d, n) for d, _, names in os.walk(logs) for n in names
+    host = [os.path.join(d, n) for logs in _log_dirs(repo.git_dir)
+            for d, _, names in os.walk(logs) for n in names
             if not below(os.path.join(d, n), stash)]
     touched = [p for p in host if p in written or any(below(p, g) for g in gone)]
     dropped = set()
@@ -291,8 +311,9 @@ def _reflog(repo: _Repo, log_changes: list, loss: Loss) -> None:
         return      # each still named by another log
     before = after | dropped
     tips = repo.git("for-each-ref", "--format=%(objectname)").split()
-    head = _sha(_read(os.path.join(repo.git_dir, "HEAD")))
-    not_refs = b"".join(b"^" + t + b"\n" for t in tips + ([head.encode()] if head else []))
+    heads = [h.encode() for h in (_sha(_read(os.path.join(d, "HEAD")))
+                                  for d in [repo.git_dir, *_worktree_dirs(repo.git_dir)]) if h]
+    not_refs = b"".join(b"^" + t + b"\n" for t in tips + heads)
     types = repo.git("cat-file", "--batch-check=%(objectname) %(objecttype)",
                      stdin="\n".join(sorted(before)).encode() + b"\n")
     commits = {ln.split()[0].decode() for ln in types.splitlines() if ln.endswith(b" commit")}
