@@ -123,6 +123,7 @@ class Rules:
         self.env_setters = frozenset(data["env_setters"])
         self.tool_code_keys = list(data["tool_code"]["keys"])
         self.tool_code_scripts = self._globs(data["tool_code"]["scripts"])
+        self.tool_code_data_keys = list(data["tool_code"]["data_keys"])
         self.spawn_markers = tuple(data["tool_code"]["spawn_markers"])
         self.git_declarable = set(data["git_declares"].pop("config", []))
         self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
@@ -559,8 +560,9 @@ class _Judge:
         if where in ("untracked", "ignored") and not persists:
             self.built(c, full, where)
             self.shadowing(c, full, where)
-        if where in ("tracked", "untracked", "ignored") and not persists and op != "deleted":
-            self.tool_code(c, full)
+        if where in ("tracked", "untracked", "ignored") and op != "deleted" and (
+                not persists or configkeys.format_of(full) == "package"):
+            self.tool_code(c, full)     # package.json: its tools' keys, beside npm's scripts
         if op == "created" and where in ("untracked", "ignored") and \
                 self.r.matches(self.r.convention_code, full):
             self.add(86, "unsure" if self.task_says("persistence") or self.t is not None and
@@ -744,10 +746,17 @@ class _Judge:
         extensions run these tools when a file is opened (adv10b 05)."""
         name = os.path.basename(full)
         risky: list[str] = []
-        if c.keys is not None and configkeys.format_of(full) in ("ini", "toml"):
+        fmt = configkeys.format_of(full)
+        if c.keys is not None and fmt in ("ini", "toml"):
             risky = [k for k in c.keys if any(fnmatch.fnmatchcase(k.partition("=")[0], g)
                                               for g in self.r.tool_code_keys)
                      or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)]
+        elif c.keys is not None and fmt in ("json", "yaml", "package"):
+            # a plugin or parser named by its path: the project's file, run
+            # by the tool (adv12b 06, 11); by a package's name, a dependency
+            risky = [k for k in c.keys if any(fnmatch.fnmatchcase(k.partition("=")[0], g)
+                                              for g in self.r.tool_code_data_keys)
+                     and _CODE_PATH.search(k.partition("=")[2])]
         elif self.r.matches(self.r.tool_code_scripts, full):
             # a script config is code whatever words it avoids (adv10b 23):
             # one the task does not speak of is unsure; one it asks for, by
@@ -1835,6 +1844,9 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# A value naming a file: relative or absolute, or with a script's suffix.
+_CODE_PATH = re.compile(r"(?:^|[\s\[\('\",:=])(?:\.{1,2}/|/|~/)|\.(?:[cm]?[jt]s|jsx|tsx|py)\b")
+
 # Standard library modules no program imports by itself: a project's own
 # test.py is no shadow.
 _STDLIB_UNIMPORTED = frozenset({"test", "this", "antigravity", "idlelib", "turtledemo"})

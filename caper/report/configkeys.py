@@ -29,11 +29,19 @@ MAX_INCLUDED = 16        # git config files followed through include.path
 # plugins or run code (pylint's init-hook), which editors run on open.
 _TOOL_INI = frozenset({"pylintrc", ".pylintrc", ".coveragerc", "mypy.ini", ".mypy.ini",
                        "setup.cfg", "tox.ini", "pytest.ini", ".flake8"})
+# JavaScript tools' data configs: their values may name a plugin, parser or
+# preset file the tool loads (adv12b 06, 11).
+_TOOL_JSON = frozenset({".prettierrc", ".prettierrc.json", ".eslintrc", ".eslintrc.json",
+                        ".babelrc", ".babelrc.json", ".stylelintrc", ".stylelintrc.json",
+                        ".mocharc.json", ".swcrc", "tsconfig.json", "jsconfig.json"})
+_TOOL_YAML = frozenset({".prettierrc.yaml", ".prettierrc.yml", ".eslintrc.yaml",
+                        ".eslintrc.yml", ".stylelintrc.yaml", ".stylelintrc.yml",
+                        ".mocharc.yaml", ".mocharc.yml"})
 
 
 def format_of(path: str) -> str | None:
-    """git | npmrc | ini | toml | yaml | vscode | vscode-tasks | package | pth, or None for a
-    file of no known role."""
+    """git | npmrc | ini | toml | yaml | json | vscode | vscode-tasks | package | pth, or None
+    for a file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
     if name in ("config", "config.worktree") and ".git" in parts[:-1]:
@@ -45,12 +53,14 @@ def format_of(path: str) -> str | None:
         return "npmrc"
     if name in ("pip.conf", "pip.ini") or name in _TOOL_INI:
         return "ini"
-    if name == "pyproject.toml":
+    if name in ("pyproject.toml", "Cargo.toml"):
         return "toml"
     if parent == ".cargo" and name in ("config", "config.toml"):
         return "toml"
-    if name == ".yarnrc.yml":
+    if name == ".yarnrc.yml" or name in _TOOL_YAML:
         return "yaml"
+    if name in _TOOL_JSON:
+        return "json"
     if name == "settings.json" and parent == ".vscode":
         return "vscode"
     if name == "tasks.json" and parent == ".vscode":
@@ -121,7 +131,7 @@ def _pairs(fmt: str, data: bytes, workspace: str | None) -> set[tuple[str, str]]
         if fmt == "git":
             return _git(data, workspace)
         return {"npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
-                "vscode": _json, "package": _json, "vscode-tasks": _vscode_tasks,
+                "vscode": _json, "package": _json, "json": _json, "vscode-tasks": _vscode_tasks,
                 "pth": _pth}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
