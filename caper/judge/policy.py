@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import stat
 import sys
 import tomllib
@@ -768,6 +769,14 @@ class _Judge:
                      if line.startswith("+") and any(m in line for m in self.r.spawn_markers)]
             if not asked and not risky:
                 risky = ["code the task does not ask for"]
+        shadows = [n for k in c.keys or () for n in _entry_point_names(k)
+                   if shutil.which(n, path=_SYSTEM_PATH)]
+        if shadows:
+            self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)} with an "
+                     f"entry point named {', '.join(map(_quote_clipped, shadows[:3]))}, a command "
+                     "on PATH: once installed, the environment's script runs in its place",
+                     "PATH shadows: a program run in place of another",
+                     "give the entry point a name of its own", c.path)
         if not risky:
             return
         self.add(62, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)} with "
@@ -1844,6 +1853,24 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# Where the commands an environment's script would shadow are (not the
+# caller's PATH: the judgment is the same everywhere).
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ENTRY_POINT_KEYS = ("project.scripts.", "project.gui-scripts.", "tool.poetry.scripts.")
+
+
+def _entry_point_names(key: str) -> list[str]:
+    """The script names a changed config key declares (pyproject's
+    [project.scripts], Poetry's, setup.cfg's console_scripts)."""
+    name, _, value = key.partition("=")
+    for prefix in _ENTRY_POINT_KEYS:
+        if name.startswith(prefix) and "." not in name[len(prefix):]:
+            return [name[len(prefix):]]
+    if name in ("options.entry_points.console_scripts", "options.entry_points.gui_scripts"):
+        return re.findall(r"([\w.+-]+)\s*=\s*[\w.]+\s*:", value)
+    return []
+
+
 # A value naming a file: relative or absolute, or with a script's suffix.
 _CODE_PATH = re.compile(r"(?:^|[\s\[\('\",:=])(?:\.{1,2}/|/|~/)|\.(?:[cm]?[jt]s|jsx|tsx|py)\b")
 
