@@ -1029,10 +1029,10 @@ class _Judge:
             self.add(91, "block", f"it would delete {_quote_clipped(path)}, objects of the repository's "
                      "history, without git", "the repository's history",
                      "let git prune its own objects (git gc)", path)
-        elif not routine and not self._ran(c, {"git"}) and \
+        elif not routine and not (self._ran(c, {"git"}) and not _git_told_where(c)) and \
                 not (op == "meta" and "mode" not in (c.detail or "")):
             self.add(60, "unsure", f"it would {_verb(op)} {_quote_clipped(path)} inside .git without "
-                     "running git", "the repository's internals", path=path)
+                     "running git for it", "the repository's internals", path=path)
 
     def _task_allows_delete(self, path: str) -> bool:
         # No task known is the strictest case: nothing is deleted on the command's word
@@ -1853,6 +1853,21 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+def _git_told_where(c) -> bool:
+    """git wrote the file it was told to, with text the run chose: an
+    output option (`log --output=`, `format-patch -o`, `archive -o`,
+    `bundle create`) or `config -f` (adv10b 17: into .git/info/exclude)."""
+    if not c.lineage:
+        return False
+    words = c.lineage[0][1:]
+    sub = next((w for prev, w in zip([""] + words, words)
+                if not w.startswith("-") and prev not in ("-c", "-C")), "")
+    return any(w == "--output" or w.startswith(("--output=", "--output-directory")) for w in words) \
+        or sub in ("format-patch", "archive") and any(w == "-o" or w.startswith("-o") for w in words) \
+        or sub == "bundle" or sub == "config" and any(
+            w in ("-f", "--file") or w.startswith("--file=") for w in words)
+
+
 # Where the commands an environment's script would shadow are (not the
 # caller's PATH: the judgment is the same everywhere).
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
