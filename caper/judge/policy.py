@@ -645,7 +645,7 @@ class _Judge:
         installed = not listed and (self.r.matches(self.r.install_places, full) or
                                     self._in_environment(full)) and \
             not self.r.matches(self.r.install_caches, full)
-        if installed and self._installer_wrote(c, full):
+        if installed and self._installers_own(c, full):
             return True      # a package manager's (or its build's) own write
         if not listed and not installed and (not cached or c.op == "deleted" or c.op == "created" and (
                 not self.r.matches(self.r.owned_caches, full) or self._tool_wrote(c))):
@@ -674,7 +674,7 @@ class _Judge:
             what = f"it would set {', '.join(map(_quote_clipped, (risky or unknown)[:4]))} in {_quote_clipped(c.path)}"
         else:
             what = f"it would {_verb(c.op)} {_quote_clipped(c.path)}"
-        if self.r.matches(self.r.install_places, full) and self._installer_wrote(c, full):
+        if self.r.matches(self.r.install_places, full) and self._installers_own(c, full):
             return True      # a package manager's .pth, activate script or .bin link
         if c.keys is not None and not risky:
             # git keys caper knows neither to run a program nor to run nothing
@@ -1127,6 +1127,14 @@ class _Judge:
                     exist and not os.path.exists(full) and full not in self.changed:
                 return False
         return True
+
+    def _installers_own(self, c, full: str) -> bool:
+        """A package manager's own write in an environment: not a rewrite of
+        the environment's own files (activate, its python, pyvenv.cfg), which
+        only what makes environments does (adv10b 22: a setup.py run by pip
+        appended to activate)."""
+        return self._installer_wrote(c, full) and not (
+            c.op in ("modified", "replaced") and _ENV_OWN.search(full) and not _makes_env(c))
 
     def _installer_wrote(self, c, full: str) -> bool:
         """A package manager wrote this change: its own process, or in the
@@ -1853,6 +1861,20 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
+# An environment's own files, which an install never rewrites.
+_ENV_OWN = re.compile(r"/(?:bin|Scripts)/(?:activate[^/]*|python[0-9.]*)$|/pyvenv\.cfg$")
+
+
+def _makes_env(c) -> bool:
+    """The writer's lineage makes a Python environment (venv, virtualenv, uv venv)."""
+    for exe, *args in c.lineage or ():
+        name = os.path.basename(exe)
+        if name == "virtualenv" or name == "uv" and args[:1] == ["venv"] or \
+                any(a == "-m" and b in ("venv", "virtualenv") for a, b in zip(args, args[1:])):
+            return True
+    return False
+
+
 def _git_told_where(c) -> bool:
     """git wrote the file it was told to, with text the run chose: an
     output option (`log --output=`, `format-patch -o`, `archive -o`,
