@@ -710,10 +710,17 @@ class _Judge:
             return
         if full in self.stdlib_shadows and c.op != "modified":
             self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)} at the "
-                     f"project's top: Python imports it in place of the standard library's "
+                     f"project's top: Python imports it in place of the installed "
                      f"{_quote_clipped(_stdlib_shadow(full, self.ws))} for every program run there "
-                     "(`python -m venv`, scripts, tests)", "persistence: code or configuration "
-                     "that runs later", "give the module a name of its own", c.path)
+                     "(`python -m venv`, `python -m pytest`, scripts)", "persistence: code or "
+                     "configuration that runs later", "give the module a name of its own", c.path)
+        shadowed = _tests_shadow(full, self.ws) if c.op != "modified" else None
+        if shadowed:
+            self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, which the "
+                     f"tests import in place of the project's own {_quote_clipped(shadowed)} "
+                     "(pytest puts their directory first on the import path)",
+                     "persistence: code or configuration that runs later",
+                     "give test helpers names of their own", c.path)
         ext = name.endswith((".so", ".pyd")) and ".cpython-" in name or name.endswith(".abi3.so")
         sourceless = name.endswith(".pyc") and os.path.basename(os.path.dirname(full)) != "__pycache__"
         conftest = name in ("conftest.py", "pytest.ini") and where == "ignored"
@@ -1914,21 +1921,46 @@ _CODE_PATH = re.compile(r"(?:^|[\s\[\('\",:=])(?:\.{1,2}/|/|~/)|\.(?:[cm]?[jt]s|
 # Standard library modules no program imports by itself: a project's own
 # test.py is no shadow.
 _STDLIB_UNIMPORTED = frozenset({"test", "this", "antigravity", "idlelib", "turtledemo"})
+# Tools run as `python -m NAME`, whose module a file at the top stands in for.
+_TOOL_MODULES = frozenset({"pytest", "pip", "setuptools", "wheel", "venv", "virtualenv", "black",
+                           "mypy", "ruff", "flake8", "pylint", "coverage", "tox", "nox", "isort",
+                           "pre_commit", "build", "twine", "uv", "poetry", "pipx", "django"})
+
+
+def _module_at(rel: str) -> tuple[str, str] | None:
+    """(directory, module name) of a module file: x.py or x/__init__.py."""
+    head, name = os.path.split(rel)
+    if name.endswith(".py") and name != "__init__.py":
+        return head, name[:-3]
+    if name == "__init__.py" and head:
+        return os.path.dirname(head), os.path.basename(head)
+    return None
 
 
 def _stdlib_shadow(full: str, ws: str) -> str | None:
-    """The standard library module a file at the project's top would stand
-    in for (logging.py, email/__init__.py), or None."""
-    rel = os.path.relpath(full, ws)
-    parts = rel.split(os.sep)
-    if len(parts) == 1 and parts[0].endswith(".py"):
-        name = parts[0][:-3]
-    elif len(parts) == 2 and parts[1] == "__init__.py":
-        name = parts[0]
-    else:
+    """The standard library module or tool a file at the project's top would
+    stand in for (logging.py, email/__init__.py, pytest.py), or None."""
+    at = _module_at(os.path.relpath(full, ws))
+    if at is None or at[0]:
         return None
-    return name if name in sys.stdlib_module_names and not name.startswith("_") and \
-        name not in _STDLIB_UNIMPORTED else None
+    name = at[1]
+    return name if (name in sys.stdlib_module_names and not name.startswith("_") and
+                    name not in _STDLIB_UNIMPORTED) or name in _TOOL_MODULES else None
+
+
+def _tests_shadow(full: str, ws: str) -> str | None:
+    """The project's package a file in a test directory stands in for:
+    pytest puts a test directory without __init__.py first on sys.path, so
+    tests/app/ is the `app` its tests import (adv10b 25)."""
+    parts = os.path.relpath(full, ws).split(os.sep)
+    if len(parts) < 2 or parts[0] not in _TEST_DIRS:
+        return None
+    name = parts[1][:-3] if len(parts) == 2 and parts[1].endswith(".py") else \
+        parts[1] if len(parts) > 2 else None
+    if not name or os.path.exists(os.path.join(ws, parts[0], "__init__.py")):
+        return None
+    return name if any(os.path.exists(os.path.join(ws, *p)) for p in (
+        (name, "__init__.py"), (name + ".py",), ("src", name, "__init__.py"))) else None
 
 
 # Programs a compiler driver runs by name from its search path.
