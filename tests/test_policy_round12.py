@@ -241,3 +241,24 @@ def test_modules_that_stand_in_for_the_projects_package_or_a_tool_are_shadows(tm
     for rel in ("tests/test_core.py", "tests/helpers.py", "tests/fixtures/__init__.py"):
         change = fc(rel, "created", "untracked", by="/bin/sh[3]")
         assert verdict(report(change, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "allow", rel
+
+
+def test_uncommitted_lines_cut_from_a_tracked_file_are_lost_work(policy_env: Path):
+    """adv10b 18: 40 uncommitted lines of a tracked file cut to 5: git can
+    give the committed version back, never those lines. Editing some of
+    them, or the task naming the file, is ordinary."""
+    ws = policy_env / "proj"
+    src = ws / "src" / "m1.c"
+    wip = "".join(f"/* wip {i}: the new parser, not committed yet */\n" for i in range(40))
+    src.write_text(src.read_text() + wip)
+    before = src.read_text()
+    keep = ("python3 -c 'l = open(\"src/m1.c\").read().splitlines(); "
+            "open(\"src/m1.c\", \"w\").write(\"\\n\".join(l[:13]) + \"\\n\")'")
+    out = gate(policy_env, keep, "run the tests")
+    assert not out.committed and "uncommitted" in out.reason, out.reason
+    assert out.report.git is not None and out.report.git.uncommitted_cut
+    assert src.read_text() == before
+    out = gate(policy_env, "sed -i '/wip 3:/d' src/m1.c", "run the tests")
+    assert out.committed, out.reason
+    out = gate(policy_env, keep, "drop the wip comments from src/m1.c")
+    assert out.committed, out.reason
