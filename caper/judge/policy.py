@@ -1713,6 +1713,12 @@ class _Judge:
                      "release names the commit it was, and an annotated tag's message and "
                      "signature are on no ref then", "git tags the task does not name",
                      "name the tags in the task")
+        cut = [p for p in g.uncommitted_cut if not (self.t is not None and self.t.names(p))]
+        if cut:
+            self.add(88, "unsure", f"it would cut most of the uncommitted lines of "
+                     f"{', '.join(map(_quote_clipped, cut[:4]))}: work git holds no copy of",
+                     "git state that git cannot give back",
+                     "commit or stash the changes first, or name the file in the task", cut[0])
         if g.uncommitted and not (rewrites and discard):
             self.add(90, "unsure" if rewrites else "block",
                      f"it would throw away uncommitted changes to "

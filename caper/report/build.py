@@ -238,6 +238,7 @@ class GitLoss(_Model):
     added: list[str] = []            # commits the run put on refs: "ref: sha subject (files)"
     tags: list[str] = []             # tags deleted or moved: "v1.0 moved", "v0.9 deleted"
     staged: list[str] = []           # tracked files staged with content no file or commit holds
+    uncommitted_cut: list[str] = []  # tracked files that lost most of their uncommitted lines
 
 
 class Aggregate(_Model):
@@ -1342,6 +1343,7 @@ def _git_shown(g: GitLoss, path, clean, commits: int) -> GitLoss:
         "uncommitted": [path(p) for p in g.uncommitted[:8]],
         "hidden": [path(p) for p in g.hidden[:8]],
         "staged": [path(p) for p in g.staged[:8]],
+        "uncommitted_cut": [path(p) for p in g.uncommitted_cut[:8]],
         "added": [clean(a) for a in g.added[:commits]],
         "index_unreadable": clean(g.index_unreadable) if g.index_unreadable else None})
 
@@ -1814,7 +1816,8 @@ def render_card(r: Report) -> str:
                  + (": " + ", ".join(map(quote, a.paths)) if a.paths else "")
                  + (f" and {more} more" if a.paths and more > 0 else ""))
     g = r.git
-    if g and (g.commits or g.stashes or g.reflog_only or g.uncommitted or g.unknown):
+    if g and (g.commits or g.stashes or g.reflog_only or g.uncommitted or g.uncommitted_cut
+              or g.unknown):
         lost = [f"{g.commits} commits on no branch or tag any more (was {', '.join(map(quote, g.refs))}"
                 + (", their content kept)" if g.content_kept else
                    ", each one's change kept under a new id)" if g.rebased else ")")] \
@@ -1824,6 +1827,8 @@ def render_card(r: Report) -> str:
             if g.reflog_only else []
         lost += ["uncommitted changes thrown away: " + ", ".join(map(quote, g.uncommitted))] \
             if g.uncommitted else []
+        lost += ["most uncommitted lines cut from: " + ", ".join(map(quote, g.uncommitted_cut))] \
+            if g.uncommitted_cut else []
         lost += [f"unknown ({quote(g.unknown)})"] if g.unknown else []
         L.append("git state lost: " + "; ".join(lost))
     if g and g.tags:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
 import subprocess
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ MAX_HASHED = 16 << 20      # bytes of a tracked file hashed to tell a restore
 MAX_FILES = 2000           # tracked files looked at per run
 MAX_SHOWN_COMMITS = 8      # new commits listed per run
 MAX_REWRITTEN = 200        # commits compared by patch id to tell a rebase from a drop
+CUT_MIN_LINES = 5          # uncommitted lines a tracked file loses before it counts
 
 
 class Repositories:
@@ -78,11 +80,14 @@ class Loss:
     # Tracked files whose staged content neither the file nor a commit holds:
     # what the user's next `git commit` records without anyone having seen it.
     staged: list[str] = field(default_factory=list)
+    # Tracked files that lost most of their uncommitted lines (lines neither
+    # the index nor HEAD holds): work git cannot give back.
+    uncommitted_cut: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.commits or self.stashes or self.reflog_only or self.uncommitted or self.unknown
                     or self.index_unreadable or self.hidden or self.added or self.tags
-                    or self.staged)
+                    or self.staged or self.uncommitted_cut)
 
 
 class _Repo:
@@ -192,6 +197,7 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
             loss.uncommitted = _restored(repo, restored, _staged_only(repo, restored)
                                          if index_changed else set(),
                                          _kept_tips(repo, ref_changes, stash_log))
+            loss.uncommitted_cut = [p for p in _cut(repo, restored) if p not in loss.uncommitted]
         if index_changed:
             _index(repo, loss, tips)
     except (OSError, subprocess.SubprocessError) as e:
@@ -557,6 +563,35 @@ def _restored(repo: _Repo, paths: list[str], staged_only: set[str],
     # Put back: to a version git held before the run. A blob of the run's
     # own (`git add` of its edit) is new content, not a restore.
     return [p for p, a, b in pairs if (a not in held or a in staged_only) and b in host_held]
+
+
+def _cut(repo: _Repo, paths: list[str]) -> list[str]:
+    """Tracked files the run cut most of the user's uncommitted lines from:
+    lines the host's file has that its index version has not (git holds
+    them nowhere), CUT_MIN_LINES of them or more and half or more, not in
+    the run's version (adv10b 18: 40 lines of work cut to 5)."""
+    pairs = [(p, old, new) for p in paths for old, new in [(_read(p), repo.new_bytes(p))]
+             if old is not None and new is not None and len(old) <= MAX_HASHED
+             and "\n" not in p]
+    if not pairs:
+        return []
+    # one git for every index version: "<id> blob <size>\n<bytes>\n", or "<name> missing"
+    batch = repo.git("cat-file", "--batch", host=True, stdin=b"".join(
+        b":" + os.fsencode(os.path.relpath(p, repo.ws)) + b"\n" for p, _, _ in pairs))
+    out, at = [], 0
+    for p, old, new in pairs:
+        end = batch.index(b"\n", at)
+        head = batch[at:end].split()
+        at = end + 1
+        base = b""
+        if len(head) == 3 and head[1] == b"blob":
+            size = int(head[2])
+            base, at = batch[at:at + size], at + size + 1
+        mine = Counter(old.splitlines()) - Counter(base.splitlines())
+        lost = sum((mine - Counter(new.splitlines())).values())
+        if lost >= CUT_MIN_LINES and 2 * lost >= sum(mine.values()):
+            out.append(p)
+    return out
 
 
 def _run_index_ids(repo: _Repo, paths: list[str]) -> set[str]:
