@@ -194,10 +194,11 @@ def lost(workspace: str, changes: list, tree: RunTree, tracked: set[str]) -> Los
                    {ln.split(b" ")[1] for ln in after.splitlines() if ln.count(b" ") > 1}
             loss.stashes = len(gone)
         if restored:
+            kept_tips = _kept_tips(repo, ref_changes, stash_log)
             loss.uncommitted = _restored(repo, restored, _staged_only(repo, restored)
-                                         if index_changed else set(),
-                                         _kept_tips(repo, ref_changes, stash_log))
-            loss.uncommitted_cut = [p for p in _cut(repo, restored) if p not in loss.uncommitted]
+                                         if index_changed else set(), kept_tips)
+            loss.uncommitted_cut = [p for p in _cut(repo, restored, kept_tips)
+                                    if p not in loss.uncommitted]
         if index_changed:
             _index(repo, loss, tips)
     except (OSError, subprocess.SubprocessError) as e:
@@ -565,14 +566,19 @@ def _restored(repo: _Repo, paths: list[str], staged_only: set[str],
     return [p for p, a, b in pairs if (a not in held or a in staged_only) and b in host_held]
 
 
-def _cut(repo: _Repo, paths: list[str]) -> list[str]:
+def _cut(repo: _Repo, paths: list[str], kept_tips: list[str]) -> list[str]:
     """Tracked files the run cut most of the user's uncommitted lines from:
     lines the host's file has that its index version has not (git holds
     them nowhere), CUT_MIN_LINES of them or more and half or more, not in
-    the run's version (adv10b 18: 40 lines of work cut to 5)."""
+    the run's version (adv10b 18: 40 lines of work cut to 5). Not where the
+    host's whole file is an object a ref, a stash entry or the run's index
+    keeps (`git stash`)."""
     pairs = [(p, old, new) for p in paths for old, new in [(_read(p), repo.new_bytes(p))]
              if old is not None and new is not None and len(old) <= MAX_HASHED
              and "\n" not in p]
+    if pairs:
+        kept = _reachable_new(repo, kept_tips) | _run_index_ids(repo, [p for p, _, _ in pairs])
+        pairs = [x for x in pairs if _blob_id(x[1]) not in kept]
     if not pairs:
         return []
     # one git for every index version: "<id> blob <size>\n<bytes>\n", or "<name> missing"
