@@ -262,3 +262,40 @@ def test_uncommitted_lines_cut_from_a_tracked_file_are_lost_work(policy_env: Pat
     assert out.committed, out.reason
     out = gate(policy_env, keep, "drop the wip comments from src/m1.c")
     assert out.committed, out.reason
+
+
+def test_round_12s_git_and_shadow_rules_hold_rootless():
+    """As uid 65534 on a real repository (git objects read-only files): cut
+    uncommitted lines, commits only a worktree's reflog held, a stdlib-named
+    module at the top and a .git file git was told to write are not
+    committed; an ordinary edit is."""
+    import atexit
+    import shutil
+    import tempfile
+    from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+    from helpers.trees import git_project
+    need_rootless_venv()
+    root = Path(tempfile.mkdtemp(prefix="caper-rootless-r12-"))
+    atexit.register(shutil.rmtree, root, True)
+    ws, state = root / "ws", root / "state"
+    git_project(ws, {"app.py": "x = 1\n", "README": "hi\n"})
+    git(ws, "worktree", "add", "-q", "--detach", str(root / "wt"))
+    (root / "wt" / "exp.txt").write_text("experiment\n")
+    git(root / "wt", "add", "exp.txt")
+    git(root / "wt", "commit", "-qm", "wip")
+    git(root / "wt", "checkout", "-q", "--detach", "HEAD~1")
+    with open(ws / "app.py", "a") as f:
+        f.write("".join(f"# wip {i}\n" for i in range(20)))
+    for d, _, files in os.walk(root):
+        for p in [d, *(os.path.join(d, f) for f in files)]:
+            os.chown(p, NOBODY, NOBODY)
+    app = (ws / "app.py").read_text()
+    for harm in ("head -2 app.py > t && mv t app.py",
+                 "git reflog expire --expire=now --all && git gc -q --prune=now",
+                 "echo 'import os' > logging.py",
+                 "git log -1 --format=%H --output=.git/info/exclude"):
+        out = run_as_nobody(ws, harm, "policy", state)
+        assert not out["committed"], (harm, out["reason"])
+    assert (ws / "app.py").read_text() == app and not (ws / "logging.py").exists()
+    out = run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)
+    assert out["committed"], out["reason"]
