@@ -299,3 +299,20 @@ def test_round_12s_git_and_shadow_rules_hold_rootless():
     assert (ws / "app.py").read_text() == app and not (ws / "logging.py").exists()
     out = run_as_nobody(ws, "echo y = 2 >> app.py", "policy", state)
     assert out["committed"], out["reason"]
+
+
+def test_a_new_executable_in_the_project_named_like_a_system_command_is_a_shadow(tmp_path: Path):
+    """adv10b 16: with direnv's `PATH_add bin` (mise's path, an activated
+    venv: the same), a new bin/git runs in place of git for every prompt.
+    A new executable in the project named like a command on the system
+    PATH is unsure whatever puts its directory on PATH; the project's own
+    script names are not."""
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    task = "add a helper script for running the tests"
+    for rel in ("bin/git", "scripts/ls", "tools/bin/ssh"):
+        change = fc(rel, "created", "untracked", by="/bin/sh[3]", detail="mode 100755")
+        assert verdict(report(change, ws=str(ws)), "./tool.sh", task, ws=str(ws)) != "allow", rel
+    for rel in ("bin/run-tests", "bin/app"):
+        change = fc(rel, "created", "untracked", by="/bin/sh[3]", detail="mode 100755")
+        assert verdict(report(change, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "allow", rel
