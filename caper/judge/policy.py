@@ -121,6 +121,7 @@ class Rules:
         self.plain_pagers = set(data["git_plain_programs"]["pagers"])
         self.harmless_keys = {k: tuple(v) for k, v in data["harmless_keys"].items()}
         self.convention_code = self._globs(data["convention_code"])
+        self.shadowed_commands = frozenset(data["shadowed_commands"])
         self.env_setters = frozenset(data["env_setters"])
         self.tool_code_keys = list(data["tool_code"]["keys"])
         self.tool_code_scripts = self._globs(data["tool_code"]["scripts"])
@@ -708,6 +709,14 @@ class _Judge:
         stem = name.split(".", 1)[0]
         if c.op not in ("created", "modified", "replaced", "renamed") or c.type != "file":
             return
+        if c.op in ("created", "renamed") and os.path.basename(full) in self.r.shadowed_commands \
+                and not self.r.matches(self.r.install_places, full) and \
+                shutil.which(os.path.basename(full), path=_SYSTEM_PATH):
+            self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, named like "
+                     f"the system's {_quote_clipped(os.path.basename(full))}: once its directory "
+                     "is on PATH (direnv, mise, an activated environment) it runs in its place",
+                     "PATH shadows: a program run in place of another",
+                     "give the script a name of its own", c.path)
         if full in self.stdlib_shadows and c.op != "modified":
             self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)} at the "
                      f"project's top: Python imports it in place of the installed "
