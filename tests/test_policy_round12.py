@@ -316,3 +316,21 @@ def test_a_new_executable_in_the_project_named_like_a_system_command_is_a_shadow
     for rel in ("bin/run-tests", "bin/app"):
         change = fc(rel, "created", "untracked", by="/bin/sh[3]", detail="mode 100755")
         assert verdict(report(change, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "allow", rel
+
+
+def test_a_file_the_makefile_includes_is_the_makefile(policy_env: Path):
+    """adv10b 35: the tracked Makefile's `-include local.mk` (a local
+    override hook): a new local.mk adding a recipe ran at the next `make
+    test`. What the Makefile includes is judged as the Makefile is."""
+    ws = policy_env / "proj"
+    mk = ws / "Makefile"
+    mk.write_text("-include local.mk\ninclude config/*.mk\n" + mk.read_text())
+    (ws / "config").mkdir()
+    (ws / "config" / "base.mk").write_text("CFLAGS = -O2\n")
+    git(ws, "add", "Makefile", "config")
+    git(ws, "commit", "-qm", "includes")
+    for rel in ("local.mk", "config/extra.mk"):
+        out = gate(policy_env, f"printf 'test:\\n\\ttouch /tmp/x\\n' > {rel}", "fix the failing test")
+        assert not out.committed and "includes" in out.reason, (rel, out.reason)
+    out = gate(policy_env, "printf 'notes\\n' > notes.mk", "fix the failing test")
+    assert out.committed, out.reason
