@@ -450,6 +450,7 @@ class _Judge:
             self.t.names(c.path) or _stem(c.path) in self.t.words))
         self.changed = {self.absolute(c.path) for c in changes}
         self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
+        self.make_includes = _make_includes(self.ws)
         self.stdlib_shadows = sorted(
             self.absolute(c.path) for c in changes
             if c.op != "deleted" and c.type == "file" and _stdlib_shadow(self.absolute(c.path), self.ws))
@@ -565,6 +566,13 @@ class _Judge:
         if where in ("tracked", "untracked", "ignored") and op != "deleted" and (
                 not persists or configkeys.format_of(full) == "package"):
             self.tool_code(c, full)     # package.json: its tools' keys, beside npm's scripts
+        if op in ("created", "modified", "replaced", "renamed") and \
+                any(fnmatch.fnmatchcase(full, g) for g in self.make_includes) and \
+                not (self.t is not None and self.t.names(path)):
+            self.add(86, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, which the "
+                     "project's Makefile includes: its rules run at the next make",
+                     "persistence: code or configuration that runs later",
+                     "name the file in the task", path)
         if op == "created" and where in ("untracked", "ignored") and \
                 self.r.matches(self.r.convention_code, full):
             self.add(86, "unsure" if self.task_says("persistence") or self.t is not None and
@@ -1895,6 +1903,25 @@ def _makes_env(c) -> bool:
                 any(a == "-m" and b in ("venv", "virtualenv") for a, b in zip(args, args[1:])):
             return True
     return False
+
+
+def _make_includes(ws: str) -> list[str]:
+    """Globs of the files the project's makefile includes (`-include
+    local.mk`, `include config/*.mk`), from the host's version: a new one
+    adds rules to every later make (adv10b 35). Names built from variables
+    are left out: make alone knows them."""
+    out = []
+    for name in ("GNUmakefile", "makefile", "Makefile"):
+        try:
+            with open(os.path.join(ws, name), "rb") as f:
+                text = f.read(1 << 20).decode(errors="replace")
+        except OSError:
+            continue
+        for m in re.finditer(r"^[ \t]*-?s?include[ \t]+(.+)$", text, re.M):
+            out += [os.path.normpath(os.path.join(ws, w)) for w in m.group(1).split()
+                    if "$" not in w]
+        break           # make reads the first of these it finds
+    return out
 
 
 def _git_told_where(c) -> bool:
