@@ -1281,6 +1281,13 @@ static const char *const code_names[] = {
     "XDG_CACHE_HOME=", "XDG_STATE_HOME=", "PRE_COMMIT_HOME=", "PYTHONPYCACHEPREFIX=",
     "COMPILER_PATH=", "GCC_EXEC_PREFIX=", "LIBRARY_PATH=", "CPATH=", "C_INCLUDE_PATH=",
     "CPLUS_INCLUDE_PATH=", "RUSTFLAGS=", "RUSTDOCFLAGS=",
+    /* the compiler, linker and flags an installer's build runs with (setuptools
+     * runs $CC: adv13b 01), pytest's own options, setuptools' and sysconfig's
+     * extra config. Not MAKEFLAGS: make sets it for every recipe (a compiler
+     * it names is a program the run planted, judged as such). */
+    "CC=", "CXX=", "CPP=", "LD=", "AR=", "AS=", "LDSHARED=", "LDCXXSHARED=", "CFLAGS=",
+    "CXXFLAGS=", "CPPFLAGS=", "LDFLAGS=", "PYTEST_ADDOPTS=", "PYTEST_PLUGINS=",
+    "DIST_EXTRA_CONFIG=", "SETUPTOOLS_", "_PYTHON_SYSCONFIGDATA_NAME=", "CMAKE_", "CGO_",
 };
 
 /* In any case: npm reads npm_config_* so (adv12b 02), and a name marked
