@@ -1297,7 +1297,12 @@ class _Judge:
         if arg.startswith("file://"):
             arg = arg[len("file://"):]                # --index-url file:///tmp/w
         if "://" in arg:
-            return False                              # a registry's URL
+            # a registry's URL; one on the sandbox's own loopback is a server
+            # the run started (adv13b 09: its wheel, from http.server)
+            host = re.sub(r"^[a-z+]+://(?:[^@/]*@)?", "", arg.lower()).split("/", 1)[0]
+            host = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+            return host in ("localhost", "::1", "0.0.0.0", "::") or host.startswith("127.") or \
+                host.endswith(".localhost")
         full = os.path.normpath(self.absolute(arg))
         if full in self.changed:
             return True                               # -r dev-deps.txt the run wrote (adv11b 04)
