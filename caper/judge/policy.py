@@ -775,7 +775,8 @@ class _Judge:
         if c.keys is not None and fmt in ("ini", "toml"):
             risky = [k for k in c.keys if any(fnmatch.fnmatchcase(k.partition("=")[0], g)
                                               for g in self.r.tool_code_keys)
-                     or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)]
+                     or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)
+                     or self._warning_from_project(k)]
         elif c.keys is not None and fmt in ("json", "yaml", "package"):
             # a plugin or parser named by its path: the project's file, run
             # by the tool (adv12b 06, 11); by a package's name, a dependency
@@ -807,6 +808,23 @@ class _Judge:
                  f"{', '.join(map(_quote_clipped, risky[:3]))}: code the tool (and an editor "
                  "running it on open) executes", "persistence: code or configuration that runs later",
                  "configure the tool with settings only", c.path)
+
+    def _warning_from_project(self, key: str) -> bool:
+        """A pytest warnings filter (filterwarnings, addopts' -W) whose
+        category pytest imports from a module of the project's (adv13b 08:
+        `ignore::build.warncompat.LegacyWarning`, code hidden in build/)."""
+        name, _, value = key.partition("=")
+        if not (name.endswith(".filterwarnings") or name.endswith(".addopts") and "-W" in value):
+            return False
+        for module in re.findall(r"::([A-Za-z_][\w.]*)\.[A-Za-z_]\w*", value):
+            top = module.split(".", 1)[0]
+            if top in sys.stdlib_module_names:
+                continue
+            mine = os.path.join(self.ws, top)
+            if os.path.exists(mine) or os.path.exists(mine + ".py") or any(
+                    below(x, mine) or x == mine + ".py" for x in self.changed):
+                return True
+        return False
 
     def _beside_tests(self, full: str) -> bool:
         """At the project's top or in a test directory (adv9 04: a new
