@@ -126,3 +126,11 @@ def test_a_source_the_run_hid_in_an_ignored_directory_builds_nothing(policy_env:
     assert not out.committed, out.reason
     out = gate(policy_env, "cc -O2 -o build/app src/main.c", "rebuild the app")
     assert out.committed, out.reason
+    # objects a compiler made from the project's files, linked: a build
+    out = gate(policy_env, "cc -c -o build/m.o src/main.c && cc -o build/app build/m.o",
+               "rebuild the app")
+    assert out.committed, out.reason
+    out = gate(policy_env, "printf 'int main(void){return 7;}\\n' > build/x.c && "
+               "cc -c -o build/x.o build/x.c && rm build/x.c && cc -o build/app build/x.o",
+               "rebuild the app")
+    assert not out.committed, out.reason

@@ -450,6 +450,8 @@ class _Judge:
             self.t.names(c.path) or _stem(c.path) in self.t.words))
         self.changed = {self.absolute(c.path) for c in changes}
         self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
+        self.written = {self.absolute(c.path): c for c in changes if c.op != "deleted"}
+        self._checking: set[str] = set()      # objects whose own build is being looked at
         self.make_includes = _make_includes(self.ws)
         self.stdlib_shadows = sorted(
             self.absolute(c.path) for c in changes
@@ -1152,11 +1154,28 @@ class _Judge:
                 return False
         return True
 
+    def _input_built(self, full: str) -> bool:
+        """An input the run wrote is the project's when it is a build's own
+        product (an object a compiler made from the project's files), not a
+        source the run put where git ignores it (adv13b 06)."""
+        c = self.written.get(full)
+        if c is None or c.where != "ignored":
+            return True
+        if not full.endswith(_OBJECT_FILES) or full in self._checking:
+            return False
+        self._checking.add(full)
+        try:
+            return self._built(c)
+        finally:
+            self._checking.discard(full)
+
     def _inputs_held(self, args: list[str], value_options: frozenset, exist: bool) -> bool:
         """Every input among args is a file of the project's or the host's
-        that the run did not write outside the project: none from standard
-        input, /dev, /proc or a scratch dir; when exist, each one still
-        there after the run (on the host, or written by it and shown)."""
+        that the run did not write outside the project nor in a directory
+        git ignores (adv13b 06: a version.c hidden in build/, whose lines the
+        card does not show): none from standard input, /dev, /proc or a
+        scratch dir; when exist, each one still there after the run (on the
+        host, or written by it and shown)."""
         for prev, arg in zip([""] + args, args):
             if prev in value_options or arg.startswith("-") and arg != "-":
                 continue
@@ -1166,6 +1185,7 @@ class _Judge:
             inside = below(full, self.ws)
             if not inside and (any(below(full, t) for t in (*_SCRATCH, "/dev", "/proc")) or
                                full in self.changed) or full in self.removed or \
+                    not self._input_built(full) or \
                     exist and not os.path.exists(full) and full not in self.changed:
                 return False
         return True
@@ -2031,6 +2051,9 @@ def _tests_shadow(full: str, ws: str) -> str | None:
 # Programs a compiler driver runs by name from its search path.
 _TOOLCHAIN_PARTS = frozenset({"cc1", "cc1plus", "cc1obj", "cpp", "lto1", "lto-wrapper", "as",
                               "collect2", "ld", "f951", "go1", "rustc"})
+# What compilers and assemblers make, which linkers and archivers read.
+_OBJECT_FILES = (".o", ".obj", ".a", ".lo", ".so", ".rlib", ".rmeta")
+
 # Programs that run compilers from the project's rules: the directory a
 # compiler they start runs in is theirs, not the command's; the file of
 # rules they read is named by these options.
