@@ -108,7 +108,7 @@ def test_data_rewritten_in_place_where_no_diff_shows_it_is_not_routine(tmp_path:
         assert verdict(report(change, ws=str(ws)), "./tool.sh", "add a smoke test",
                        ws=str(ws)) != "allow"
         assert verdict(report(change, ws=str(ws)), "./tool.sh",
-                       "regenerate data/train.parquet", ws=str(ws)) == "allow"
+                       "wipe data/train.parquet and write it again", ws=str(ws)) == "allow"
 
 
 def test_a_source_the_run_hid_in_an_ignored_directory_builds_nothing(policy_env: Path):

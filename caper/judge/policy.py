@@ -1418,7 +1418,7 @@ class _Judge:
         # half of a file git cannot give back is lost work too (adv10b 09)
         destroys = op in ("deleted", "replaced") or (c is not None and (
             c.overwritten or credential and op == "modified" and bool(c.lines and c.lines[1]) or
-            c.cut and where in ("untracked", "ignored")))
+            (c.cut or c.uncompared) and where in ("untracked", "ignored")))
         if not destroys:
             return
         task_names = self.t is not None and "delete" in self.t.kinds and (

@@ -196,6 +196,7 @@ class FileChange(_Model):
     lines: tuple[int, int] | None = None               # +added, -removed
     overwritten: bool = False        # emptied, or most of its lines replaced
     cut: bool = False                # half its old lines or more removed
+    uncompared: bool = False         # rewritten where no diff shows how (binary, too large)
     diff: list[str] | None = None
     tables: list[TableDelta] | None = None
     secrets: list[str] | None = None # kinds of secrets in the new content
@@ -1663,6 +1664,7 @@ def _render_change(c: FileChange, sev: int, d: _Draft, lim: Limits, path, actor,
             out.lines = (det.added or 0, det.removed or 0)
         out.overwritten = det.overwritten
         out.cut = det.cut
+        out.uncompared = det.uncompared
         # A new file's first lines say what it is; a change needs more context.
         # Build outputs, caches and git's bookkeeping: sizes are enough.
         n = min(lim.diff_lines, CREATED_DIFF_LINES) if c.op == "created" else lim.diff_lines

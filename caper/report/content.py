@@ -213,6 +213,7 @@ class FileDetail:
     diff: list[str] = field(default_factory=list)
     overwritten: bool = False      # emptied, or most of the old lines gone
     cut: bool = False              # half of the old lines or more gone
+    uncompared: bool = False       # rewritten where no diff shows how: binary, or too large
     tables: list[TableRows] | None = None
     secrets: set[str] = field(default_factory=set)
     uncertain: list[str] = field(default_factory=list)   # what could not be inspected
@@ -532,6 +533,11 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
                                    # a 2 MB one-line JSON made `{}`, too large to diff)
     too_large = any(b is not None and b.size > MAX_DIFF_BYTES for b in (before, after))
     old, new = _as_text(before), _as_text(after)
+    # a rewrite no line diff shows: what it destroyed cannot be told (adv13b 05:
+    # a dataset zeroed in place, a large CSV's every value wiped, same sizes)
+    d.uncompared = before is not None and after is not None and not d.overwritten and (
+        old is None or new is None or too_large) and (
+        before.size != after.size or before.data != after.data[:len(before.data)])
     if old is None or new is None:
         return d          # binary: sizes only
     if too_large:
