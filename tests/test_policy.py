@@ -1110,10 +1110,11 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
                        "run the tests") == "block", p
         # a new entry of a cache is its tool's; one of the project's
         # environments (what interpreters and npm load by themselves), or of
-        # a store a tool picks by key (Maven's, go build's), only an
+        # a store a tool picks by key (Maven's, go build's, Hugging Face's), only an
         # installer's
         installed = p.startswith((".venv/", "node_modules/", "~/.cache/node/corepack/",
-                                  "~/.cargo/git/", "~/.m2/repository/", "~/.cache/go-build/"))
+                                  "~/.cargo/git/", "~/.m2/repository/", "~/.cache/go-build/",
+                                  "~/.cache/huggingface/modules/"))
         assert verdict(report(fc(p, "created", where)), "./run-tests.sh", "run the tests") \
             == ("block" if installed else "allow"), p
     # the installer itself wrote it, in the project's own environment
