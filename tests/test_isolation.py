@@ -1639,6 +1639,50 @@ def test_a_fifo_on_a_host_mount_is_not_opened(read_only_mount, rootless):
     assert got == b""
 
 
+MOUNT_RENAMES = r"""
+import errno, os
+os.mkdir("empty")
+for name, src, dst in (("onto-proc", "empty", "/proc"), ("proc-away", "/proc", "gone"),
+                       ("onto-dev", "empty", "/dev")):
+    try:
+        os.rename(src, dst)
+        print(name, "renamed")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+print("proc", "self" in os.listdir("/proc"))
+"""
+
+
+@pytest.mark.parametrize("rootless", [False, True])
+def test_a_rename_at_or_onto_a_mount_of_the_sandbox_is_busy(tmp_path, rootless):
+    """adv13a 01: the tracer makes every rename, in its own mount namespace,
+    where the kernel's EBUSY for mount points does not look at the
+    sandbox's: rename(emptydir, "/proc") detached the sandbox's /proc. EBUSY,
+    as natively."""
+    import json
+    base = Path(tempfile.mkdtemp(prefix="caper-mntren-"))
+    try:
+        base.chmod(0o755)
+        ws, state = base / "ws", base / "state"
+        for p in (ws, state):
+            p.mkdir()
+            if rootless:
+                os.chown(p, NOBODY, NOBODY)
+        (ws / "probe.py").write_text(MOUNT_RENAMES)
+        if rootless:
+            need_rootless_venv()
+            text = run_as_nobody(ws, "python3 probe.py", "block", state)["stdout"]
+        else:
+            from caper.transaction import run
+            text = run("python3 probe.py", cwd=str(ws), workspace=str(ws), approver="block",
+                       state_dir=str(state), env={**os.environ, "HOME": str(state)}
+                       ).stdout.text().decode()
+        assert text.splitlines() == ["onto-proc EBUSY", "proc-away EBUSY", "onto-dev EBUSY",
+                                     "proc True"], text
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # A loopback TCP pair whose thread sends with MSG_ZEROCOPY: the tracer's send
 # would have let the kernel transmit from its own freed, reused buffer.
 ZEROCOPY_PROBE = r"""
