@@ -180,6 +180,19 @@ static int64_t do_link(pid_t tid, const struct name_call *nc, char paths[3][CAPE
     return r;
 }
 
+/* Whether name in dir is a mount's root in the tracee's mounts (dir is one of
+ * its directories, so the lookup crosses its mount points, not the
+ * tracer's). The kernel answers EBUSY to a rename at or onto one only for
+ * mounts of the caller's namespace: the tracer's call would detach the
+ * sandbox's /proc, /sys or /dev, or move a cover (adv13a 01). */
+static int mount_root_at(int dir, const char *name)
+{
+    struct statx x;
+    return statx(dir, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, 0, &x) == 0 &&
+           (x.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) &&
+           (x.stx_attributes & STATX_ATTR_MOUNT_ROOT);
+}
+
 static int64_t do_rename(pid_t tid, const struct name_call *nc, char paths[3][CAPER_PATH_MAX],
                          int *refused)
 {
@@ -193,7 +206,9 @@ static int64_t do_rename(pid_t tid, const struct name_call *nc, char paths[3][CA
         path_at(dir[0], last[0], paths[0]);
         path_at(dir[1], last[1], paths[1]);
         memcpy(paths[2], paths[0], CAPER_PATH_MAX);  /* a rename does not follow its source */
-        if (syscall(SYS_renameat2, dir[0], last[0], dir[1], last[1], nc->flags) < 0)
+        if (mount_root_at(dir[0], last[0]) || mount_root_at(dir[1], last[1]))
+            r = -EBUSY;
+        else if (syscall(SYS_renameat2, dir[0], last[0], dir[1], last[1], nc->flags) < 0)
             r = -errno;
     }
     for (int i = 0; i < 2; i++)
