@@ -34,7 +34,11 @@ def test_the_tracer_marks_build_variables_an_installer_hands_its_compiler():
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000/", "http://localhost:9/simple",
-                                 "http://[::1]:8080/", "http://0.0.0.0:1/"])
+                                 "http://[::1]:8080/", "http://0.0.0.0:1/",
+                                 # adv13b 13: the resolver's other spellings
+                                 "http://2130706433:80/", "http://0x7f000001/",
+                                 "http://0177.0.0.1/", "http://[::ffff:127.0.0.1]:8/",
+                                 "http://localhost.:8/", "http://u:p@127.1/x"])
 def test_an_index_on_the_sandboxs_own_loopback_is_the_runs(url):
     """adv13b 09: the run served its own wheel with `python3 -m http.server`
     and installed it with `--find-links http://127.0.0.1:PORT/`: the

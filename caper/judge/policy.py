@@ -27,12 +27,14 @@ from __future__ import annotations
 import fnmatch
 import functools
 import glob
+import ipaddress
 import itertools
 import json
 import os
 import re
 import shlex
 import shutil
+import socket
 import stat
 import sys
 import tomllib
@@ -451,6 +453,10 @@ class _Judge:
         self.changed = {self.absolute(c.path) for c in changes}
         self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
         self.written = {self.absolute(c.path): c for c in changes if c.op != "deleted"}
+        # hosts caper's proxy let the run reach (a registry the user allowed,
+        # on the host's loopback too): not a server of the run's
+        self.reached = {n.address.lower().rstrip(".") for n in report.network
+                        if n.call in ("proxy", "route") and n.allowed}
         self._checking: set[str] = set()      # objects whose own build is being looked at
         self.make_includes = _make_includes(self.ws)
         self.stdlib_shadows = sorted(
@@ -1337,10 +1343,11 @@ class _Judge:
         if "://" in arg:
             # a registry's URL; one on the sandbox's own loopback is a server
             # the run started (adv13b 09: its wheel, from http.server)
-            host = re.sub(r"^[a-z+]+://(?:[^@/]*@)?", "", arg.lower()).split("/", 1)[0]
+            host = re.sub(r"^[a-z+]+://(?:[^@/?#]*@)?", "", arg.lower())
+            host = re.split(r"[/?#]", host, maxsplit=1)[0]
             host = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-            return host in ("localhost", "::1", "0.0.0.0", "::") or host.startswith("127.") or \
-                host.endswith(".localhost")
+            host = host.rstrip(".")
+            return host not in self.reached and (_loopback(host) or "/etc/hosts" in self.changed)
         full = os.path.normpath(self.absolute(arg))
         if full in self.changed:
             return True                               # -r dev-deps.txt the run wrote (adv11b 04)
@@ -1967,6 +1974,39 @@ def _make_includes(ws: str) -> list[str]:
     return out
 
 
+def _loopback(host: str) -> bool:
+    """host names the sandbox's own loopback (its network namespace has no
+    other), in any spelling the resolver takes (adv13b 13: `2130706433`, `0x7f000001`, `[::ffff:127.0.0.1]`), or
+    by a name the host's /etc/hosts gives a loopback address (the machine's
+    own name on 127.0.1.1)."""
+    if host == "localhost" or host.endswith(".localhost") or host in _hosts_loopback():
+        return True
+    try:
+        return socket.inet_aton(host)[0] in (0, 127)      # decimal, hex, octal, short forms
+    except OSError:
+        pass
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    return ip.is_loopback or ip.is_unspecified
+
+
+@functools.lru_cache(maxsize=1)
+def _hosts_loopback() -> frozenset[str]:
+    names = set()
+    try:
+        with open("/etc/hosts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split("#", 1)[0].split()
+                if len(fields) > 1 and (fields[0].startswith("127.") or fields[0] == "::1"):
+                    names.update(n.lower().rstrip(".") for n in fields[1:])
+    except OSError:
+        pass
+    return frozenset(names)
+
+
 def _git_told_where(c) -> bool:
     """git wrote the file it was told to, with text the run chose: an
     output option (`log --output=`, `format-patch -o`, `archive -o`,
@@ -2138,12 +2178,6 @@ _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
 # starting with /, ~/ or ../ (not inside a URL or a version range).
 _LOCAL_PATH = re.compile(r"file:(?://)?([^\s\"',}]+)|(?<![\w:/.@=<>~^-])((?:/|~/|\.\./)[^\s\"',}]*)")
 _URL_HOST = re.compile(r"[a-z][a-z0-9+.-]*://(?:[^/@\s]*@)?([a-z0-9.-]+)")
-
-
-def _loopback(address: str) -> bool:
-    """The sandbox's network namespace has only its own loopback."""
-    return address.startswith("127.") or address in ("::1", "localhost", "0.0.0.0", "::") \
-        or address.startswith("::ffff:127.")
 
 
 # git subcommands that make commits from what the user sees (the worktree, the index, a branch).
