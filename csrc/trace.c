@@ -735,31 +735,43 @@ static int host_fifo(int fd)
 
 /* What an open's name leads to at its stop, looked up in the sandbox's view
  * as the kernel will (O_PATH: no FIFO opened, no driver run). A name the
- * safe look refuses, through a magic link (/proc/self/fd/N/x, /dev/fd/N:
- * adv13a 02), is looked up through the tracee's own /proc entry, which the
- * tracer may follow: it lands on the tracee's object, in its mounts. A FIFO
- * reached any other way ends the run at the open's exit. */
+ * safe look refuses (a magic link: /proc/self/fd/N/x, /dev/fd/N, adv13a 02;
+ * a cwd outside the root) is looked up through the tracee's own /proc
+ * entries, which the tracer may follow: they land on the tracee's objects,
+ * in its mounts ("self" would name the tracer). One neither look can tell
+ * is refused: the kernel might reach a host FIFO. */
 static int opens_host_fifo(struct proc *p, struct pending *pd)
 {
     if (pd->ev.h.info & (CAPER_INFO_UNREADABLE | CAPER_INFO_TRUNCATED))
         return 0;       /* the kernel answers EFAULT or ENAMETOOLONG */
-    static const char *const selves[] = { "/proc/self/", "/proc/thread-self/", "/dev/fd/" };
-    const char *raw = pd->raw[0], *rest = NULL;
+    static const char *const selves[][2] = {
+        { "/proc/self/", "" }, { "/proc/thread-self/", "" }, { "/dev/fd/", "fd/" },
+        { "/dev/stdin", "fd/0" }, { "/dev/stdout", "fd/1" }, { "/dev/stderr", "fd/2" } };
+    const char *raw = pd->raw[0], *rest = NULL, *as = "";
     int follow = !(pd->ev.h.flags & O_NOFOLLOW), refused = 0, fd = -1;
-    char via[CAPER_PATH_MAX + 64];
-    /* "self" names the tracer when the tracer reads it: the tracee's own entry */
-    for (size_t k = 0; !rest && k < sizeof selves / sizeof *selves; k++)
-        if (strncmp(raw, selves[k], strlen(selves[k])) == 0)
-            rest = raw + strlen(selves[k]);
-    if (rest)
-        snprintf(via, sizeof via, "/proc/%d/%s%s", (int)p->tid, raw[1] == 'd' ? "fd/" : "", rest);
-    else if ((fd = tracee_open(p->tid, pd->dirfd[0], raw, follow, &refused)) < 0 && refused &&
-             raw[0] != '/' && pd->dirfd[0] >= 0)
-        snprintf(via, sizeof via, "/proc/%d/fd/%d/%s", (int)p->tid, pd->dirfd[0], raw);
-    else
+    char via[CAPER_PATH_MAX + 64], flat[CAPER_PATH_MAX];
+    if (raw[0] == '/' && path_join_normalize("/", raw, flat, sizeof flat))
+        for (size_t k = 0; !rest && k < sizeof selves / sizeof *selves; k++) {
+            size_t n = strlen(selves[k][0]);
+            if (strncmp(flat, selves[k][0], n) == 0 && (selves[k][0][n - 1] == '/' ||
+                                                        flat[n] == '/' || flat[n] == '\0')) {
+                rest = flat + n;
+                as = selves[k][1];
+            }
+        }
+    if (rest) {
+        snprintf(via, sizeof via, "/proc/%d/%s%s", (int)p->tid, as, rest);
+    } else if ((fd = tracee_open(p->tid, pd->dirfd[0], raw, follow, &refused)) >= 0 || !refused) {
         via[0] = '\0';
-    if (fd < 0 && via[0])
-        fd = open(via, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+    } else if (raw[0] == '/') {
+        snprintf(via, sizeof via, "/proc/%d/root%s", (int)p->tid, raw);
+    } else if (pd->dirfd[0] == AT_FDCWD) {
+        snprintf(via, sizeof via, "/proc/%d/cwd/%s", (int)p->tid, raw);
+    } else {
+        snprintf(via, sizeof via, "/proc/%d/fd/%d/%s", (int)p->tid, pd->dirfd[0], raw);
+    }
+    if (fd < 0 && via[0] && (fd = open(via, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW))) < 0)
+        return refused;       /* the safe look refused and this one cannot tell: refuse */
     if (fd < 0)
         return 0;
     int fifo = host_fifo(fd);

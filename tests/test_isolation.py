@@ -1584,7 +1584,8 @@ d = os.open(os.path.dirname(sys.argv[1]), os.O_RDONLY | os.O_DIRECTORY)
 via = "/proc/self/fd/%d/%s" % (d, os.path.basename(sys.argv[1]))   # a magic link (adv13a 02)
 for name, path, flags in (("write", sys.argv[1], os.O_WRONLY | os.O_NONBLOCK),
                           ("read", sys.argv[1], os.O_RDONLY | os.O_NONBLOCK),
-                          ("via", via, os.O_RDONLY | os.O_NONBLOCK)):
+                          ("via", via, os.O_RDONLY | os.O_NONBLOCK),
+                          ("dotted", via.replace("/proc/", "/proc/./"), os.O_RDONLY | os.O_NONBLOCK)):
     try:
         fd = os.open(path, flags)
         print(name, "opened", os.write(fd, b"FROM-THE-SANDBOX") if name == "write" else os.read(fd, 64))
@@ -1630,7 +1631,8 @@ def test_a_fifo_on_a_host_mount_is_not_opened(read_only_mount, rootless):
                     state_dir=str(state), env={**os.environ, "HOME": str(state)})
             text = o.stdout.text().decode()
             refused = [r.model_dump() for r in o.report.processes.refused]
-        assert text.splitlines() == ["write EACCES", "read EACCES", "via EACCES", "own x"], text
+        assert text.splitlines() == ["write EACCES", "read EACCES", "via EACCES", "dotted EACCES",
+                                     "own x"], text
         assert {(r["syscall"], r["reason"]) for r in refused} == {("openat", "host_fifo")}, refused
     finally:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))     # the reader's EOF
