@@ -138,3 +138,47 @@ def test_a_source_the_run_hid_in_an_ignored_directory_builds_nothing(policy_env:
                "cc -c -o build/x.o build/x.c && rm build/x.c && cc -o build/app build/x.o",
                "rebuild the app")
     assert not out.committed, out.reason
+
+
+def test_round_13s_second_wave(tmp_path: Path):
+    """adv13b 15: `tool.setuptools.dynamic.version = {attr = ...}` (setup.cfg's
+    `attr:`) makes the next build import that module; adv13b 19: the run's
+    sdist as .tar.bz2 in a --find-links dir is the run's package."""
+    ws = tmp_path / "proj"
+    (ws / "vendor").mkdir(parents=True)
+    for name, keys in (("pyproject.toml", ["tool.setuptools.dynamic.version.attr=build.ver.v"]),
+                       ("setup.cfg", ["metadata.version=attr: build.ver.v"])):
+        change = fc(name, "modified", "tracked", keys=keys, by="/bin/sh[3]")
+        task = f"derive the package version from git describe in {name}"
+        assert verdict(report(change, ws=str(ws)), "./tool.sh", task, ws=str(ws)) != "allow", keys
+        plain = fc(name, "modified", "tracked", keys=["project.version=1.1"], by="/bin/sh[3]")
+        assert verdict(report(plain, ws=str(ws)), "./tool.sh", task, ws=str(ws)) == "allow", keys
+    pip = f"{ws}/.venv/bin/python3"
+    line = [[pip, f"{ws}/.venv/bin/pip", "install", "--no-index", "--find-links",
+             f"{ws}/vendor", "speedups"]]
+    made = fc("vendor/speedups-1.0.tar.bz2", "created", "untracked", by="/bin/sh[3]")
+    pth = fc(f"{ws}/.venv/lib/python3.11/site-packages/x.pth", where="ignored", by=f"{pip}[9]",
+             lineage=line)
+    assert verdict(report(made, pth, ws=str(ws)), "pip install", "install speedups",
+                   ws=str(ws)) != "allow"
+    assert verdict(report(pth, ws=str(ws)), "pip install", "install speedups", ws=str(ws)) \
+        == "allow"
+
+
+def test_data_rewritten_past_the_first_bytes_the_diff_reads_is_seen(tmp_path: Path):
+    """adv13b 20: a 2 MB dataset zeroed from 300 KiB on compared equal, as
+    only the first 256 KiB were read. The report compares the whole file."""
+    from caper.report.content import RunTree, inspect
+    from caper.report.secrets import Redactor
+    host = tmp_path / "host"
+    run = tmp_path / "run"
+    (host / "data").mkdir(parents=True)
+    (run / "data").mkdir(parents=True)
+    data = os.urandom(2 << 20)
+    (host / "data" / "set.bin").write_bytes(data)
+    (run / "data" / "set.bin").write_bytes(data[:300 << 10] + bytes(len(data) - (300 << 10)))
+    (run / "data" / "same.bin").write_bytes(data)
+    (host / "data" / "same.bin").write_bytes(data)
+    tree = RunTree.of([(str(host), str(run))])
+    assert inspect(str(host / "data" / "set.bin"), "modified", tree, Redactor()).uncompared
+    assert not inspect(str(host / "data" / "same.bin"), "modified", tree, Redactor()).uncompared
