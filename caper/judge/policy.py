@@ -784,7 +784,9 @@ class _Judge:
             risky = [k for k in c.keys if any(fnmatch.fnmatchcase(k.partition("=")[0], g)
                                               for g in self.r.tool_code_keys)
                      or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)
-                     or self._warning_from_project(k)]
+                     or self._warning_from_project(k)
+                     # setup.cfg's `version = attr: pkg.mod.VAR`: imported at the build
+                     or k.partition("=")[2].lstrip().startswith("attr:")]
         elif c.keys is not None and fmt in ("json", "yaml", "package"):
             # a plugin or parser named by its path: the project's file, run
             # by the tool (adv12b 06, 11); by a package's name, a dependency
@@ -2118,7 +2120,8 @@ _SHELL_CHARS = re.compile(r"[;&|`$<>(){}\\\n!*?]")
 _FLAGS = re.compile(r"-[A-Za-z]+")
 _BUILD_FILES = frozenset({"setup.py", "setup.cfg", "pyproject.toml", "package.json", "Cargo.toml",
                           "build.rs", "binding.gyp", "requirements.txt", "Pipfile", "go.mod"})
-_PACKAGE_FILES = (".whl", ".tar.gz", ".tgz", ".zip", ".gem", ".crate", ".egg")
+_PACKAGE_FILES = (".whl", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst",
+                  ".tar", ".zip", ".gem", ".crate", ".egg", ".nupkg", ".jar")
 # npm scripts whose pre/post scripts run whenever they are named (pretest
 # at `npm test`); `preview` or `postcss` is a script of its own.
 _HOOKED_SCRIPTS = frozenset({"test", "build", "start", "stop", "restart", "lint", "version", "dev",

@@ -28,6 +28,7 @@ from caper.report.stores import BY_CONTENT, secret_values
 from caper.fs.syscalls import open_regular
 
 MAX_DIFF_BYTES = 256 * 1024   # per side; larger text files get sizes and line counts only
+MAX_COMPARED_BYTES = 1 << 30  # a rewrite of a larger file counts as one no diff shows
 MAX_DIFF_LINES = 400          # kept from a diff before the report's budget trims it
 MAX_SCAN_BYTES = 1 << 20      # read of a new file's content, for secrets
 MAX_TABLES = 32
@@ -217,6 +218,31 @@ class FileDetail:
     tables: list[TableRows] | None = None
     secrets: set[str] = field(default_factory=set)
     uncertain: list[str] = field(default_factory=list)   # what could not be inspected
+
+
+def _same_bytes(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two regular files (root, path below it) hold the same bytes,
+    compared whole, up to MAX_COMPARED_BYTES (past it: not known the same);
+    never following a symlink."""
+    try:
+        fa, fb = _open_beneath(*a), None
+        try:
+            fb = _open_beneath(*b)
+            seen = 0
+            while seen <= MAX_COMPARED_BYTES:
+                x, y = os.read(fa, 1 << 20), os.read(fb, 1 << 20)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+                seen += len(x)
+            return False
+        finally:
+            os.close(fa)
+            if fb is not None:
+                os.close(fb)
+    except OSError:
+        return False
 
 
 def _as_text(b: Blob | None) -> str | None:
@@ -537,7 +563,7 @@ def inspect(path: str, op: str, tree: RunTree, redactor: Redactor,
     # a dataset zeroed in place, a large CSV's every value wiped, same sizes)
     d.uncompared = before is not None and after is not None and not d.overwritten and (
         old is None or new is None or too_large) and (
-        before.size != after.size or before.data != after.data[:len(before.data)])
+        before.size != after.size or not _same_bytes(("/", old_path.lstrip("/")), where))
     if old is None or new is None:
         return d          # binary: sizes only
     if too_large:
