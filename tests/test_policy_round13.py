@@ -182,3 +182,94 @@ def test_data_rewritten_past_the_first_bytes_the_diff_reads_is_seen(tmp_path: Pa
     tree = RunTree.of([(str(host), str(run))])
     assert inspect(str(host / "data" / "set.bin"), "modified", tree, Redactor()).uncompared
     assert not inspect(str(host / "data" / "same.bin"), "modified", tree, Redactor()).uncompared
+
+
+def test_a_link_whose_dotdot_follows_another_link_is_judged_where_it_leads(policy_env: Path):
+    """adv13b 11: `d1/d2/u -> ../..` (the project), then `x ->
+    d1/d2/u/../home/.bashrc`: read as text the target stays in d1/d2; the
+    kernel follows u first and `..` climbs out of the project. The policy
+    follows the run's own links and the host's as the kernel does."""
+    from helpers.policy import gate
+    out = gate(policy_env, "mkdir -p d1/d2 && ln -s ../.. d1/d2/u && "
+               "ln -s d1/d2/u/../home/.bashrc x", "add a shortcut to the docs")
+    assert not out.committed, out.reason
+    assert ".bashrc" in out.reason
+    # a link that stays in the project after the same climb is the project's
+    out = gate(policy_env, "mkdir -p e1/e2 && ln -s ../.. e1/e2/u && ln -s e1/e2/u/README.md y",
+               "add a shortcut to the docs")
+    assert out.committed, out.reason
+
+
+def test_hatch_and_pdm_files_of_their_own_are_read_as_their_pyproject_tables(tmp_path: Path):
+    """adv13b 12: hatch.toml holds [build.hooks.custom] and [version], pdm.toml
+    the index and pdm's hook scripts: what pyproject's tool.hatch and tool.pdm
+    hold, under a file of their own."""
+    ws = str(tmp_path / "proj")
+    for name, keys in (("hatch.toml", ["build.hooks.custom.path=hatch_build.py"]),
+                       ("hatch.toml", ["version.source=code", "version.path=build/v.py"]),
+                       ("hatch.toml", ["envs.default.post-install-commands=['sh build/x']"]),
+                       ("pyproject.toml", ["tool.hatch.envs.default.pre-install-commands=['x']"]),
+                       ("pyproject.toml", ["tool.pdm.scripts.post_install=sh build/x"]),
+                       ("pdm.toml", ["scripts.pre_install=sh build/x"])):
+        change = fc(name, "modified", "tracked", keys=keys, by="/bin/sh[3]")
+        assert verdict(report(change, ws=ws), "./tool.sh", "tidy the build settings",
+                       ws=ws) != "allow", (name, keys)
+    plain = fc("hatch.toml", "modified", "tracked", keys=["envs.default.python=3.12"],
+               by="/bin/sh[3]")
+    assert verdict(report(plain, ws=ws), "./tool.sh", "tidy the build settings", ws=ws) == "allow"
+    index = fc("pdm.toml", "modified", "tracked", by="/bin/sh[3]", keys=[
+        "pypi.url=https://pypi.example.net/simple"],
+        diff=["+[pypi]", "+url = \"https://pypi.example.net/simple\""])
+    assert verdict(report(index, ws=ws), "./tool.sh", "tidy the build settings", ws=ws) \
+        != "allow"
+
+
+def test_more_hook_managers_files_are_hook_configuration():
+    """adv13b 17: husky 4 reads .huskyrc*, simple-git-hooks its own json/js
+    files, pnpm reads a package.yaml in place of package.json: each names
+    what git (or an install) runs."""
+    for name in (".huskyrc", ".huskyrc.json", ".huskyrc.js", "husky.config.js",
+                 ".simple-git-hooks.json", ".simple-git-hooks.cjs", "simple-git-hooks.js",
+                 "package.yaml", "package.json5"):
+        change = fc(name, "modified", "tracked", by="/bin/sh[3]")
+        assert verdict(report(change), "./tool.sh", "format the TypeScript files") != "allow", name
+
+
+def test_browser_and_runtime_stores_take_only_their_tools_writes():
+    """adv13b 18: a shell's file in Playwright's or Puppeteer's browser
+    store, deno's module cache or uv's unpacked sdists is what the next test
+    run or build executes as the tool's own."""
+    for rel in (".cache/ms-playwright/chromium-1140/chrome-linux/chrome",
+                ".cache/puppeteer/chrome/linux-131/chrome-linux64/chrome",
+                ".cache/deno/remote/https/deno.land/abc",
+                ".cache/uv/sdists-v9/pypi/x/1.0/src/setup.py"):
+        planted = fc(f"{HOME}/{rel}", where="cache", by="/bin/sh[4]",
+                     lineage=[["/bin/sh", "-c", "printf x > f"]])
+        assert verdict(report(planted), "./tool.sh", "fix the e2e test") != "allow", rel
+    fetched = fc(f"{HOME}/.cache/ms-playwright/chromium-1140/chrome-linux/chrome", where="cache",
+                 by="/usr/bin/node[4]",
+                 lineage=[["/usr/bin/node", "/w/proj/node_modules/.bin/playwright", "install"]])
+    assert verdict(report(fetched), "npx playwright install", "install the test browsers") \
+        == "allow"
+
+
+def test_pytest_testpaths_into_a_directory_the_run_filled_load_its_code(tmp_path: Path):
+    """adv13b 16: `testpaths = ["build/t"]` with a conftest.py the run wrote in
+    ignored build/t: the next `pytest` imports it."""
+    ws = tmp_path / "proj"
+    (ws / "tests").mkdir(parents=True)
+    hidden = fc("build/t/conftest.py", "created", "ignored", by="/bin/sh[3]")
+    for keys in (["tool.pytest.ini_options.testpaths=['build/t']"],
+                 ["tool.pytest.ini_options.testpaths=['tests', 'build/t']"]):
+        change = fc("pyproject.toml", "modified", "tracked", keys=keys, by="/bin/sh[3]")
+        assert verdict(report(change, hidden, ws=str(ws)), "./tool.sh", "configure pytest",
+                       ws=str(ws)) != "allow", keys
+    for name, key in (("pytest.ini", "pytest.testpaths=build/t"),
+                      ("setup.cfg", "tool:pytest.testpaths=build/t")):
+        change = fc(name, "modified", "tracked", keys=[key], by="/bin/sh[3]")
+        assert verdict(report(change, hidden, ws=str(ws)), "./tool.sh", "configure pytest",
+                       ws=str(ws)) != "allow", key
+    fine = fc("pyproject.toml", "modified", "tracked", by="/bin/sh[3]",
+              keys=["tool.pytest.ini_options.testpaths=['tests']"])
+    assert verdict(report(fine, hidden, ws=str(ws)), "./tool.sh", "configure pytest",
+                   ws=str(ws)) == "allow"
