@@ -254,11 +254,11 @@ def test_browser_and_runtime_stores_take_only_their_tools_writes():
 
 
 def test_pytest_testpaths_into_a_directory_the_run_filled_load_its_code(tmp_path: Path):
-    """adv13b 16: `testpaths = ["build/t"]` with a conftest.py the run wrote in
-    ignored build/t: the next `pytest` imports it."""
+    """adv13b 16: `testpaths = ["build/t"]` with a test module the run wrote in
+    ignored build/t: the next `pytest` imports it, which nobody reviews there."""
     ws = tmp_path / "proj"
     (ws / "tests").mkdir(parents=True)
-    hidden = fc("build/t/conftest.py", "created", "ignored", by="/bin/sh[3]")
+    hidden = fc("build/t/test_smoke.py", "created", "ignored", by="/bin/sh[3]")
     for keys in (["tool.pytest.ini_options.testpaths=['build/t']"],
                  ["tool.pytest.ini_options.testpaths=['tests', 'build/t']"]):
         change = fc("pyproject.toml", "modified", "tracked", keys=keys, by="/bin/sh[3]")

@@ -128,6 +128,7 @@ class Rules:
         self.tool_code_keys = list(data["tool_code"]["keys"])
         self.tool_code_scripts = self._globs(data["tool_code"]["scripts"])
         self.tool_code_data_keys = list(data["tool_code"]["data_keys"])
+        self.tool_tables = dict(data["tool_code"]["tool_tables"])
         self.spawn_markers = tuple(data["tool_code"]["spawn_markers"])
         self.git_declarable = set(data["git_declares"].pop("config", []))
         self.git_declares = {k: tuple(v) for k, v in data["git_declares"].items()}
@@ -453,6 +454,10 @@ class _Judge:
         self.changed = {self.absolute(c.path) for c in changes}
         self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
         self.written = {self.absolute(c.path): c for c in changes if c.op != "deleted"}
+        # what each name the run changed is after it: a link's target, or no link
+        self.run_links = {self.absolute(c.path): c.detail[3:] if c.type == "symlink" and
+                          c.op != "deleted" and (c.detail or "").startswith("-> ") else None
+                          for c in changes}
         # hosts caper's proxy let the run reach (a registry the user allowed,
         # on the host's loopback too): not a server of the run's
         self.reached = {n.address.lower().rstrip(".") for n in report.network
@@ -781,10 +786,11 @@ class _Judge:
         risky: list[str] = []
         fmt = configkeys.format_of(full)
         if c.keys is not None and fmt in ("ini", "toml"):
-            risky = [k for k in c.keys if any(fnmatch.fnmatchcase(k.partition("=")[0], g)
+            table = self.r.tool_tables.get(name, "")     # hatch.toml: tool.hatch.*
+            risky = [k for k in c.keys if any(fnmatch.fnmatchcase(table + k.partition("=")[0], g)
                                               for g in self.r.tool_code_keys)
                      or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)
-                     or self._warning_from_project(k)
+                     or self._warning_from_project(k) or self._tests_from_filled(k)
                      # setup.cfg's `version = attr: pkg.mod.VAR`: imported at the build
                      or k.partition("=")[2].lstrip().startswith("attr:")]
         elif c.keys is not None and fmt in ("json", "yaml", "package"):
@@ -833,6 +839,21 @@ class _Judge:
             mine = os.path.join(self.ws, top)
             if os.path.exists(mine) or os.path.exists(mine + ".py") or any(
                     below(x, mine) or x == mine + ".py" for x in self.changed):
+                return True
+        return False
+
+    def _tests_from_filled(self, key: str) -> bool:
+        """pytest's testpaths naming a directory the run wrote into, or one
+        outside the project: the next `pytest` imports the conftest.py and
+        test modules there (adv13b 16: build/t, ignored, with the run's
+        conftest.py)."""
+        name, _, value = key.partition("=")
+        if not name.endswith(".testpaths"):
+            return False
+        for entry in re.findall(r"[^\s,'\"\[\]]+", value):
+            where = os.path.normpath(os.path.join(self.ws, entry))
+            if not below(where, self.ws) or any(below(x, where) and x != where
+                                                for x in self.changed):
                 return True
         return False
 
@@ -1570,14 +1591,15 @@ class _Judge:
         file tools, which caper does not gate, the user's cp) writes its
         target. Into persistence or a credential location it is that harm;
         into the home or /etc, unsure."""
-        lexical = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        joined = os.path.join(os.path.dirname(full), target)
+        lexical = os.path.normpath(joined)
         # A link in place of a hook directory (.git/hooks -> tools/h), or into
         # persistence inside the workspace (tools -> .git/hooks): what is
         # written through it, or what it holds, runs later.
         at_place = self._persistent_place(full + "/x") or (    # .venv itself -> /var/tmp/v
             self.r.matches(self.r.install_places, full + "/x") and
             not self.r.matches(self.r.install_places, full))
-        for t in dict.fromkeys([lexical, os.path.realpath(lexical)]):
+        for t in dict.fromkeys([lexical, os.path.realpath(lexical), self._resolved(joined)]):
             if not at_place and os.path.dirname(t) in self.r.path_dirs and os.path.isfile(t):
                 continue    # a program on PATH (a venv's python): the link runs it, writes nothing
             into = at_place or any(self._persistent_place(x) for x in (t, t + "/x"))
@@ -1596,6 +1618,36 @@ class _Judge:
                          "workspace: what is written through it lands there",
                          "writes outside the workspace", "link only inside the project")
                 return
+
+    def _resolved(self, path: str) -> str:
+        """Where path leads after the run, as the kernel walks it: each
+        component through the run's own links first, then the host's, and a
+        `..` from where the walk is (adv13b 11: `d/u -> ../..`, then `x ->
+        d/u/../.bashrc`, which text alone keeps in d/)."""
+        todo = [p for p in path.split("/") if p]
+        done, hops = "/", 0
+        while todo:
+            part = todo.pop(0)
+            if part in (".", ".."):
+                done = os.path.dirname(done) if part == ".." else done
+                continue
+            step = os.path.join(done, part)
+            if step in self.run_links:
+                target = self.run_links[step]
+            else:
+                try:
+                    target = os.readlink(step)
+                except OSError:
+                    target = None
+            if target is None:
+                done = step
+                continue
+            hops += 1
+            if hops > _MAX_LINK_HOPS:
+                return step          # the kernel gives ELOOP: nothing is reached beyond it
+            todo = [p for p in target.split("/") if p] + todo
+            done = "/" if target.startswith("/") else done
+        return done
 
     def _persistent_place(self, full: str) -> bool:
         return self.r.matches(self.r.persistence, full) and \
@@ -2090,6 +2142,8 @@ def _tests_shadow(full: str, ws: str) -> str | None:
         (name, "__init__.py"), (name + ".py",), ("src", name, "__init__.py"))) else None
 
 
+# Symlinks the kernel follows in one path walk before ELOOP.
+_MAX_LINK_HOPS = 40
 # Programs a compiler driver runs by name from its search path.
 _TOOLCHAIN_PARTS = frozenset({"cc1", "cc1plus", "cc1obj", "cpp", "lto1", "lto-wrapper", "as",
                               "collect2", "ld", "f951", "go1", "rustc"})

@@ -53,7 +53,7 @@ def format_of(path: str) -> str | None:
         return "npmrc"
     if name in ("pip.conf", "pip.ini") or name in _TOOL_INI:
         return "ini"
-    if name in ("pyproject.toml", "Cargo.toml"):
+    if name in ("pyproject.toml", "Cargo.toml", "hatch.toml", "pdm.toml", ".pdm.toml"):
         return "toml"
     if parent == ".cargo" and name in ("config", "config.toml"):
         return "toml"
