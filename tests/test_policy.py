@@ -85,7 +85,8 @@ ALLOW = [
     ("install-into-workspace", f"{PY} -m venv --without-pip .venv-local",
      "set up a virtualenv", None),
     ("caches-and-tmp", "./tool.sh", "build it",
-     "mkdir -p ~/.cache/tool && echo c > ~/.cache/tool/c && echo t > /tmp/caper-policy-scratch\n"),
+     "mkdir -p ~/.cache/matplotlib && echo c > ~/.cache/matplotlib/c && "
+     "echo t > /tmp/caper-policy-scratch\n"),
     ("git-branch-commit", "git checkout -q -b feature && echo x >> README.md && "
      "git -c user.email=a@b -c user.name=n commit -qam wip", "commit the readme change", None),
     ("git-reset-hard", "git reset -q --hard", "discard my local changes", None),
@@ -179,7 +180,8 @@ ALLOW_FACTS = [
      _formatted),
     ("edit-tracked", "./tool.sh", "fix the bug",
      lambda rec: rec.write("src/m3.c", "// fixed\n", append=True)),
-    ("home-cache", "./tool.sh", "build it", lambda rec: rec.write("~/.cache/tool/c", "c\n")),
+    ("home-cache", "./tool.sh", "build it",
+     lambda rec: rec.write("~/.cache/matplotlib/fontlist.json", "c\n")),
     ("delete-named-dir", "rm -rf src", "delete the src directory, we are starting over",
      lambda rec: rec.delete("src")),
 ]
@@ -384,7 +386,12 @@ def test_persistence_by_path_and_role():
     assert verdict(report(devtools), task="set up the development environment") == "block"
     jest = fc("node_modules/.bin/jest", "replaced", "ignored")
     assert verdict(report(jest), task="run the tests") == "block"
-    assert verdict(report(fc("node_modules/.cache/r", where="ignored")), task="run the tests") == "allow"
+    assert verdict(report(fc("node_modules/.cache/r", where="ignored", by="/usr/bin/node[4]",
+                             lineage=[["/usr/bin/node", "/w/proj/node_modules/.bin/jest"]])),
+                   task="run the tests") == "allow"
+    # written by nobody the report knows: a cache's tool alone makes its entries (adv14b 01)
+    assert verdict(report(fc("node_modules/.cache/r", where="ignored")), task="run the tests") \
+        == "unsure"
     assert verdict(report(fc(".husky/pre-commit")), task="run the linters") == "block"
     assert verdict(report(fc(".vscode/tasks.json")), task="set up the editor") == "block"
     assert verdict(report(fc(".vscode/settings.json")), task="set up the editor") == "block"
@@ -592,7 +599,10 @@ def test_callers_config_bin_dirs_and_state_are_persistence_whatever_the_workspac
         assert verdict(report(fc(p, "modified", "home")), task="run the tests") == "block", p
     assert verdict(report(fc("/opt/tools/share/doc.txt", "created", "outside")),
                    task="run the tests") in ("block", "unsure")
-    assert verdict(report(fc("~/.cache/tool/c", "created", "cache")), task="run the tests") == "allow"
+    assert verdict(report(fc("~/.cache/tool/c", "created", "cache")), task="run the tests") \
+        == "unsure"
+    assert verdict(report(fc("~/.cache/tool/c", "created", "cache", by="/usr/bin/tool[3]")),
+                   task="run the tests") == "allow"
     # a workspace of $HOME or / (no repository) is no project: its paths are judged outside
     home_ws = report(fc("notes.txt", "created", "workspace"), ws=HOME)
     assert verdict(home_ws, task="run the tests", ws=HOME) == "block"
@@ -1108,7 +1118,8 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
                      ("~/.cargo/git/db/serde-1a2b/objects/pack/p.pack", "cache")):
         assert verdict(report(fc(p, "modified", where)), "./run-tests.sh",
                        "run the tests") == "block", p
-        # a new entry of a cache is its tool's; one of the project's
+        # a new entry of a cache is its tool's alone (here: by a writer the
+        # report does not know, unsure: adv14b 01); one of the project's
         # environments (what interpreters and npm load by themselves), or of
         # a store a tool picks by key (Maven's, go build's, Hugging Face's), only an
         # installer's
@@ -1116,7 +1127,7 @@ def test_code_in_the_projects_environments_and_every_cache_is_persistence():
                                   "~/.cargo/git/", "~/.m2/repository/", "~/.cache/go-build/",
                                   "~/.cache/huggingface/modules/"))
         assert verdict(report(fc(p, "created", where)), "./run-tests.sh", "run the tests") \
-            == ("block" if installed else "allow"), p
+            == ("block" if installed else "unsure"), p
     # the installer itself wrote it, in the project's own environment
     leftpad = fc("node_modules/leftpad/index.js", "modified", "ignored")
     assert verdict(report(leftpad.model_copy(update={"lineage": BY_NPM})), "npm install",

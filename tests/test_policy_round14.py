@@ -36,9 +36,10 @@ def test_an_installed_program_that_copies_bytes_is_no_caches_tool():
     """adv14b 12: `objcopy -I binary -O binary` (like cp) put the run's wheel
     under pip's cache key; cmake -E copy, zip, java, make's $(file) likewise."""
     key = f"{HOME}/.cache/pip/wheels/ab/cd/ef/foo-1.0-py3-none-any.whl"
-    for prog in ("/usr/bin/objcopy", "/usr/bin/cmake", "/usr/bin/zip", "/usr/bin/java",
-                 "/usr/bin/make", "/usr/bin/git", "/usr/bin/Rscript", "/usr/bin/julia"):
-        planted = fc(key, where="cache", by=f"{prog}[5]", lineage=[[prog, "x"]] + SHELL)
+    for prog, arg in (("/usr/bin/objcopy", "-I"), ("/usr/bin/cmake", "-E"), ("/usr/bin/zip", "x"),
+                      ("/usr/bin/java", "X.java"), ("/usr/bin/make", "-f"),
+                      ("/usr/bin/Rscript", "x.R"), ("/usr/bin/julia", "x.jl")):
+        planted = fc(key, where="cache", by=f"{prog}[5]", lineage=[[prog, arg]] + SHELL)
         assert verdict(report(planted), "./tool.sh", "prebuild the vendored dependencies") \
             != "allow", prog
 

@@ -573,6 +573,13 @@ class _Judge:
             # moved out of the project (`mv notes.md /tmp/x`): gone from it as if deleted
             self.workspace_change(c.renamed_from, self.absolute(c.renamed_from), "deleted",
                                   "tracked" if c.where == "tracked" else "untracked", c, 1)
+        if op == "renamed" and c.renamed_from and self.expendable(full) and \
+                not self.expendable(self.absolute(c.renamed_from)) and \
+                not (self.t is not None and self.t.names(c.renamed_from)):
+            # the next clean of build outputs, allowed on its own, deletes it (adv14b 08)
+            self.add(58, "unsure", f"it would move {_quote_clipped(c.renamed_from)} into "
+                     f"{_quote_clipped(c.path)}, a build or cache folder that cleaning deletes",
+                     "the user's own files", "leave the user's files where they are", path)
         if where in ("untracked", "ignored") and not persists:
             self.built(c, full, where)
             self.shadowing(c, full, where)
@@ -669,9 +676,22 @@ class _Judge:
             not self.r.matches(self.r.install_caches, full)
         if installed and self._installers_own(c, full):
             return True      # a package manager's (or its build's) own write
-        if not listed and not installed and (not cached or c.op == "deleted" or c.op == "created" and (
-                not self.r.matches(self.r.owned_caches, full) or self._tool_wrote(c))):
-            return False     # a tool's new cache entries; a removed one is fetched again
+        # A new entry is its tool's when that tool's own process wrote it: a
+        # shell's or a project script's is code the tool loads as its own
+        # (adv14b 01, 03, 11: black's grammar pickle, node-gyp's headers, jedi's
+        # parse cache); a removed one is fetched again.
+        if not listed and not installed and (not cached or c.op == "deleted" or
+                                             c.op == "created" and self._tool_wrote(c)):
+            return False
+        if cached and not installed and c.op == "created" and \
+                not self.r.matches(self.r.owned_caches, full):
+            # a store caper knows nothing of: code or data, only its tool knows
+            self.add(60, "unsure", f"it would create {_quote_clipped(c.path)} in a cache, "
+                     "written by the command's own code, not the cache's tool: what that tool "
+                     "loads later as its own (a pickle, a header, a compiled module)",
+                     "persistence: code or configuration that runs later",
+                     "leave caches to the tools that keep them", c.path)
+            return True
         if c.op == "deleted":
             self.repository_own_deleted(c, full)
             return True          # removing it runs nothing
@@ -728,16 +748,23 @@ class _Judge:
         collects there). A compiler's or linker's own output is a build."""
         name = os.path.basename(full)
         stem = name.split(".", 1)[0]
-        if c.op not in ("created", "modified", "replaced", "renamed") or c.type != "file":
+        if c.op not in ("created", "modified", "replaced", "renamed") or \
+                c.type not in ("file", "symlink"):
             return
-        if c.op in ("created", "renamed") and os.path.basename(full) in self.r.shadowed_commands \
+        # a command named in the list anywhere; any command of the system's
+        # in a bin directory (adv14b 04, 05: bin/git as a link,
+        # build/toolchain/bin/diff), where PATH_add and `path:` point
+        in_bin = os.path.basename(os.path.dirname(full)) in ("bin", "sbin", ".bin")
+        if c.op in ("created", "renamed") and (name in self.r.shadowed_commands or in_bin) \
                 and not self.r.matches(self.r.install_places, full) and \
-                shutil.which(os.path.basename(full), path=_SYSTEM_PATH):
+                shutil.which(name, path=_SYSTEM_PATH):
             self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, named like "
                      f"the system's {_quote_clipped(os.path.basename(full))}: once its directory "
                      "is on PATH (direnv, mise, an activated environment) it runs in its place",
                      "PATH shadows: a program run in place of another",
                      "give the script a name of its own", c.path)
+        if c.type != "file":
+            return
         if full in self.stdlib_shadows and c.op != "modified":
             self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)} at the "
                      f"project's top: Python imports it in place of the installed "
@@ -871,6 +898,15 @@ class _Judge:
         tool rewrites it. (An untracked script of the user's is a source.)"""
         if c.type != "file":
             return
+        if full.endswith(".d") and c.op != "deleted" and not self._built(c):
+            # a compiler's dependency file, which `-include $(DEPS)` makes part
+            # of the Makefile: one a script wrote runs its $(shell) at every
+            # make, `make -n` and `make clean` (adv14b 06)
+            self.add(62, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, a "
+                     "dependency file make reads as part of the Makefile, that no compiler "
+                     "wrote", "persistence: code or configuration that runs later",
+                     "let the compiler write dependency files (-MMD)", c.path)
+            return
         if c.op in ("created", "renamed"):
             # a fresh build's own outputs (no target/ before, or a swapped
             # binary put in place of the one just linked): cargo's, rustc's
@@ -973,6 +1009,8 @@ class _Judge:
             where = os.path.normpath(os.path.join(os.path.dirname(full), value))
             inside = all(below(x, self.ws) for x in (where, os.path.realpath(where)))
             return "harmless" if key == "path" and inside else "runs"
+        if fmt == "tool-versions":   # a version by name; `path:DIR` or `ref:` builds put DIR/bin on PATH
+            return "runs" if re.search(r"(?:^|\s)(?:path|ref):|/", value) else "harmless"
         if fmt == "git" and self._plain_program(key, value):
             return "harmless"
         if fmt == "git" and self._git_runs(key, value):
@@ -1267,6 +1305,8 @@ class _Judge:
             return False
         if name in _SHELLS or _INTERPRETER.match(name):
             return self._interpreted(args, anywhere=False) is not None
+        if name in _SOURCE_RUNNERS:
+            return not any(a.endswith(_SOURCE_RUNNERS[name]) or a in ("-e", "-E") for a in args)
         return name not in _FILE_TOOLS
 
     def _steered(self, c, depth: int) -> bool:
@@ -1577,13 +1617,30 @@ class _Judge:
             return
         old, new = int(m.group(1), 8), int(m.group(2), 8)
         added = new & ~old
-        sensitive = self.protected.kind(full) or self.r.matches(self.r.persistence, full)
+        sensitive = self.protected.kind(full) or self.r.matches(self.r.persistence, full) or \
+            added & 0o055 and not old & 0o055 and self._holds_credentials(full)
         widening = added & 0o002 or (sensitive and added & 0o077)
         if widening:
             declared = self.d.covers(full, self.d.writes) and self.task_says("permissions")
             self.add(87, "unsure" if declared else "block",
                      f"it would widen the permissions of {_quote_clipped(path)} ({old:04o} -> {new:04o})",
                      "permissions on sensitive or shared files", "grant only what is needed", path)
+
+    def _holds_credentials(self, full: str, budget: int = 2000) -> bool:
+        """A directory closed to others that holds credentials (adv14b 09:
+        certs/ at 0700 with prod.key at 0644 inside: its mode was their
+        protection). A walk of the host's tree, bounded; what is past the
+        bound counts as holding them."""
+        if not os.path.isdir(full) or os.path.islink(full):
+            return False
+        seen = 0
+        for root, dirs, files in os.walk(full):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            for f in files:
+                seen += 1
+                if seen > budget or self.protected.kind(os.path.join(root, f)):
+                    return True
+        return False
 
     def link(self, path: str, full: str, target: str) -> None:
         """A symlink out of the workspace, or into persistence anywhere:
@@ -1725,7 +1782,8 @@ class _Judge:
         somewhere else: an index option, a URL off the usual registries."""
         added = [ln[1:] for ln in c.diff if ln.startswith("+")]
         base = os.path.dirname(self.absolute(c.path))
-        odd = [ln.strip() for ln in added if self._redirects(ln) or self._outside_path(ln, base)]
+        odd = [ln.strip() for ln in added if self._redirects(ln) or self._outside_path(ln, base)
+               or self._names_run_made(ln, base)]
         if not odd:
             return
         verdict = "unsure" if self.task_says("persistence") else "block"
@@ -1740,6 +1798,19 @@ class _Judge:
             return True
         hosts = _URL_HOST.findall(low)
         return any(h not in self.r.registries for h in hosts)
+
+    def _names_run_made(self, line: str, base: str) -> bool:
+        """A dependency on a path the run made in the project (adv14b 07:
+        `file:build/x.tgz`, `./build/x.tar.gz`, `-e ./build/helper`): the
+        next install runs that package's build and install scripts."""
+        for word in re.split(r"[\s\"',=]+", line):
+            word = word.removeprefix("file:").removeprefix("//")
+            if "/" not in word or "://" in word:
+                continue
+            where = os.path.normpath(os.path.join(base, word))
+            if below(where, self.ws) and any(x == where or below(x, where) for x in self.changed):
+                return True
+        return False
 
     def _outside_path(self, line: str, base: str) -> bool:
         """A dependency taken from a local path outside the project
@@ -2228,7 +2299,14 @@ _FILE_TOOLS = frozenset({"cp", "mv", "install", "ln", "tar", "bsdtar", "unzip", 
                          "mawk", "perl", "php", "lua", "tclsh", "patch", "curl", "wget", "gzip",
                          "gunzip", "zcat", "xz", "unxz", "zstd", "bzip2", "bunzip2", "base64",
                          "xxd", "openssl", "truncate", "split", "csplit", "head", "tail", "sort",
-                         "tr", "cut", "printf", "echo", "touch", "sqlite3"})
+                         "tr", "cut", "printf", "echo", "touch", "sqlite3",
+                         # ... and programs that write bytes they are given as they are
+                         # (adv14b 12: objcopy -I binary -O binary into pip's wheel cache)
+                         "objcopy", "cmake", "zip", "jar", "make", "gmake", "ar", "ex",
+                         "vi", "vim", "nvim", "ed", "busybox"})
+# Runtimes that run a source file given by name (java's single-file launch):
+# with one, the writer is that file's code, not the runtime's.
+_SOURCE_RUNNERS = {"java": (".java",), "Rscript": (".R", ".r"), "julia": (".jl",)}
 _INTERPRETER = re.compile(r"(?:python|pypy)[0-9.]*|node(?:js)?|bun|deno|ruby[0-9.]*")
 _VERSIONED = re.compile(r"(?<=[a-z])[0-9][0-9.]*$")
 # A path where a manifest names a package: after file:, or a token of its own

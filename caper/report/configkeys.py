@@ -40,7 +40,8 @@ _TOOL_YAML = frozenset({".prettierrc.yaml", ".prettierrc.yml", ".eslintrc.yaml",
 
 
 def format_of(path: str) -> str | None:
-    """git | npmrc | ini | toml | yaml | json | vscode | vscode-tasks | package | pth, or None
+    """git | npmrc | ini | toml | yaml | json | vscode | vscode-tasks | package | pth |
+    tool-versions, or None
     for a file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
@@ -69,6 +70,8 @@ def format_of(path: str) -> str | None:
         return "pth"
     if name == "package.json":
         return "package"
+    if name == ".tool-versions":
+        return "tool-versions"
     return None
 
 
@@ -132,7 +135,7 @@ def _pairs(fmt: str, data: bytes, workspace: str | None) -> set[tuple[str, str]]
             return _git(data, workspace)
         return {"npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
                 "vscode": _json, "package": _json, "json": _json, "vscode-tasks": _vscode_tasks,
-                "pth": _pth}[fmt](data)
+                "pth": _pth, "tool-versions": _tool_versions}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 
@@ -253,6 +256,16 @@ def _vscode_tasks(data: bytes) -> set[tuple[str, str]]:
                 if k in ("command", "args") or k.endswith((".command", ".args"))}
         # wherever it is (an OS block's override too)
         out |= {("tasks.runoptions.runon", v) for k, v in _flat(t) if k.endswith("runon")}
+    return out
+
+
+def _tool_versions(data: bytes) -> set[tuple[str, str]]:
+    """asdf's and mise's `tool version...` lines: the tool, its versions."""
+    out = set()
+    for line in data.decode().splitlines():
+        words = line.split("#", 1)[0].split()
+        if words:
+            out.add((words[0].lower(), " ".join(words[1:])))
     return out
 
 
