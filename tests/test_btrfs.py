@@ -176,7 +176,11 @@ def test_snapshot_is_isolated_and_discard_restores(env):
     pre = state(env.ws)
     snap = BtrfsSnapshot.create(str(env.ws), str(env.state))
     sp = Path(snap.path)
-    assert sp.parent == env.ws.parent and sp.name.startswith(".caper-snap-")
+    # in a directory of its own beside the workspace, closed to every other
+    # user: what the run writes there (a setuid copy of a shell, a copy of a
+    # root-only file) is not the host's while the run lasts (adv14a 03)
+    assert sp.parent.parent == env.ws.parent and sp.parent.name.startswith(".caper-snap-")
+    assert os.stat(sp.parent).st_mode & 0o777 == 0o700 and os.stat(sp.parent).st_uid == os.getuid()
     assert os.stat(sp).st_dev != os.stat(env.ws).st_dev or is_subvolume(str(sp))
     assert state(sp) == pre and snap.changed_paths() == []
     mutate(sp)
@@ -280,10 +284,12 @@ def test_a_prepared_record_of_an_earlier_version_is_recovered_by_uuid(env, excha
     snap._journal.write(snap._record("prepared"))
     if exchanged:
         parent = os.open(env.parent, os.O_RDONLY | os.O_DIRECTORY)
+        holder = os.open(os.path.dirname(snap.path), os.O_RDONLY | os.O_DIRECTORY)
         try:
-            renameat2(parent, os.path.basename(snap.path), "ws", RENAME_EXCHANGE)
+            renameat2(holder, os.path.basename(snap.path), "ws", RENAME_EXCHANGE, parent)
         finally:
             os.close(parent)
+            os.close(holder)
     snap._journal.unlock()              # its owner is gone
     done = recover_btrfs(str(env.state))
     assert len(done) == 1 and ("commit finished" if exchanged else "rolled back") in done[0]
@@ -352,15 +358,16 @@ def test_upkeep_collects_a_dead_runs_snapshot_holding_a_nested_subvolume(env):
 
 
 def test_a_failed_snapshot_leaves_no_record_and_names_the_call(env):
-    """The snapshot ioctl fails (an immutable parent directory): the error
-    names create_snapshot, and the record written before it is gone."""
+    """The snapshot cannot be made (an immutable parent directory: its own
+    directory there is the first thing made): the error names the call, and
+    the record written before it is gone."""
     subprocess.run(["chattr", "+i", str(env.parent)], check=True)
     try:
         with pytest.raises(BtrfsError) as ei:
             BtrfsSnapshot.create(str(env.ws), str(env.state))
     finally:
         subprocess.run(["chattr", "-i", str(env.parent)], check=True)
-    assert ei.value.step == "create_snapshot" and ei.value.errno == 1   # EPERM
+    assert ei.value.step == "mkdir" and ei.value.errno == 1   # EPERM
     assert env.siblings() == ["ws"] and os.listdir(env.state / "btrfs") == []
     snap = BtrfsSnapshot.create(str(env.ws), str(env.state))         # and the next one works
     snap.discard()

@@ -1,6 +1,6 @@
 """caper.view.btrfs: the btrfs backend for the workspace.
 
-    snap = BtrfsSnapshot.create(workspace, state_dir)   # writable snapshot, a hidden sibling
+    snap = BtrfsSnapshot.create(workspace, state_dir)   # writable snapshot, hidden beside it
     ...  the sandbox bind-mounts snap.path at the workspace path and runs the command ...
     snap.changed_paths()                                # what differs, as workspace paths
     snap.changes()                                      # the same as commit.Change, for reports
@@ -10,9 +10,10 @@
 The workspace must be the root of a btrfs subvolume, not a mount point, with no
 subvolume nested below it (a snapshot is not recursive: a nested subvolume
 would show as an empty directory, and commit would silently empty it).  The
-snapshot is `<parent>/.caper-snap-<id>`, beside the workspace, so the two
-subvolume roots share a parent directory and commit can swap them with one
-`renameat2(RENAME_EXCHANGE)`.
+snapshot is `<parent>/.caper-snap-<id>/tree`, in a 0700 directory beside the
+workspace (what the run writes is nobody else's on the host while it runs), on
+the same filesystem, so commit can swap the two subvolume roots with one
+`renameat2(RENAME_EXCHANGE)` between the two directories.
 
 **What changed.**  A snapshot shares every tree block with its source; btrfs
 copies a block on write and stamps it with the transaction id.  After a sync
@@ -82,6 +83,7 @@ except ImportError:  # pragma: no cover - reported by _need_btrfsutil()
 __all__ = ["is_subvolume", "BtrfsSnapshot", "BtrfsError", "BtrfsConflict", "recover_btrfs"]
 
 SNAP_PREFIX = ".caper-snap-"
+SNAPSHOT_NAME = "tree"
 JOURNAL_DIR = "btrfs"
 JOURNAL_VERSION = 1
 
@@ -473,12 +475,19 @@ class BtrfsSnapshot:
         state_dir = os.path.abspath(state_dir)
         journal = _Journal(state_dir, secrets.token_hex(6))
         journal.lock(block=True)
-        snap = os.path.join(os.path.dirname(ws), SNAP_PREFIX + journal.id)
+        snap = _snapshot_path(ws, journal.id)
         rec = {"version": JOURNAL_VERSION, "id": journal.id, "phase": "created", "workspace": ws,
                "snapshot": snap, "ws_uuid": ws_info.uuid.hex(), "snap_uuid": None}
         try:
             journal.write(rec)              # before the snapshot exists: recover can find it
             step("snapshot")
+            try:
+                # its own directory, closed to others: on the host, what the run
+                # writes is not anyone's while it lasts (adv14a 03: a setuid
+                # copy of a shell, run by another user from beside the workspace)
+                os.mkdir(os.path.dirname(snap), 0o700)
+            except OSError as e:
+                raise _oserr("mkdir", os.path.dirname(snap), e) from e
             try:
                 btrfsutil.create_snapshot(ws, snap)
             except btrfsutil.BtrfsUtilError as e:
@@ -626,9 +635,15 @@ class BtrfsSnapshot:
         except OSError as e:
             raise _oserr("open", parent, e) from e
         try:
+            hfd = os.open(os.path.dirname(self.path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            os.close(pfd)
+            raise _oserr("open", os.path.dirname(self.path), e) from e
+        try:
             step("exchange")
             try:
-                renameat2(pfd, os.path.basename(self.path), os.path.basename(self.workspace), RENAME_EXCHANGE)
+                renameat2(hfd, os.path.basename(self.path), os.path.basename(self.workspace),
+                          RENAME_EXCHANGE, pfd)
             except OSError as e:
                 raise _oserr("renameat2(RENAME_EXCHANGE)", f"{self.path} <-> {self.workspace}", e) from e
             self._phase = "swapped"
@@ -639,6 +654,7 @@ class BtrfsSnapshot:
                 raise _utilerr("sync", parent, e) from e
         finally:
             os.close(pfd)
+            os.close(hfd)
 
     @property
     def swapped(self) -> bool:
@@ -653,6 +669,7 @@ class BtrfsSnapshot:
         self._phase = "done"
         try:
             _delete(self.path, self._ws_uuid, "old workspace")
+            _remove_holder(self.path)
         except BtrfsError as e:
             self._journal.unlock()
             raise BtrfsError(f"commit({self.workspace}): applied, but deleting the old workspace failed: {e}; "
@@ -665,6 +682,7 @@ class BtrfsSnapshot:
         self._phase = "done"
         try:
             _delete(self.path, self._snap_uuid, "snapshot", nested=True)
+            _remove_holder(self.path)
         except BaseException:
             self._journal.unlock()          # recover_btrfs retries it
             raise
@@ -693,6 +711,23 @@ class BtrfsSnapshot:
 
 # --- recovery ---------------------------------------------------------------------------------
 
+def _snapshot_path(workspace: str, jid: str) -> str:
+    """Where a run's snapshot is: in a 0700 directory of its own beside the
+    workspace (the same parent, so that one rename exchanges them)."""
+    return os.path.join(os.path.dirname(workspace), SNAP_PREFIX + jid, SNAPSHOT_NAME)
+
+
+def _remove_holder(snap: str) -> None:
+    """The snapshot's directory, once the snapshot (or the old workspace) in
+    it is deleted; gone already is fine."""
+    try:
+        os.rmdir(os.path.dirname(snap))
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise _oserr("rmdir", os.path.dirname(snap), e) from e
+
+
 def _is_our_snapshot(path: str, rec: dict) -> str | None:
     """UUID of the subvolume at path if it is this record's snapshot."""
     info = _info(path)
@@ -711,7 +746,7 @@ def _recover_one(journal: _Journal, rec: dict, max_kept_s: float) -> str | None:
     if phase == "kept" and time.time() - rec.get("kept_at", 0) <= max_kept_s:
         journal.unlock()
         return None
-    if os.path.basename(snap) != SNAP_PREFIX + rec["id"] or os.path.dirname(snap) != os.path.dirname(ws):
+    if snap != _snapshot_path(ws, rec["id"]):
         raise BtrfsError(f"{journal.path}: snapshot path does not match the record", step="recover")
     exchanged = phase != "kept" and _is_our_snapshot(ws, rec) is not None
     if exchanged:
@@ -722,6 +757,7 @@ def _recover_one(journal: _Journal, rec: dict, max_kept_s: float) -> str | None:
         if uuid is not None:
             _delete(snap, uuid, "snapshot", nested=True)
         what = f"{rec['id']}: rolled back (was {phase}; snapshot {'deleted' if uuid else 'absent'})"
+    _remove_holder(snap)
     journal.remove()
     return what
 
