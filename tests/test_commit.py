@@ -836,6 +836,30 @@ def test_race_at_swap_is_undone(env):
     assert leftovers(env.host) == [] and os.listdir(env.state / "journal") == []
 
 
+def test_an_in_place_edit_between_the_plan_and_its_swap_is_a_conflict(env):
+    """adv14a 01: the user appends to a file the run rewrote while the commit
+    stages (same inode, so the inode check passed): the exchange moved the
+    edited inode to the stage name and deleted it. The ctime says it changed."""
+    env.build({"notes.txt": "mine\n", "b": "1"})
+    env.run("echo run > notes.txt; echo 2 > b")
+    edited = []
+
+    def user(what):
+        if what in ("exchange", "rename") and not edited:
+            with open(env.host / "notes.txt", "a") as f:
+                f.write("typed while the commit ran\n")
+            edited.append(what)
+    journal.fault_hook = user
+    try:
+        with pytest.raises(CommitConflict):
+            env.commit()
+    finally:
+        journal.fault_hook = None
+    assert edited
+    assert (env.host / "notes.txt").read_text() == "mine\ntyped while the commit ran\n"
+    assert (env.host / "b").read_text() == "1" and leftovers(env.host) == []
+
+
 def test_two_layers_and_nested_mount_points(tmp_path):
     # CASE(*, excluded): the "/" layer never commits below another layer's mount point
     outer = Env(tmp_path / "o")

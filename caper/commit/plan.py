@@ -212,6 +212,8 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     shut: list[dict] = field(default_factory=list)   # see shut_dirs
+    since_ns: int | None = None   # the run's start: a host ctime at or after it is a change
+    relinked: set = field(default_factory=set)   # host inodes caper's own link or rename touched
 
     def close(self) -> None:
         for lp in self.layers:
@@ -244,7 +246,7 @@ class _UpperWalk:
             for lp in lps:
                 lp.close()
             raise
-        self.plan = Plan(lps)
+        self.plan = Plan(lps, since_ns=since_ns)
 
     def run(self) -> Plan:
         try:

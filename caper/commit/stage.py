@@ -12,6 +12,7 @@ from caper.commit.fsops import (
     OVERLAY_PREFIXES, apply_attrs, copy_data, entered, exists, fs_error, lstat, managed_xattrs,
     obj_fd, proc_path, set_meta, set_meta_fd, xattrs_writable,
 )
+from caper.commit.ctimes import changed_since
 from caper.commit.journal import Journal, step
 from caper.commit.plan import CREATE, DELETE, REPLACE, REWRITE, LayerPlan, Plan, Unit
 from caper.errors import CommitConflict, CommitError
@@ -135,6 +136,7 @@ class Stager:
                 step("link")
                 os.link(proc_path(ofd), unit.stage, dst_dir_fd=lp.host.fd(unit.parent),
                         follow_symlinks=True)
+                self.plan.relinked.add(os.fstat(ofd).st_ino)
             finally:
                 os.close(ofd)
         elif unit.tree is None:
@@ -306,10 +308,15 @@ def swap(plan: Plan) -> None:
     for unit in plan.units:
         lp = plan.layers[unit.layer]
         if unit.op == REWRITE:
+            cur = exists(lp.host.fd(unit.parent), unit.name)
+            if cur is not None and _edited(plan, cur):
+                hp = lp.host.path(unit.parent + (unit.name,))
+                raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
             tree = lp.index_dir if unit.from_index else lp.up
             upper = (tree.fd(unit.upper[:-1]), unit.upper[-1]) if unit.data else None
             rewrite_inode(lp.host.fd(()), unit.origin, unit.host_ino, upper, unit.meta["new"],
                           unit.meta["new_times"], lp.host.path(unit.parent + (unit.name,)))
+            plan.relinked.add(unit.host_ino)      # its other names' ctime: caper's own
             continue
         pfd = lp.host.fd(unit.parent)
         cur = exists(pfd, unit.name)
@@ -317,7 +324,9 @@ def swap(plan: Plan) -> None:
         if unit.op == CREATE:
             if cur is not None:
                 raise CommitConflict(f"{hp} appeared on the host during the commit", [hp])
-        elif cur is None or cur.st_ino != unit.host_ino:
+        elif cur is None or cur.st_ino != unit.host_ino or _edited(plan, cur):
+            # the same inode edited in place since the plan looked (`>>`, an
+            # editor's save) is a change too (adv14a 01)
             raise CommitConflict(f"{hp} changed on the host during the commit", [hp])
         try:
             with entered(pfd):
@@ -334,9 +343,17 @@ def swap(plan: Plan) -> None:
             if e.errno in (errno.EEXIST, errno.ENOENT):     # lost a race with a host process
                 raise CommitConflict(f"{hp} changed on the host during the commit", [hp]) from e
             raise fs_error(e, "renameat2", hp) from e
+        if unit.host_ino is not None:
+            plan.relinked.add(unit.host_ino)      # renamed by caper: its other names' ctime moved
     for m in plan.metas:
         lp = plan.layers[m.layer]
         set_meta(_parent_of(lp, m.rel, m.ino), m.rel[-1], m.new)
+
+
+def _edited(plan: Plan, st: os.stat_result) -> bool:
+    """The host changed this inode after the run began (its ctime says so)."""
+    return plan.since_ns is not None and not stat.S_ISDIR(st.st_mode) and \
+        st.st_ino not in plan.relinked and changed_since(st.st_ctime_ns, plan.since_ns)
 
 
 def _parent_of(lp: LayerPlan, rel: tuple, ino: int) -> int:
