@@ -19,6 +19,8 @@ from caper.report.build import GitLoss
 from helpers.facts import Recording, judged
 from helpers.policy import gate, report
 from helpers.rootless import NOBODY, need_rootless_venv, run_as_nobody
+from caper.config import Config
+from caper.transaction import run
 from helpers.trees import git, git_project
 
 TASK = "fix the typo in README"
@@ -324,3 +326,61 @@ def test_tags_and_database_triggers_are_judged_rootless():
         assert not out["committed"] and shown in out["report"], (harm, out["reason"])
     assert (ws / ".git" / "refs" / "tags" / "v0.9").exists()
     assert run_as_nobody(ws, "git tag v1.1", "policy", state)["committed"]
+
+
+def test_a_commit_graph_the_run_forged_does_not_hide_a_lost_branch(policy_env: Path):
+    """adv14a 05: caper's git read the run's objects as an alternate and took
+    parents from the commit-graph the run wrote there: main's tip "had"
+    feature's as a parent, `git branch -D feature` lost nothing, and was
+    committed. caper's git reads commits, never graphs; a graph no git wrote
+    is not routine."""
+
+    ws = policy_env / "proj"
+    git(ws, "checkout", "-q", "-b", "feature")
+    (ws / "f.txt").write_text("f\n")
+    git(ws, "add", "f.txt")
+    git(ws, "commit", "-qm", "feature work")
+    git(ws, "checkout", "-q", "-")
+    (ws / "b.txt").write_text("b\n")
+    git(ws, "add", "b.txt")
+    git(ws, "commit", "-qm", "main work")
+    shutil.copy(Path(__file__).parent / "fixtures" / "forge_commit_graph.py", policy_env / "forge.py")
+    main = subprocess.run(["git", "-C", str(ws), "branch", "--show-current"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    forge = f"sed -i 's/\"main\"/\"{main}\"/' ../forge.py && python3 ../forge.py >/dev/null"
+    out = gate(policy_env, f"{forge} && git branch -D feature", "run the tests")
+    assert not out.committed, out.reason
+    assert "commit" in out.reason
+    out = gate(policy_env, forge, "run the tests")
+    assert not out.committed and "commit-graph" in out.reason, out.reason
+    assert subprocess.run(["git", "-C", str(ws), "rev-parse", "-q", "--verify", "feature"],
+                          capture_output=True).returncode == 0
+
+
+def test_the_reports_git_fetches_nothing_in_a_partial_clone(tmp_path: Path):
+    """adv14a 04: in a `--filter=blob:none` clone, a blocked run's ref to a
+    blob the clone lacks made caper's git fetch it from origin (the network,
+    the user's credentials, object ids the run chose) into the host's objects."""
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    git(remote, "init", "-q")
+    (remote / "big.txt").write_text("old secret\n")
+    git(remote, "add", "big.txt")
+    git(remote, "commit", "-qm", "one")
+    blob = subprocess.run(["git", "-C", str(remote), "rev-parse", "HEAD:big.txt"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (remote / "big.txt").write_text("new\n")
+    git(remote, "commit", "-qam", "two")
+    git(remote, "config", "uploadpack.allowFilter", "true")
+    git(remote, "config", "uploadpack.allowAnySHA1InWant", "true")
+    subprocess.run(["git", "clone", "-q", "--filter=blob:none", f"file://{remote}",
+                    str(tmp_path / "proj")], check=True)
+    ws = tmp_path / "proj"
+    packs = sorted(os.listdir(ws / ".git" / "objects" / "pack"))
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    out = run(f"echo {blob} > .git/refs/heads/wip", cwd=ws,
+              approver="block", env=env, state_dir=str(tmp_path / "state"), config=Config())
+    assert not out.committed
+    assert sorted(os.listdir(ws / ".git" / "objects" / "pack")) == packs
+    assert subprocess.run(["git", "-C", str(ws), "cat-file", "-e", blob], capture_output=True,
+                          env={**env, "GIT_NO_LAZY_FETCH": "1"}).returncode != 0

@@ -1135,6 +1135,16 @@ class _Judge:
             self.add(91, "block", f"it would delete {_quote_clipped(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
+        elif op != "deleted" and parts[1:3] == ["objects", "info"] and len(parts) > 3 and \
+                parts[3].startswith(("commit-graph", "multi-pack-index")) or \
+                op != "deleted" and parts[-1] == "multi-pack-index":
+            # what git takes commits' parents and objects' places from without
+            # reading the objects (adv14a 05: a forged graph made an unmerged
+            # branch look merged): git's own gc or commit-graph write only
+            if not (self._ran(c, {"git"}) and not _git_told_where(c)):
+                self.add(70, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an index "
+                         "git trusts for the history's shape, without git writing it",
+                         "the repository's history", "let git write its own indexes", path)
         elif op == "deleted" and parts[1] == "objects" and not self._ran(c, {"git"}):
             # git's object store is routine for git (gc, repack), history for anyone else.
             self.add(91, "block", f"it would delete {_quote_clipped(path)}, objects of the repository's "

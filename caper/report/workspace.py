@@ -23,11 +23,17 @@ _GIT_OPTIONS = ["-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false",
                 "-c", "core.hooksPath=/dev/null", "-c", "log.showSignature=false",
                 "-c", "gpg.program=false", "-c", "gpg.openpgp.program=false",
                 "-c", "gpg.ssh.program=false", "-c", "gpg.x509.program=false",
-                "-c", "core.pager=cat", "--no-pager"]
+                "-c", "core.pager=cat", "--no-pager",
+                # nothing fetched (a partial clone fetches a missing object the
+                # run named: adv14a 04), and the history read from the objects
+                # themselves, not from indexes the run may have written beside
+                # them (a forged commit-graph: adv14a 05)
+                "-c", "protocol.allow=never", "-c", "core.commitGraph=false",
+                "-c", "core.multiPackIndex=false"]
 # Not the caller's environment (GIT_DIR, GIT_CONFIG_PARAMETERS, GIT_EXEC_PATH
 # would redirect git): only these, and no system config.
 _GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_ATTR_NOSYSTEM": "1"}
+            "GIT_ATTR_NOSYSTEM": "1", "GIT_NO_LAZY_FETCH": "1", "GIT_NO_REPLACE_OBJECTS": "1"}
 
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # Under $HOME: caches that package managers and tools own.
