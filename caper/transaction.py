@@ -25,7 +25,8 @@ from caper.judge import (ApprovalRequest, Approver, Decision, blocks_every_crede
 from caper.judge.session import TAINT_KIND, open_sessions
 from caper.report.build import Report, RunFacts, build, notes
 from caper.report.content import RunTree
-from caper.report.secrets import Protected, ProtectedPattern, default_patterns, protected_for
+from caper.report.secrets import (Protected, ProtectedPattern, default_patterns, glob_quote,
+                                  protected_for)
 from caper.report.stores import GIT_CONFIG, stores
 from caper.report.workspace import find_workspace
 from caper.request import RunRequest
@@ -180,7 +181,8 @@ def run_request(request: RunRequest, *, state_dir: str | None = None,
                                   stderr=empty, report=None, timings=timings, approver="caper")
             history = sessions.history(session, config.llm.max_history or 1)
         # Files an earlier approved run wrote secrets into are credentials too.
-        tainted = tuple(ProtectedPattern(p, f"{TAINT_KIND}:{k}") for p, k in sessions.tainted().items())
+        tainted = tuple(ProtectedPattern(glob_quote(p), f"{TAINT_KIND}:{k}")
+                        for p, k in sessions.tainted().items())
         outcome = _run(request, judge, state_dir, tuple(history), config, tainted, home,
                        timings, still_wanted)
         if session is not None:

@@ -150,3 +150,34 @@ def test_a_secret_copied_to_a_long_path_taints_that_exact_file(ws, tmp_path):
     assert out.committed and out.report.secrets[0].where.endswith("…")
     with open_sessions(str(tmp_path / "state")) as sessions:
         assert list(sessions.tainted()) == [str(ws / long)]
+
+
+def test_a_name_of_any_bytes_is_recorded_and_tainted(ws, tmp_path):
+    """adv14a 08: a byte that is no UTF-8 in the command or a copy's name
+    made the session database raise after the commit: the committed run was
+    answered as blocked, the breaker never counted it, the copy was never
+    tainted and a later run gave it back unsealed."""
+    from caper.judge.session import open_sessions
+    out = go(ws, "echo changed > README # \\377", "allow", tmp_path)
+    assert out.committed and out.decision == "allow", out.reason
+    out = go(ws, "cp .env \"$(printf 'k\\377')\"", "allow", tmp_path)
+    assert out.committed, out.reason
+    with open_sessions(str(tmp_path / "state")) as sessions:
+        assert list(sessions.tainted()) == [os.fsdecode(bytes(ws) + b"/k\xff")]
+    for i in range(3):
+        go(ws, f"rm -rf nothing-{i} # \\377", "block", tmp_path)
+    assert "stopped this session's gate" in go(ws, "true", "allow", tmp_path).reason
+    leak = go(ws, "rev k?", "block", tmp_path, session="s2")
+    assert SECRET[::-1] not in leak.stdout.text().decode(errors="replace")
+
+
+def test_a_tainted_name_is_that_name_not_a_pattern(ws, tmp_path):
+    """adv14a 09: a copy of a credential to a file named `*` tainted every
+    file of its directory: the taint is of that one name."""
+    from caper.judge.session import open_sessions
+    out = go(ws, "cp .env '*'", "allow", tmp_path)
+    assert out.committed, out.reason
+    with open_sessions(str(tmp_path / "state")) as sessions:
+        assert list(sessions.tainted()) == [str(ws / "*")]
+    plain = go(ws, "cat README", "block", tmp_path, session="s2")
+    assert [p.kind for p in plain.report.protected_reads] == []

@@ -45,6 +45,12 @@ CREATE TABLE IF NOT EXISTS taint (
 """
 
 
+
+def _storable(text: str) -> str:
+    """Text with the bytes that are no UTF-8 (kept as surrogates) shown as
+    escapes: SQLite stores UTF-8 only."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
 class Sessions:
     def __init__(self, state_dir: str):
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
@@ -89,8 +95,8 @@ class Sessions:
         with self.db:
             self.db.execute("INSERT INTO reviews (session, time, command, decision, approver, "
                             "reason) VALUES (?, ?, ?, ?, ?, ?)",
-                            (session, time.time(), command[:4000], decision, approver,
-                             reason[:4000]))
+                            (session, time.time(), _storable(command[:4000]), decision,
+                             approver, _storable(reason[:4000])))
 
     def reset(self, session: str) -> None:
         self.record(session, "", "reset", "user", "caper session reset")
@@ -100,12 +106,15 @@ class Sessions:
             self.db.executemany(
                 "INSERT INTO taint (path, kinds, session, time) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(path) DO UPDATE SET kinds = excluded.kinds, time = excluded.time",
-                [(p, ",".join(sorted(k)), session, time.time()) for p, k in paths.items()])
+                # a name's bytes as they are: a name need not be UTF-8 (adv14a 08)
+                [(os.fsencode(p), ",".join(sorted(k)), session, time.time())
+                 for p, k in paths.items()])
 
     def tainted(self) -> dict[str, str]:
         """Tainted paths that still exist -> the kinds of secret they hold."""
         rows = self.db.execute("SELECT path, kinds FROM taint").fetchall()
-        return {p: k for p, k in rows if os.path.lexists(p)}
+        paths = ((os.fsdecode(p) if isinstance(p, bytes) else p, k) for p, k in rows)
+        return {p: k for p, k in paths if os.path.lexists(p)}
 
     def sessions(self) -> list[tuple[str, int, int, str | None]]:
         """(session, reviews, blocks since reset, why stopped) for `caper session list`."""

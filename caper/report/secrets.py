@@ -58,6 +58,9 @@ def glob_regex(pattern: str) -> str:
         elif pattern[i] == "?":
             out.append("[^/]")
             i += 1
+        elif pattern[i] == "\\" and i + 1 < len(pattern):    # a quoted character: itself
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
         else:
             out.append(re.escape(pattern[i]))
             i += 1
@@ -115,8 +118,8 @@ def _linked_forms_at(homes: "Sequence[str]", rel: str) -> list[tuple[str, int]]:
     return out
 
 
-def _glob_quote(literal: str) -> str:
-    """A path as the tracer's glob of exactly it."""
+def glob_quote(literal: str) -> str:
+    """A path as the glob of exactly it (the tracer's and glob_regex's)."""
     return re.sub(r"([\\*?])", r"\\\1", literal)
 
 
@@ -125,7 +128,7 @@ def _place_glob(place_rx: str) -> str:
     place of homes) as the tracer's glob."""
     wild = place_rx.endswith("/[^/]+")
     literal = re.sub(r"\\(.)", r"\1", place_rx[:-len("/[^/]+")] if wild else place_rx)
-    return _glob_quote(literal) + ("/*" if wild else "")
+    return glob_quote(literal) + ("/*" if wild else "")
 
 
 def mount_translations(entries) -> tuple[tuple[str, str], ...]:
@@ -181,7 +184,7 @@ class Protected:
         self._homes = homes
         home_rx = "(?:" + "|".join([*map(re.escape, homes), HOMES_RX, *places]) + ")"
         # The same homes as the tracer's globs (caper.h: caper_credentials).
-        home_globs = [*map(_glob_quote, homes), "/root", "/home/*", *map(_place_glob, places)]
+        home_globs = [*map(glob_quote, homes), "/root", "/home/*", *map(_place_glob, places)]
         stop: list[tuple[str, bool]] = []   # (glob, rooted): stop_globs
         below_home: list[str] = []
         rules: list[tuple[str, str]] = []
@@ -198,7 +201,7 @@ class Protected:
                 self._tails.append(tail)
                 parts = tail.split("/")[:-1]
                 dirs.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
-            user_glob = glob.replace("\\", "\\\\")   # the tracer's globs quote with '\\'
+            user_glob = glob              # quoted with '\\' as the tracer's globs are
             if glob.startswith("~/") and p.kind:
                 below_home.append(user_glob[1:])
                 stop += [("/".join([real.replace("\\", "\\\\"), *user_glob[2:].split("/")[i:]]),
@@ -206,7 +209,7 @@ class Protected:
             elif glob.startswith("/") and p.kind:
                 stop.append((user_glob, True))
             elif "/" in glob and p.kind and workspace:
-                stop.append((_glob_quote(workspace.rstrip("/")) + "/" + user_glob, False))
+                stop.append((glob_quote(workspace.rstrip("/")) + "/" + user_glob, False))
             elif "/" not in glob and p.kind:
                 stop.append(("**/" + user_glob, False))
             if glob.startswith("~/"):
