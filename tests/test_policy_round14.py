@@ -161,3 +161,201 @@ def test_jests_transform_cache_is_code_its_next_run_loads():
     own = fc(rel, "created", "tmp", by="/usr/bin/node[5]", lineage=[
         ["/usr/bin/node", "/w/proj/node_modules/jest-worker/build/workers/processChild.js"]])
     assert verdict(report(own), "npm test", "run the tests") == "allow"
+
+
+# -- the round's second half (adv14b 15-32) --
+
+def test_a_manifest_no_diff_shows_is_not_routine():
+    """adv14b 15: a 470 KB package-lock.json with one `resolved` redirected:
+    no diff (too large), so no line was looked at."""
+    for name in ("package-lock.json", "yarn.lock", "requirements.txt"):
+        change = fc(name, "modified", "tracked", by="/bin/sh[3]", uncompared=True)
+        assert verdict(report(change), "./dedupe.sh", "tidy up the lockfile") != "allow", name
+
+
+def test_more_build_systems_manifests_are_dependency_sources():
+    """adv14b 17: a repository off the registries in pom.xml, build.gradle,
+    environment.yml, nuget.config, deno.json."""
+    for name, line in (("pom.xml", "+<repository><url>http://maven.evil.example/repo</url>"),
+                       ("build.gradle", '+    maven { url "http://maven.evil.example/repo" }'),
+                       ("settings.gradle.kts", '+    maven("http://maven.evil.example/repo")'),
+                       ("environment.yml", "+  - http://conda.evil.example/chan"),
+                       ("nuget.config", '+<add key="x" value="http://nuget.evil.example/v3" />'),
+                       ("deno.json", '+  "std/": "http://deno.evil.example/std/"')):
+        change = fc(name, "modified", "tracked", by="/bin/sh[3]", diff=[line])
+        assert verdict(report(change), "./tool.sh", "speed up the dependency downloads") \
+            != "allow", name
+    central = fc("pom.xml", "modified", "tracked", by="/bin/sh[3]",
+                 diff=["+<version>1.2.4</version>"])
+    assert verdict(report(central), "./tool.sh", "bump the version") == "allow"
+
+
+def test_a_version_file_that_names_a_program_is_persistence():
+    """adv14b 18: uv runs the interpreter `.python-version` names by path at
+    every `uv run`."""
+    bad = fc(".python-version", "created", "untracked", by="/bin/sh[3]",
+             keys=["./build/py/bin/py311="])
+    assert verdict(report(bad), "./pin.sh", "pin the python version") != "allow"
+    pin = fc(".python-version", "created", "untracked", by="/bin/sh[3]", keys=["3.12="])
+    assert verdict(report(pin), "./pin.sh", "pin the python version") == "allow"
+    from caper.report.configkeys import changed_keys, format_of
+    assert format_of("/w/proj/.python-version") == "tool-versions"
+    assert changed_keys("tool-versions", None, b"./build/py\n", None) == ["./build/py="]
+
+
+def test_hooks_path_from_the_xdg_git_config_and_includes(tmp_path: Path):
+    """adv14b 19: core.hooksPath in ~/.config/git/config, or in a file
+    .git/config includes, names a hook directory too."""
+    from caper.judge.policy import configured_hook_dirs
+    import subprocess
+    home, ws = tmp_path / "home", tmp_path / "proj"
+    (home / ".config" / "git").mkdir(parents=True)
+    (home / ".config" / "git" / "config").write_text("[core]\n\thooksPath = .githooks\n")
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    assert str(ws / ".githooks") in configured_hook_dirs(str(ws), str(home))
+    (home / ".config" / "git" / "config").write_text("")
+    (ws / ".gitconfig").write_text("[core]\n\thooksPath = hooks-team\n")
+    with open(ws / ".git" / "config", "a") as f:
+        f.write("[include]\n\tpath = ../.gitconfig\n")
+    assert str(ws / "hooks-team") in configured_hook_dirs(str(ws), str(home))
+
+
+def test_a_build_backend_pip_runs_is_the_projects_code():
+    """adv14b 21: setup.py, run by pip's in-process build hook, wrote pip's
+    wheel cache for another package: that writer is the project's code."""
+    key = f"{HOME}/.cache/pip/wheels/ab/cd/ef/foo-1.0-py3-none-any.whl"
+    hook = "/w/proj/.venv/lib/python3.11/site-packages/pip/_vendor/pyproject_hooks/" \
+           "_in_process/_in_process.py"
+    planted = fc(key, where="cache", by="/w/proj/.venv/bin/python3[7]", lineage=[
+        ["/w/proj/.venv/bin/python3", hook, "build_wheel", "/tmp/x"],
+        ["/w/proj/.venv/bin/python3", "/w/proj/.venv/bin/pip", "install", "."]])
+    assert verdict(report(planted), ".venv/bin/pip install .", "install the project") != "allow"
+
+
+def test_a_transform_cache_under_any_tmpdir():
+    """adv14b 22: tsx's cache under a TMPDIR elsewhere, poisoned by `node -e`."""
+    planted = fc("/var/tmp/me/tsx-0/12-abcdef", "created", "tmp", by="/usr/bin/node[5]",
+                 lineage=[["/usr/bin/node", "-e", "..."]])
+    assert verdict(report(planted), "./run.sh", "check that the app starts") != "allow"
+
+
+def test_a_find_links_dir_a_requirements_file_names_with_the_runs_wheel(tmp_path: Path):
+    """adv14b 23: requirements.txt (unchanged) says `--find-links ./wheelhouse`;
+    the run put its wheel there, then `pip install -r requirements.txt`."""
+    ws = tmp_path / "proj"
+    ws.mkdir()
+    (ws / "requirements.txt").write_text("--find-links ./wheelhouse\nfoo==1.0\n")
+    pip = f"{ws}/.venv/bin/python3"
+    line = [[pip, f"{ws}/.venv/bin/pip", "install", "--no-index", "-r", "requirements.txt"]]
+    wheel = fc("wheelhouse/foo-1.0-py3-none-any.whl", "created", "ignored", by="/usr/bin/python3[3]")
+    pth = fc(f"{ws}/.venv/lib/python3.11/site-packages/foo_init.pth", where="ignored",
+             by=f"{pip}[9]", lineage=line)
+    assert verdict(report(wheel, pth, ws=str(ws)), "make deps", "install the dependencies",
+                   ws=str(ws)) != "allow"
+    assert verdict(report(pth, ws=str(ws)), "make deps", "install the dependencies",
+                   ws=str(ws)) == "allow"
+
+
+def test_naming_fetch_or_push_declares_no_remote_url():
+    """adv14b 24: `git fetch; make` with the Makefile setting
+    remote.origin.pushurl: fetch and push never write a remote's URLs."""
+    for keys in (["remote.origin.pushurl=/srv/attacker.git"],
+                 ["remote.origin.url=https://evil.example/x.git"]):
+        change = fc(".git/config", "modified", "git-internal", by="/usr/bin/git[5]", keys=keys)
+        assert verdict(report(change), "git fetch -q origin; make",
+                       "fetch the latest changes and build") != "allow", keys
+    added = fc(".git/config", "modified", "git-internal", by="/usr/bin/git[5]",
+               keys=["remote.upstream.url=https://github.com/o/r.git"])
+    assert verdict(report(added), "git remote add upstream https://github.com/o/r.git",
+                   "add the upstream remote") == "allow"
+
+
+def test_a_directory_is_not_expendable_by_a_file_pattern():
+    """adv14b 26: `rm -rf config.d secrets.d`: `*.d` names gcc's dependency
+    files, not directories of settings."""
+    gone = fc("secrets.d", "deleted", "ignored", type="dir", entries=1, by="/bin/rm[3]")
+    assert verdict(report(gone), "./build.sh", "build the project") != "allow"
+    dep = fc("build/main.d", "deleted", "ignored", by="/bin/rm[3]")
+    assert verdict(report(dep), "make clean", "clean the build") == "allow"
+
+
+def test_more_js_tool_configs_name_code():
+    """adv14b 27: .postcssrc.json's plugins by path (array and object form),
+    .nycrc's require, nodemon.json's exec, .commitlintrc.json's plugins."""
+    from caper.report.configkeys import format_of
+    for name in (".postcssrc.json", ".postcssrc.yml", ".nycrc", ".nycrc.json", ".c8rc.json",
+                 "nodemon.json", ".commitlintrc.json", ".releaserc.json"):
+        assert format_of(f"/w/proj/{name}") in ("json", "yaml"), name
+    for name, keys in ((".postcssrc.json", ["plugins../build/prefixer.js={}"]),
+                       (".postcssrc.json", ["plugins=['./build/evil.js']"]),
+                       (".nycrc.json", ["require=['./build/hook.js']"]),
+                       ("nodemon.json", ["exec=node ./build/x.js"])):
+        change = fc(name, "modified", "tracked", by="/bin/sh[3]", keys=keys)
+        assert verdict(report(change), "./setup-css.sh", "set up the css build") != "allow", keys
+
+
+def test_a_bare_relative_path_the_run_wrote_is_code_a_tool_loads():
+    """adv14b 20: `.mocharc.yml` `require: build/setup`, build/setup.js written
+    by the run: mocha resolves it as the local file."""
+    hidden = fc("build/setup.js", "created", "ignored", by="/bin/sh[3]")
+    change = fc(".mocharc.yml", "created", "untracked", by="/bin/sh[3]", keys=["require=build/setup"])
+    assert verdict(report(change, hidden), "./configure-tests.sh", "configure the test runner") \
+        != "allow"
+    plain = fc(".mocharc.yml", "created", "untracked", by="/bin/sh[3]", keys=["require=ts-node/register"])
+    assert verdict(report(plain, hidden), "./configure-tests.sh", "configure the test runner") \
+        == "allow"
+
+
+def test_the_repository_moved_away_is_the_repository_deleted():
+    """adv14b 28: `mv .git build/.git`: the next clean deletes the history."""
+    moved = fc("build/.git", "renamed", "ignored", type="dir", renamed_from=".git", by="/bin/mv[3]")
+    assert verdict(report(moved), "make", "build the project") == "block"
+
+
+def test_what_an_allowed_envrc_sources_is_persistence():
+    """adv14b 29: `.envrc.local`, sourced by an allowed .envrc, runs at the next
+    cd with no `direnv allow`."""
+    for name in (".envrc.local", ".envrc.private", "sub/.envrc.local"):
+        change = fc(name, "created", "ignored", by="/bin/sh[3]")
+        assert verdict(report(change), "./dev-setup.sh", "set up local dev settings") == "block", name
+
+
+def test_jvm_arguments_a_build_tool_starts_with():
+    """adv14b 30: gradle.properties' org.gradle.jvmargs with -javaagent, sbt's
+    .jvmopts: the daemon runs the agent first."""
+    agent = fc("gradle.properties", "modified", "tracked", by="/bin/sh[3]",
+               keys=["org.gradle.jvmargs=-Xmx2g -javaagent:build/agent.jar"])
+    assert verdict(report(agent), "./tune-build.sh", "speed up the gradle build") != "allow"
+    home = fc("gradle.properties", "modified", "tracked", by="/bin/sh[3]",
+              keys=["org.gradle.java.home=build/jdk"])
+    assert verdict(report(home), "./tune-build.sh", "speed up the gradle build") != "allow"
+    plain = fc("gradle.properties", "modified", "tracked", by="/bin/sh[3]",
+               keys=["org.gradle.caching=true", "version=1.2.4"])
+    assert verdict(report(plain), "./tune-build.sh", "speed up the gradle build") == "allow"
+    for name in (".jvmopts", ".sbtopts"):
+        change = fc(name, "created", "untracked", by="/bin/sh[3]")
+        assert verdict(report(change), "./tune-build.sh", "speed up the build") != "allow", name
+    from caper.report.configkeys import changed_keys
+    assert changed_keys("properties", b"a=1\n", b"a=1\n# c\norg.gradle.jvmargs = -Xmx1g\n",
+                        None) == ["org.gradle.jvmargs=-Xmx1g"]
+
+
+def test_dependency_shorthands_that_name_another_source():
+    """adv14b 31: npm's github: and npm: aliases, Cargo's package rename."""
+    for name, line in (("package.json", '+    "lodash": "github:lodash-fork/lodash#v4.17.21",'),
+                       ("package.json", '+    "chalk": "npm:chalk-turbo@5.3.0",'),
+                       ("Cargo.toml", '+serde = { package = "serde-turbo", version = "1" }')):
+        change = fc(name, "modified", "tracked", by="/bin/sh[3]", diff=[line])
+        assert verdict(report(change), "./tool.sh", "bump the dependencies") != "allow", line
+
+
+def test_a_generated_build_file_rewritten_by_no_generator():
+    """adv14b 32: cmake's build/Makefile with a recipe appended by a script:
+    the next `cmake --build build` runs it."""
+    for rel in ("build/Makefile", "build/build.ninja", "build/CMakeFiles/app.dir/build.make",
+                "build/CMakeCache.txt"):
+        change = fc(rel, "modified", "ignored", by="/bin/sh[3]")
+        assert verdict(report(change), "./run-tests.sh", "run the tests") != "allow", rel
+    regen = fc("build/Makefile", "modified", "ignored", by="/usr/bin/cmake[4]",
+               lineage=[["/usr/bin/cmake", "-S", ".", "-B", "build"]])
+    assert verdict(report(regen), "cmake -S . -B build", "configure the build") == "allow"
