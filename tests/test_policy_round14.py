@@ -245,6 +245,7 @@ def test_a_find_links_dir_a_requirements_file_names_with_the_runs_wheel(tmp_path
     ws = tmp_path / "proj"
     ws.mkdir()
     (ws / "requirements.txt").write_text("--find-links ./wheelhouse\nfoo==1.0\n")
+    (ws / "wheelhouse").mkdir()         # ignored, empty before the run
     pip = f"{ws}/.venv/bin/python3"
     line = [[pip, f"{ws}/.venv/bin/pip", "install", "--no-index", "-r", "requirements.txt"]]
     wheel = fc("wheelhouse/foo-1.0-py3-none-any.whl", "created", "ignored", by="/usr/bin/python3[3]")

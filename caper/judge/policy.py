@@ -185,8 +185,16 @@ def configured_hook_dirs(workspace: str, home: str | None) -> tuple[str, ...]:
     """The directories the repository's and the user's core.hooksPath name
     (`.githooks`): hooks there run at the next commit like .git/hooks/*."""
     out = []
-    for cfg, base in ((os.path.join(workspace, ".git", "config"), workspace),
-                      (os.path.join(home, ".gitconfig") if home else "", home or "")):
+    git_dir = os.path.join(workspace, ".git")
+    xdg = os.path.join(home, ".config", "git", "config") if home else ""
+    # git reads the user's XDG file too, and what any of them includes (adv14b 19);
+    # a relative hooksPath is taken from the worktree's top
+    files = [os.path.join(git_dir, "config"), xdg, *sorted(configkeys.git_included(
+        git_dir if os.path.isdir(git_dir) else None, home, workspace))]
+    cfgs = [(f, workspace) for f in files] + (
+        [(os.path.join(home, ".gitconfig"), home), (os.path.join(home, ".gitconfig"), workspace)]
+        if home else [])
+    for cfg, base in cfgs:
         for v in _git_config_values(cfg, "core.hookspath", workspace, *stamp(cfg)):
             v = home.rstrip("/") + v[1:] if v.startswith("~/") and home else v
             out.append(os.path.normpath(os.path.join(base, v)))
@@ -573,6 +581,13 @@ class _Judge:
             # moved out of the project (`mv notes.md /tmp/x`): gone from it as if deleted
             self.workspace_change(c.renamed_from, self.absolute(c.renamed_from), "deleted",
                                   "tracked" if c.where == "tracked" else "untracked", c, 1)
+        if op == "renamed" and (c.renamed_from or "").split("/")[0] == ".git" and \
+                not path.startswith(".git/"):
+            # the repository moved out of its place: no repository is left,
+            # and where it went, cleaning deletes it (adv14b 28)
+            self.add(91, "block", f"it would move {_quote_clipped(c.renamed_from)} to "
+                     f"{_quote_clipped(path)}: the project is no repository after it",
+                     "the repository's history", "never move .git; use git commands", path)
         if op == "renamed" and c.renamed_from and self.expendable(full) and \
                 not self.expendable(self.absolute(c.renamed_from)) and \
                 not (self.t is not None and self.t.names(c.renamed_from)):
@@ -625,7 +640,7 @@ class _Judge:
             self.owner(path, full, c.detail)
         if c.tables:
             self.tables(path, c)
-        if c.diff and op != "deleted" and self.r.matches(self.r.manifests, full):
+        if (c.diff or c.uncompared) and op != "deleted" and self.r.matches(self.r.manifests, full):
             self.dependency_sources(c)
 
     def repository_own_deleted(self, c, full: str) -> None:
@@ -823,9 +838,7 @@ class _Judge:
         elif c.keys is not None and fmt in ("json", "yaml", "package"):
             # a plugin or parser named by its path: the project's file, run
             # by the tool (adv12b 06, 11); by a package's name, a dependency
-            risky = [k for k in c.keys if any(fnmatch.fnmatchcase(k.partition("=")[0], g)
-                                              for g in self.r.tool_code_data_keys)
-                     and _CODE_PATH.search(k.partition("=")[2])]
+            risky = [k for k in c.keys if self._loads_code(k)]
         elif self.r.matches(self.r.tool_code_scripts, full):
             # a script config is code whatever words it avoids (adv10b 23):
             # one the task does not speak of is unsure; one it asks for, by
@@ -869,6 +882,29 @@ class _Judge:
                 return True
         return False
 
+    def _loads_code(self, kv: str) -> bool:
+        """A JS tool config's key that names a file the tool loads: by a path
+        in its value, or in its key (postcss' `plugins: {"./p.js": {}}`), or
+        by a bare relative name of a file the run wrote (adv14b 20, 27:
+        mocha's `require: build/setup` with build/setup.js)."""
+        key, _, value = kv.partition("=")
+        for g in self.r.tool_code_data_keys:
+            if fnmatch.fnmatchcase(key, g):
+                return bool(_CODE_PATH.search(value)) or self._names_written(value)
+            if "*" not in g and key.startswith(g + "."):
+                named = key[len(g) + 1:]
+                return bool(_CODE_PATH.search(named)) or self._names_written(named)
+        return False
+
+    def _names_written(self, value: str) -> bool:
+        for word in re.split(r"[\s,'\"\[\]{}()]+", value):
+            if "/" not in word or "://" in word:
+                continue
+            where = os.path.normpath(os.path.join(self.ws, word))
+            if any(where + ext in self.changed for ext in _MODULE_SUFFIXES):
+                return True
+        return False
+
     def _tests_from_filled(self, key: str) -> bool:
         """pytest's testpaths naming a directory the run wrote into, or one
         outside the project: the next `pytest` imports the conftest.py and
@@ -907,6 +943,15 @@ class _Judge:
                      "wrote", "persistence: code or configuration that runs later",
                      "let the compiler write dependency files (-MMD)", c.path)
             return
+        if c.op in ("modified", "replaced") and _generated_build_file(full) and \
+                not self._generator_wrote(c):
+            # cmake's build/Makefile, build.ninja: the next build runs their
+            # recipes as the project's (adv14b 32)
+            self.add(62, "unsure", f"it would rewrite {_quote_clipped(c.path)}, a generated "
+                     "build file, without its generator: the next build runs what it holds",
+                     "persistence: code or configuration that runs later",
+                     "configure again with the generator (cmake, meson)", c.path)
+            return
         if c.op in ("created", "renamed"):
             # a fresh build's own outputs (no target/ before, or a swapped
             # binary put in place of the one just linked): cargo's, rustc's
@@ -935,6 +980,15 @@ class _Judge:
                      "built code git does not track") + ", without a build tool: code the "
                  "user's tools run later as it is", "persistence: code or configuration that "
                  "runs later", "rebuild it with the build tool, or leave it alone", c.path)
+
+    def _generator_wrote(self, c) -> bool:
+        """cmake, meson, ninja or autotools' config.status wrote it."""
+        line = c.lineage[0] if c.lineage else [c.by.rsplit("[", 1)[0]] if c.by else None
+        if not line:
+            return False
+        exe, *args = line
+        names = {os.path.basename(exe), *(os.path.basename(a) for a in args[:1])}
+        return bool(names & _GENERATORS) and self._unplanted(exe)
 
     def new_repository(self, c, d: str) -> None:
         """The run made d a repository (HEAD, objects/, refs/): git now reads
@@ -1009,8 +1063,11 @@ class _Judge:
             where = os.path.normpath(os.path.join(os.path.dirname(full), value))
             inside = all(below(x, self.ws) for x in (where, os.path.realpath(where)))
             return "harmless" if key == "path" and inside else "runs"
-        if fmt == "tool-versions":   # a version by name; `path:DIR` or `ref:` builds put DIR/bin on PATH
-            return "runs" if re.search(r"(?:^|\s)(?:path|ref):|/", value) else "harmless"
+        if fmt == "tool-versions":   # a version by name; `path:DIR`, `ref:` or a path runs DIR's programs
+            return "runs" if re.search(r"(?:^|\s)(?:path|ref):|/", kv) else "harmless"
+        if fmt == "properties":      # gradle.properties: the JVM the daemon is, and what it loads first
+            return "runs" if key == "org.gradle.java.home" or key == "org.gradle.jvmargs" and \
+                _JVM_LOADS.search(value) else "harmless"
         if fmt == "git" and self._plain_program(key, value):
             return "harmless"
         if fmt == "git" and self._git_runs(key, value):
@@ -1314,7 +1371,8 @@ class _Judge:
         if not self._unplanted(exe) or name == "env" or self._steered(c, 0):
             return False
         if name in _SHELLS or _INTERPRETER.match(name):
-            return self._interpreted(args, anywhere=False) is not None
+            # pip's build hook runs the project's backend and setup.py (adv14b 21)
+            return self._interpreted(args, anywhere=False) not in (None, *_BUILD_HOOKS)
         if name in _SOURCE_RUNNERS:
             return not any(a.endswith(_SOURCE_RUNNERS[name]) or a in ("-e", "-E") for a in args)
         return name not in _FILE_TOOLS
@@ -1393,7 +1451,11 @@ class _Judge:
             return False
         if args and args[-1] == LINEAGE_MORE:
             return False                              # arguments the report does not hold
-        return not any(self._run_made(a) for a in map(_option_value, args[1:]) if a)
+        # what the requirement files it is given name (adv14b 23: a tracked
+        # requirements.txt's `--find-links ./wheelhouse`, the run's wheel there)
+        named = [w for i, a in enumerate(args[:-1]) if a in _REQUIREMENT_OPTIONS
+                 for w in _requirement_sources(os.path.join(self.ws, args[i + 1]))]
+        return not any(self._run_made(a) for a in [*map(_option_value, args[1:]), *named] if a)
 
     def _in_environment(self, full: str) -> bool:
         """Below a virtualenv of the project whatever its name (adv9 08: a
@@ -1479,14 +1541,15 @@ class _Judge:
         return bool(self.d.programs & self.r.formatters) and \
             self._ran(c, self.r.formatter_binaries)
 
-    def expendable(self, full: str) -> bool:
+    def expendable(self, full: str, directory: bool = False) -> bool:
         """A build output or cache: known build and cache directories, object
-        files, bytecode, logs (anything regenerated by running the build)."""
+        files, bytecode, logs (anything regenerated by running the build). A
+        directory is one by its name only: `config.d` is no gcc .d file (adv14b 26)."""
         rel = os.path.relpath(full, self.ws)
         parts = rel.split("/")
         return any(p in self.r.expendable_dirs or
                    any(fnmatch.fnmatchcase(p, g) for g in self.r.expendable_dir_globs)
-                   for p in parts) or \
+                   for p in parts) or not directory and \
             any(fnmatch.fnmatchcase(parts[-1], g) for g in self.r.expendable_files)
 
     def workspace_change(self, path: str, full: str, op: str, where: str, c, files: int) -> None:
@@ -1576,7 +1639,7 @@ class _Judge:
         """Ignored is not expendable: only build outputs and caches are. The
         classification is the .gitignore's before the run (git answers on the
         host's repository), so a run cannot ignore a file and then delete it."""
-        if self.expendable(full):
+        if self.expendable(full, directory=c is not None and c.type == "dir"):
             return
         credential = self.protected.kind(full) is not None
         # `git clean -X` under "remove the ignored files": git's own process,
@@ -1790,6 +1853,13 @@ class _Judge:
     def dependency_sources(self, c) -> None:
         """A requirements, lock or manifest file that now takes packages from
         somewhere else: an index option, a URL off the usual registries."""
+        if not c.diff:
+            # too large for a diff (a 470 KB lockfile: adv14b 15): no line was seen
+            self.add(60, "unsure", f"it would change {_quote_clipped(c.path)}, a dependency "
+                     "file too large to compare: where it takes packages from is not known",
+                     "dependency sources: a redirected index or package URL runs its code on "
+                     "the next install", "change manifests with the package manager", c.path)
+            return
         added = [ln[1:] for ln in c.diff if ln.startswith("+")]
         base = os.path.dirname(self.absolute(c.path))
         odd = [ln.strip() for ln in added if self._redirects(ln) or self._outside_path(ln, base)
@@ -2223,6 +2293,23 @@ def _tests_shadow(full: str, ws: str) -> str | None:
         (name, "__init__.py"), (name + ".py",), ("src", name, "__init__.py"))) else None
 
 
+# Build files a generator writes into its build directory, and the generators.
+_GENERATED_BUILD = frozenset({"Makefile", "makefile", "GNUmakefile", "build.ninja",
+                              "CMakeCache.txt", "Makefile.cmake"})
+_GENERATORS = frozenset({"cmake", "ccmake", "meson", "ninja", "qmake", "config.status",
+                         "configure", "autoreconf", "automake", "gn"})
+
+
+def _generated_build_file(full: str) -> bool:
+    name = os.path.basename(full)
+    return name in _GENERATED_BUILD or name.endswith((".make", ".ninja", ".cmake"))
+
+
+# What a JavaScript loader tries after a bare name (require("build/setup")).
+_MODULE_SUFFIXES = ("", ".js", ".cjs", ".mjs", ".ts", ".json", "/index.js")
+# JVM options that load code before the program's own (adv14b 30).
+_JVM_LOADS = re.compile(r"-javaagent|-agentpath|-agentlib|-Xbootclasspath|-XX:OnError|"
+                        r"-XX:OnOutOfMemoryError|-Djava\.system\.class\.loader|--patch-module")
 # Symlinks the kernel follows in one path walk before ELOOP.
 _MAX_LINK_HOPS = 40
 # Programs a compiler driver runs by name from its search path.
@@ -2264,6 +2351,31 @@ _HOOKED_SCRIPTS = frozenset({"test", "build", "start", "stop", "restart", "lint"
 # package.json keys of hook managers, whose commands git runs at a commit.
 _HOOK_MANAGER_KEYS = ("husky.", "githooks.", "simple-git-hooks.", "lint-staged", "pre-commit",
                       "ghooks.", "config.ghooks.")
+
+
+_REQUIREMENT_OPTIONS = frozenset({"-r", "--requirement", "-c", "--constraint"})
+_SOURCE_OPTIONS = re.compile(r"^(?:-f|--find-links|-i|--index-url|--extra-index-url|-e|--editable)"
+                             r"(?:\s*=\s*|\s+)(\S+)")
+
+
+def _requirement_sources(path: str) -> list[str]:
+    """The places a pip requirements file takes packages from: its index and
+    find-links options, editable and local path requirements (paths as the
+    file gives them: relative to where pip runs)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read(configkeys.MAX_CONFIG_BYTES)
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        m = _SOURCE_OPTIONS.match(line)
+        if m:
+            out.append(m.group(1))
+        elif line.startswith(("./", "../", "/", "file:")):
+            out.append(line.split()[0])
+    return out
 
 
 def _option_value(arg: str) -> str | None:
@@ -2314,6 +2426,9 @@ _FILE_TOOLS = frozenset({"cp", "mv", "install", "ln", "tar", "bsdtar", "unzip", 
                          # (adv14b 12: objcopy -I binary -O binary into pip's wheel cache)
                          "objcopy", "cmake", "zip", "jar", "make", "gmake", "ar", "ex",
                          "vi", "vim", "nvim", "ed", "busybox"})
+# Installers' scripts that run a project's build backend (its setup.py) in
+# their process: what it writes is the project's code's.
+_BUILD_HOOKS = ("_in_process.py",)
 # Runtimes that run a source file given by name (java's single-file launch):
 # with one, the writer is that file's code, not the runtime's.
 _SOURCE_RUNNERS = {"java": (".java",), "Rscript": (".R", ".r"), "julia": (".jl",)}

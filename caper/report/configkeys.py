@@ -33,15 +33,27 @@ _TOOL_INI = frozenset({"pylintrc", ".pylintrc", ".coveragerc", "mypy.ini", ".myp
 # preset file the tool loads (adv12b 06, 11).
 _TOOL_JSON = frozenset({".prettierrc", ".prettierrc.json", ".eslintrc", ".eslintrc.json",
                         ".babelrc", ".babelrc.json", ".stylelintrc", ".stylelintrc.json",
-                        ".mocharc.json", ".swcrc", "tsconfig.json", "jsconfig.json"})
+                        ".mocharc.json", ".swcrc", "tsconfig.json", "jsconfig.json",
+                        # postcss-load-config's, nyc's, c8's, nodemon's, commitlint's,
+                        # semantic-release's, remark's, nx's (adv14b 27)
+                        ".postcssrc", ".postcssrc.json", ".nycrc", ".nycrc.json", ".c8rc",
+                        ".c8rc.json", "nodemon.json", ".commitlintrc", ".commitlintrc.json",
+                        ".releaserc", ".releaserc.json", ".remarkrc", ".remarkrc.json",
+                        "nx.json"})
 _TOOL_YAML = frozenset({".prettierrc.yaml", ".prettierrc.yml", ".eslintrc.yaml",
                         ".eslintrc.yml", ".stylelintrc.yaml", ".stylelintrc.yml",
-                        ".mocharc.yaml", ".mocharc.yml"})
+                        ".mocharc.yaml", ".mocharc.yml", ".postcssrc.yml", ".postcssrc.yaml",
+                        ".nycrc.yml", ".nycrc.yaml", ".commitlintrc.yml", ".commitlintrc.yaml",
+                        ".releaserc.yml", ".releaserc.yaml"})
+# Version managers' files: one tool's versions a line (uv, pyenv, nvm, rbenv)
+# or `tool version` lines (asdf, mise).
+_VERSION_FILES = frozenset({".tool-versions", ".python-version", ".node-version", ".nvmrc",
+                            ".ruby-version"})
 
 
 def format_of(path: str) -> str | None:
     """git | npmrc | ini | toml | yaml | json | vscode | vscode-tasks | package | pth |
-    tool-versions, or None
+    tool-versions | properties, or None
     for a file of no known role."""
     parts = path.split("/")
     name, parent = parts[-1], parts[-2] if len(parts) > 1 else ""
@@ -70,8 +82,10 @@ def format_of(path: str) -> str | None:
         return "pth"
     if name == "package.json":
         return "package"
-    if name == ".tool-versions":
+    if name in _VERSION_FILES:
         return "tool-versions"
+    if name == "gradle.properties":
+        return "properties"
     return None
 
 
@@ -135,7 +149,7 @@ def _pairs(fmt: str, data: bytes, workspace: str | None) -> set[tuple[str, str]]
             return _git(data, workspace)
         return {"npmrc": _npmrc, "ini": _ini, "toml": _toml, "yaml": _yaml,
                 "vscode": _json, "package": _json, "json": _json, "vscode-tasks": _vscode_tasks,
-                "pth": _pth, "tool-versions": _tool_versions}[fmt](data)
+                "pth": _pth, "tool-versions": _tool_versions, "properties": _properties}[fmt](data)
     except (ValueError, UnicodeDecodeError, OSError, subprocess.SubprocessError):
         return None
 
@@ -266,6 +280,17 @@ def _tool_versions(data: bytes) -> set[tuple[str, str]]:
         words = line.split("#", 1)[0].split()
         if words:
             out.add((words[0].lower(), " ".join(words[1:])))
+    return out
+
+
+def _properties(data: bytes) -> set[tuple[str, str]]:
+    """Java's `key=value` (or `key: value`) lines, as gradle.properties holds."""
+    out = set()
+    for line in data.decode().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")):
+            k, _, v = line.partition("=" if "=" in line else ":")
+            out.add((k.strip().lower(), v.strip()))
     return out
 
 
