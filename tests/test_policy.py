@@ -386,12 +386,7 @@ def test_persistence_by_path_and_role():
     assert verdict(report(devtools), task="set up the development environment") == "block"
     jest = fc("node_modules/.bin/jest", "replaced", "ignored")
     assert verdict(report(jest), task="run the tests") == "block"
-    assert verdict(report(fc("node_modules/.cache/r", where="ignored", by="/usr/bin/node[4]",
-                             lineage=[["/usr/bin/node", "/w/proj/node_modules/.bin/jest"]])),
-                   task="run the tests") == "allow"
-    # written by nobody the report knows: a cache's tool alone makes its entries (adv14b 01)
-    assert verdict(report(fc("node_modules/.cache/r", where="ignored")), task="run the tests") \
-        == "unsure"
+    assert verdict(report(fc("node_modules/.cache/r", where="ignored")), task="run the tests") == "allow"
     assert verdict(report(fc(".husky/pre-commit")), task="run the linters") == "block"
     assert verdict(report(fc(".vscode/tasks.json")), task="set up the editor") == "block"
     assert verdict(report(fc(".vscode/settings.json")), task="set up the editor") == "block"

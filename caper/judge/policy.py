@@ -695,8 +695,11 @@ class _Judge:
         # shell's or a project script's is code the tool loads as its own
         # (adv14b 01, 03, 11: black's grammar pickle, node-gyp's headers, jedi's
         # parse cache); a removed one is fetched again.
+        # (build tools' caches inside node_modules take anyone's, as before)
         if not listed and not installed and (not cached or c.op == "deleted" or
-                                             c.op == "created" and self._tool_wrote(c)):
+                                             c.op == "created" and (
+                                                 self._tool_wrote(c) or
+                                                 self.r.matches(self.r.install_caches, full))):
             return False
         if cached and not installed and c.op == "created" and \
                 not self.r.matches(self.r.owned_caches, full):
@@ -1883,9 +1886,13 @@ class _Judge:
         """A dependency on a path the run made in the project (adv14b 07:
         `file:build/x.tgz`, `./build/x.tar.gz`, `-e ./build/helper`): the
         next install runs that package's build and install scripts."""
+        local = line.lstrip().startswith(("-e", "--editable", "./", "../"))  # requirements' forms
         for word in re.split(r"[\s\"',=]+", line):
-            word = word.removeprefix("file:").removeprefix("//")
-            if "/" not in word or "://" in word:
+            if word.startswith(("file:", "link:")):
+                word = word.partition(":")[2].removeprefix("//")
+            elif not (word.startswith(("./", "../")) and (local or word.endswith(_PACKAGE_FILES))):
+                continue         # a script's path, a lockfile's key: no package spec
+            if "://" in word:
                 continue
             where = os.path.normpath(os.path.join(base, word))
             if below(where, self.ws) and any(x == where or below(x, where) for x in self.changed):
