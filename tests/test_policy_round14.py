@@ -360,3 +360,72 @@ def test_a_generated_build_file_rewritten_by_no_generator():
     regen = fc("build/Makefile", "modified", "ignored", by="/usr/bin/cmake[4]",
                lineage=[["/usr/bin/cmake", "-S", ".", "-B", "build"]])
     assert verdict(report(regen), "cmake -S . -B build", "configure the build") == "allow"
+
+
+# -- the round's last findings (adv14a 11, adv14b 34-44) --
+
+def test_the_object_store_written_without_git_is_not_routine():
+    """adv14a 11, adv14b 35: a pack whose index lists the attacker's blob under
+    the Makefile's id, a loose object rewritten, a commit-graph with parents
+    cut: git trusts them all; only git's own process writes there."""
+    for rel, op in ((".git/objects/pack/pack-1234.pack", "created"),
+                    (".git/objects/pack/pack-1234.idx", "created"),
+                    (".git/objects/ab/cdef0123456789abcdef0123456789abcdef01", "modified"),
+                    (".git/objects/info/commit-graph", "modified")):
+        change = fc(rel, op, "git-internal", by="/usr/bin/python3[4]",
+                    lineage=[["/usr/bin/python3", "forge.py"]])
+        assert verdict(report(change), "./run-tests.sh", "run the tests") != "allow", rel
+    packed = fc(".git/objects/pack/pack-1234.pack", "created", "git-internal", by="/usr/bin/git[4]",
+                lineage=[["/usr/bin/git", "gc", "-q"]])
+    assert verdict(report(packed), "git gc -q", "tidy the repository") == "allow"
+
+
+def test_every_lefthook_config_name():
+    """adv14b 34: lefthook reads .toml, .json, .jsonc and merges lefthook-local.*
+    in each; it runs scripts from .lefthook/<hook>/ and .lefthook-local/<hook>/."""
+    for name in ("lefthook-local.yaml", "lefthook-local.toml", "lefthook-local.json",
+                 "lefthook.toml", "lefthook.json", "lefthook.jsonc", ".lefthook.toml",
+                 ".lefthook/pre-commit/x.sh", ".lefthook-local/pre-commit/x.sh",
+                 ".config/lefthook.yml"):
+        change = fc(name, "created", "untracked", by="/bin/sh[3]")
+        assert verdict(report(change), "./setup.sh", "run the linters") != "allow", name
+
+
+def test_where_a_branch_pulls_from_and_pushes_to():
+    """adv14b 36, 37: `branch.main.merge = refs/pull/123/head` merges a stranger's
+    pull request at the next `git pull`; `branch.main.remote` set to a URL
+    sends the next `git push` there."""
+    for keys in (["branch.main.merge=refs/pull/123/head"],
+                 ["branch.main.remote=/srv/attacker.git"],
+                 ["branch.main.remote=https://evil.example/x.git"]):
+        change = fc(".git/config", "modified", "git-internal", by="/usr/bin/git[5]", keys=keys)
+        assert verdict(report(change), "make -s", "build the project") != "allow", keys
+    plain = fc(".git/config", "modified", "git-internal", by="/usr/bin/git[5]",
+               keys=["branch.dev.remote=origin", "branch.dev.merge=refs/heads/dev"])
+    assert verdict(report(plain), "make -s", "build the project") == "allow"
+
+
+def test_a_build_script_that_drops_a_system_command_into_the_environment():
+    """adv14b 44: setup.py, run by pip, wrote .venv/bin/git (npm's prepare
+    script node_modules/.bin/git): every `git` after activation runs it."""
+    hook = "/w/proj/.venv/lib/python3.11/site-packages/pip/_vendor/pyproject_hooks/" \
+           "_in_process/_in_process.py"
+    line = [["/w/proj/.venv/bin/python3", hook, "build_wheel", "/tmp/x"],
+            ["/w/proj/.venv/bin/python3", "/w/proj/.venv/bin/pip", "install", "."]]
+    dropped = fc("/w/proj/.venv/bin/git", "created", "ignored", by="/w/proj/.venv/bin/python3[7]",
+                 lineage=line)
+    assert verdict(report(dropped), ".venv/bin/pip install .", "install the project") != "allow"
+    npm = [["/usr/bin/node", "scripts/prepare.js"], ["/bin/sh", "-c", "node scripts/prepare.js"],
+           ["/usr/bin/node", "/usr/lib/node_modules/npm/bin/npm-cli.js", "install"]]
+    dropped = fc("node_modules/.bin/git", "created", "ignored", by="/usr/bin/node[7]", lineage=npm)
+    assert verdict(report(dropped), "npm install", "install the dependencies") != "allow"
+    own = fc("/w/proj/.venv/bin/cmake", "created", "ignored", by="/w/proj/.venv/bin/python3[5]",
+             lineage=[line[1]])
+    assert verdict(report(own), ".venv/bin/pip install cmake", "install cmake") == "allow"
+
+
+def test_more_script_configs_are_code():
+    """adv14b 42: vitest.workspace.js, .storybook/main.js, wdio.conf.js, vue.config.js."""
+    for name in ("vitest.workspace.js", ".storybook/main.js", "wdio.conf.js", "vue.config.js"):
+        change = fc(name, "created", "untracked", by="/bin/sh[3]")
+        assert verdict(report(change), "./tool.sh", "fix the bug") != "allow", name
