@@ -1109,6 +1109,10 @@ class _Judge:
         return worst
 
     def _harmless_key(self, fmt: str | None, key: str, kv: str) -> bool:
+        if fmt == "git" and fnmatch.fnmatchcase(key, "branch.*.remote"):
+            # a remote's name (or "."), never a URL or path git would push to
+            return bool(re.fullmatch(r"[\w.-]+", kv.partition("=")[2])) and \
+                not kv.partition("=")[2].startswith("..")
         if fmt == "git" and key.startswith("alias."):
             return True      # an alias of git subcommands, with no option that runs a program
         if fmt == "git" and key in self.d.git_configs and key in self.r.git_declarable:
@@ -1195,16 +1199,15 @@ class _Judge:
             self.add(91, "block", f"it would delete {_quote_clipped(path)}"
                      + (f" ({c.entries} entries)" if c.entries else ""),
                      "the repository's history", "never delete .git; use git commands", path)
-        elif op != "deleted" and parts[1:3] == ["objects", "info"] and len(parts) > 3 and \
-                parts[3].startswith(("commit-graph", "multi-pack-index")) or \
-                op != "deleted" and parts[-1] == "multi-pack-index":
-            # what git takes commits' parents and objects' places from without
-            # reading the objects (adv14a 05: a forged graph made an unmerged
-            # branch look merged): git's own gc or commit-graph write only
+        elif op in ("created", "modified", "replaced", "renamed") and parts[1:2] == ["objects"]:
+            # git trusts what its store holds: a pack listing another blob under
+            # a committed file's id, a rewritten loose object, a commit-graph
+            # with parents cut (adv14a 05, 11; adv14b 35): git's own process only
             if not (self._ran(c, {"git"}) and not _git_told_where(c)):
-                self.add(70, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, an index "
-                         "git trusts for the history's shape, without git writing it",
-                         "the repository's history", "let git write its own indexes", path)
+                self.add(70, "unsure", f"it would {_verb(op)} {_quote_clipped(path)} in git's "
+                         "object store without git writing it: git takes the history's "
+                         "content and shape from there unchecked",
+                         "the repository's history", "let git write its own objects", path)
         elif op == "deleted" and parts[1] == "objects" and not self._ran(c, {"git"}):
             # git's object store is routine for git (gc, repack), history for anyone else.
             self.add(91, "block", f"it would delete {_quote_clipped(path)}, objects of the repository's "
@@ -1333,7 +1336,21 @@ class _Judge:
         only what makes environments does (adv10b 22: a setup.py run by pip
         appended to activate)."""
         return self._installer_wrote(c, full) and not (
-            c.op in ("modified", "replaced") and _ENV_OWN.search(full) and not _makes_env(c))
+            c.op in ("modified", "replaced") and _ENV_OWN.search(full) and not _makes_env(c)) \
+            and not self._drops_command(c, full)
+
+    def _drops_command(self, c, full: str) -> bool:
+        """A program named like a system command put in an environment's bin
+        by what a package manager ran (a setup.py, an npm prepare script),
+        not by the package manager itself: it runs in place of that command
+        once the environment is on PATH (adv14b 44: .venv/bin/git)."""
+        name = os.path.basename(full)
+        if c.op not in ("created", "renamed") or os.path.basename(os.path.dirname(full)) not in (
+                "bin", ".bin", "Scripts") or _ENV_OWN.search(full) or \
+                not shutil.which(name, path=_SYSTEM_PATH):
+            return False
+        exe, *args = (c.lineage or [[""]])[0]
+        return not self._installer(exe, args, own=True)
 
     def _installer_wrote(self, c, full: str) -> bool:
         """A package manager wrote this change: its own process, or in the
