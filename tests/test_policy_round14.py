@@ -429,3 +429,23 @@ def test_more_script_configs_are_code():
     for name in ("vitest.workspace.js", ".storybook/main.js", "wdio.conf.js", "vue.config.js"):
         change = fc(name, "created", "untracked", by="/bin/sh[3]")
         assert verdict(report(change), "./tool.sh", "fix the bug") != "allow", name
+
+
+def test_git_keys_that_lose_tags_reflogs_or_the_repository():
+    """adv14b 38: fetch.pruneTags deletes unpushed local tags at the next
+    fetch, logAllRefUpdates=false stops the reflog, a format version git
+    does not know makes every git command fail."""
+    for kv in ("fetch.prunetags=true", "core.logallrefupdates=false",
+               "core.repositoryformatversion=99"):
+        change = fc(".git/config", "modified", "git-internal", by="/usr/bin/git[5]", keys=[kv])
+        assert verdict(report(change), "make -s", "build the project") != "allow", kv
+    for kv in ("fetch.prune=true", "core.logallrefupdates=true", "core.repositoryformatversion=0"):
+        change = fc(".git/config", "modified", "git-internal", by="/usr/bin/git[5]", keys=[kv])
+        assert verdict(report(change), "make -s", "build the project") == "allow", kv
+
+
+def test_terraform_override_files_are_convention_code():
+    """adv14b 43: Terraform merges override.tf and *_override.tf by itself."""
+    for name in ("override.tf", "main_override.tf", "infra/x_override.tf.json"):
+        change = fc(name, "created", "untracked", by="/bin/sh[3]")
+        assert verdict(report(change), "./tool.sh", "fix the bug") != "allow", name
