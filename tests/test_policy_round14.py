@@ -287,6 +287,9 @@ def test_more_js_tool_configs_name_code():
     for name in (".postcssrc.json", ".postcssrc.yml", ".nycrc", ".nycrc.json", ".c8rc.json",
                  "nodemon.json", ".commitlintrc.json", ".releaserc.json"):
         assert format_of(f"/w/proj/{name}") in ("json", "yaml"), name
+    from caper.report.configkeys import changed_keys    # the plugin named by an empty table's key
+    assert changed_keys("json", None, b'{"plugins": {"./build/p.js": {}}}', None) == \
+        ["plugins../build/p.js={}"]
     for name, keys in ((".postcssrc.json", ["plugins../build/prefixer.js={}"]),
                        (".postcssrc.json", ["plugins=['./build/evil.js']"]),
                        (".nycrc.json", ["require=['./build/hook.js']"]),

@@ -228,13 +228,17 @@ def _toml(data: bytes) -> set[tuple[str, str]]:
 
 
 def _flat(doc) -> set[tuple[str, str]]:
-    """Nested tables as dotted keys, lowercased."""
+    """Nested tables as dotted keys, lowercased; an empty table is a key of
+    its own (postcss' `"plugins": {"./p.js": {}}` names the plugin by its key)."""
     out = set()
     stack = [("", doc)]
     while stack:
         prefix, x = stack.pop()
-        if isinstance(x, dict):
+        if isinstance(x, dict) and x:
             stack += [(f"{prefix}.{k}" if prefix else k, v) for k, v in x.items()]
+        elif isinstance(x, dict):
+            if prefix:
+                out.add((prefix.lower(), "{}"))
         else:
             out.add((prefix.lower(), str(x)))
     return out
