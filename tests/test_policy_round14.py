@@ -452,3 +452,26 @@ def test_terraform_override_files_are_convention_code():
     for name in ("override.tf", "main_override.tf", "infra/x_override.tf.json"):
         change = fc(name, "created", "untracked", by="/bin/sh[3]")
         assert verdict(report(change), "./tool.sh", "fix the bug") != "allow", name
+
+
+def test_a_documentation_url_with_user_and_password_words_is_no_secret():
+    """adv15b 14: pip's vendored urllib3 documents
+    'http://username:password@host.com:80/path' and cmdoptions
+    'scheme://[user:passwd@]proxy.server:port': the run that wrote them (every
+    `python3 -m venv .venv`) held a "credential" and was blocked, sealed."""
+    from caper.report.secrets import Redactor
+    found: set[str] = set()
+    Redactor().text("see 'http://username:password@host.com:80/path?query#fragment' and "
+                    "scheme://[user:passwd@]proxy.server:port, https://u:${TOKEN}@h/", found)
+    assert found == set()
+    Redactor().text("https://deploy:Zq81hunter2x7731@git.example.com/x.git", found)
+    assert found == {"url-password"}
+
+
+def test_making_a_virtualenv_with_pip_is_ordinary_work(policy_env: Path):
+    """adv15b 14, end to end: the venv's pip holds those documentation URLs."""
+    import sys
+    from helpers.policy import gate
+    out = gate(policy_env, f"{sys.executable} -m venv .venv", "set up a virtualenv")
+    assert out.committed, out.reason
+    assert (policy_env / "proj" / ".venv" / "bin" / "pip").exists()

@@ -50,7 +50,7 @@ from caper.report import bytecode, configkeys
 from caper.report.content import SCHEMA_CODE
 from caper.judge.agent_config import programs_run
 from caper.judge.base import ApprovalRequest, Decision
-from caper.report.build import CHANGES_NOT_SHOWN, LINEAGE_MORE
+from caper.report.build import CHANGES_NOT_SHOWN, GENERIC_SHAPES, LINEAGE_MORE
 from caper.report.secrets import Protected, default_patterns, glob_regex, protected_for
 from caper.report.workspace import GIT_ROUTINE, PathView, place
 from caper.state import default_state_dir
@@ -559,7 +559,9 @@ class _Judge:
         full = self.absolute(path)
         if self.wide and where == "workspace":
             where = place(full, self.home)
-        if c.secrets:
+        if c.secrets and not (set(c.secrets) <= GENERIC_SHAPES and not self.credential_reads):
+            # (a password-like shape alone, in a run that read no credential, is
+            # code or documentation: pip's own sources in every venv, adv15b 14)
             verdict = "unsure" if self.task_says("secrets") else "block"
             self.add(92, verdict, f"it would write secret values ({', '.join(c.secrets)}) "
                      f"into {_quote_clipped(path)}", "credentials must not be copied",
@@ -1346,7 +1348,7 @@ class _Judge:
         once the environment is on PATH (adv14b 44: .venv/bin/git)."""
         name = os.path.basename(full)
         if c.op not in ("created", "renamed") or os.path.basename(os.path.dirname(full)) not in (
-                "bin", ".bin", "Scripts") or _ENV_OWN.search(full) or \
+                "bin", ".bin", "Scripts") or _ENV_OWN.search(full) or _ENV_PIP.match(name) or \
                 not shutil.which(name, path=_SYSTEM_PATH):
             return False
         exe, *args = (c.lineage or [[""]])[0]
@@ -1526,6 +1528,14 @@ class _Judge:
         manager runs), elsewhere outside the scratch dirs or in an
         environment there."""
         full = os.path.normpath(self.absolute(program))
+        made = self.written.get(full)
+        if made is not None and made.type == "symlink" and made.op == "created":
+            # a link the run made to an installed program is that program
+            # (python -m venv's .venv/bin/python3 -> /usr/bin/python3: adv15b 14)
+            target = self._resolved(full)
+            if target != full and target not in self.changed and not below(target, self.ws) \
+                    and not any(below(target, t) for t in _SCRATCH) and os.path.isfile(target):
+                return True
         return all(x not in self.changed and (
             (anywhere or self.r.matches(self.r.install_places, x)) if below(x, self.ws) else
             # in a scratch dir only an environment's (a checkout's .venv in /tmp),
@@ -2171,6 +2181,8 @@ _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # An environment's own files, which an install never rewrites.
+# The environment's own pip, which venv's ensurepip installs from a `python -c`.
+_ENV_PIP = re.compile(r"pip[0-9.]*$")
 _ENV_OWN = re.compile(r"/(?:bin|Scripts)/(?:activate[^/]*|python[0-9.]*)$|/pyvenv\.cfg$")
 
 

@@ -53,6 +53,10 @@ REPORT_VERSION = 1
 TARGET_BYTES = 4096
 CAP_BYTES = 8192
 CREATED_DIFF_LINES = 4
+# Secret shapes that plain text and code also have (a `password: str`
+# annotation): a file the run wrote with only these holds no credential of
+# the user's unless the run read one.
+GENERIC_SHAPES = frozenset({"password", "url-password"})
 CHANGES_NOT_SHOWN = "changes-not-shown"   # uncertainty flag: dropped by the budget
 # Uncertainty flags for where the run differed from a native one
 # (docs/known-differences.md), and what caper run tells the caller about each.
@@ -1268,10 +1272,15 @@ def _draft(facts: RunFacts) -> _Draft:
     rescored.sort(key=lambda x: -x[0])
 
     # A file the run wrote a secret into holds a credential from then on:
-    # reading it back (cp .env /tmp/x; cat /tmp/x) reads the secret.
+    # reading it back (cp .env /tmp/x; cat /tmp/x) reads the secret. A
+    # password-like shape alone, in a run that read no credential, is no
+    # secret of the user's (adv15b 14: pip's `password: Optional[str]`
+    # annotations, its documented `user:password@host` URLs, in every venv).
+    read_credentials = bool(an.protected)
     for e, name in an.other_reads:
         w = writer_of.get(name)
-        if name in secrets and w and e.seq > w[1]:
+        if name in secrets and w and e.seq > w[1] and (
+                read_credentials or not secrets[name] <= GENERIC_SHAPES):
             kind = "copied:" + sorted(secrets[name])[0]
             an.protected.append((e, kind, name))
             an.procs[e.pid].reads.append((e.seq, name))

@@ -347,8 +347,11 @@ SHAPES: list[tuple[str, re.Pattern, tuple[str, ...]]] = [
         ("pypi-token", r"\bpypi-[A-Za-z0-9_-]{50,}", ("pypi-",)),
         ("jwt", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}", ("eyj",)),
         ("bearer-token", r"(?i:(?<=bearer ))[A-Za-z0-9._~+/=-]{16,}", ("bearer ",)),
-        # (not a masked one: `user:****@host`)
-        ("url-password", r"(?<=://)[^/\s:@]{0,256}:(?![*x]+@|<[^>]*>@)[^/\s@]{1,256}(?=@)", ("://",)),
+        # (not a masked one, `user:****@host`, nor documentation's
+        # `username:password@host`, `[user:passwd@]proxy`, `${PASS}`: adv15b 14)
+        ("url-password", r"(?<=://)[^/\s:@]{0,256}:(?![*x]+@|<[^>]*>@|\$\{[^}]*\}@|"
+                         r"(?i:pass(?:word|wd)?|pwd|secret|changeme)@)[^/\s@]{1,256}(?=@)",
+         ("://",)),
         ("password", r"(?i:(?<=password))[\"']?\s*[:=]\s*[\"']?[^\s\"',;]{6,}", ("password",)),
     ]]
 
