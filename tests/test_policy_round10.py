@@ -172,12 +172,16 @@ def test_other_ci_and_deploy_configs_are_judged_as_ci(path):
 def test_a_script_config_the_task_does_not_name_is_unsure_whatever_it_holds():
     """adv10b 23: the spawn markers are a word list (`require('child' +
     '_process')`, a plain fs write to ~/.bashrc pass it). A JS config the
-    task does not speak of is unsure; one it asks for is judged by the
-    markers (and by the LLM or the user on its diff)."""
+    task does not speak of is unsure; one it asks for is judged by what its
+    lines do (adv15b 11: the file system, the process, code loaded at run
+    time are code beyond settings, asked for or not)."""
     c = fc("eslint.config.mjs", "created", "untracked", by="/bin/sh[3]",
            diff=["+import fs from 'fs'; fs.appendFileSync(process.env.HOME + '/.bashrc', 'x');"])
     assert verdict(report(c), "./tool.sh", TASK) == "unsure"
-    assert verdict(report(c), "./tool.sh", "add an eslint configuration") == "allow"
+    assert verdict(report(c), "./tool.sh", "add an eslint configuration") == "unsure"
+    plain = fc("eslint.config.mjs", "created", "untracked", by="/bin/sh[3]",
+               diff=["+import js from '@eslint/js';", "+export default [js.configs.recommended];"])
+    assert verdict(report(plain), "./tool.sh", "add an eslint configuration") == "allow"
 
 
 @pytest.mark.parametrize("make,command", [

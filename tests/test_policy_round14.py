@@ -79,6 +79,9 @@ def test_a_tool_version_from_a_path_is_a_program_put_on_path():
     assert verdict(report(bad), "./tool.sh", "pin the node version", ws=ws) != "allow"
     pin = fc(".tool-versions", "modified", "tracked", by="/bin/sh[3]", keys=["node=20.11.1"])
     assert verdict(report(pin), "./tool.sh", "pin the node version", ws=ws) == "allow"
+    # nvm's release lines are names, not paths (adv15b 26)
+    lts = fc(".nvmrc", "modified", "tracked", by="/bin/sh[3]", keys=["lts/iron="])
+    assert verdict(report(lts), "./tool.sh", "pin the node version", ws=ws) == "allow"
 
 
 def test_tool_versions_keys_are_read():
@@ -330,6 +333,9 @@ def test_jvm_arguments_a_build_tool_starts_with():
     agent = fc("gradle.properties", "modified", "tracked", by="/bin/sh[3]",
                keys=["org.gradle.jvmargs=-Xmx2g -javaagent:build/agent.jar"])
     assert verdict(report(agent), "./tune-build.sh", "speed up the gradle build") != "allow"
+    optfile = fc("gradle.properties", "modified", "tracked", by="/bin/sh[3]",
+                 keys=["org.gradle.jvmargs=-XX:VMOptionsFile=build/jvm.opts"])   # adv15b 33
+    assert verdict(report(optfile), "./tune-build.sh", "speed up the gradle build") != "allow"
     home = fc("gradle.properties", "modified", "tracked", by="/bin/sh[3]",
               keys=["org.gradle.java.home=build/jdk"])
     assert verdict(report(home), "./tune-build.sh", "speed up the gradle build") != "allow"
@@ -521,7 +527,7 @@ def test_more_files_build_tools_take_by_convention():
         change = fc(name, "created" if where == "untracked" else "modified", where, by="/bin/sh[3]")
         assert verdict(report(change), "./lint.sh", "run the lint script") != "allow", name
     yarn = fc(".pnp.cjs", "modified", "ignored", by="/usr/bin/node[4]",
-              lineage=[["/usr/bin/node", "/usr/lib/node_modules/yarn/bin/yarn.js", "install"]])
+              lineage=[["/usr/bin/node", "/usr/local/bin/yarn", "install"]])
     assert verdict(report(yarn), "yarn install", "install the dependencies") == "allow"
 
 

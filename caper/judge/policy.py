@@ -775,9 +775,11 @@ class _Judge:
         # in a bin directory (adv14b 04, 05: bin/git as a link,
         # build/toolchain/bin/diff), where PATH_add and `path:` point
         in_bin = os.path.basename(os.path.dirname(full)) in ("bin", "sbin", ".bin")
-        if c.op in ("created", "renamed") and (name in self.r.shadowed_commands or in_bin) \
-                and not self.r.matches(self.r.install_places, full) and \
-                shutil.which(name, path=_SYSTEM_PATH):
+        # (a listed command whatever the system holds: cargo in ~/.cargo/bin, adv15b 04)
+        if c.op in ("created", "renamed") and (name in self.r.shadowed_commands or in_bin and (
+                shutil.which(name, path=_SYSTEM_PATH) or
+                shutil.which(name, path=os.pathsep.join(self.r.path_dirs)))) \
+                and not self.r.matches(self.r.install_places, full):
             self.add(70, "unsure", f"it would {_verb(c.op)} {_quote_clipped(c.path)}, named like "
                      f"the system's {_quote_clipped(os.path.basename(full))}: once its directory "
                      "is on PATH (direnv, mise, an activated environment) it runs in its place",
@@ -851,8 +853,11 @@ class _Judge:
             tool = name.split(".", 1)[0].lstrip(".").removesuffix("rc").removesuffix("-config")
             asked = self.t is not None and (self.t.names(c.path) or tool in self.t.words or
                                             bool(self.t.words & _CONFIG_WORDS))
+            # code beyond settings, asked for or not: what loads modules or
+            # builds code at run time (adv15b 11: fs, vm, a joined require)
             risky = [line[1:].strip()[:80] for line in c.diff or ()
-                     if line.startswith("+") and any(m in line for m in self.r.spawn_markers)]
+                     if line.startswith("+") and (any(m in line for m in self.r.spawn_markers)
+                                                  or _CONFIG_CODE.search(line))]
             if not asked and not risky:
                 risky = ["code the task does not ask for"]
         shadows = [n for k in c.keys or () for n in _entry_point_names(k)
@@ -1069,7 +1074,7 @@ class _Judge:
             inside = all(below(x, self.ws) for x in (where, os.path.realpath(where)))
             return "harmless" if key == "path" and inside else "runs"
         if fmt == "tool-versions":   # a version by name; `path:DIR`, `ref:` or a path runs DIR's programs
-            return "runs" if re.search(r"(?:^|\s)(?:path|ref):|/", kv) else "harmless"
+            return "runs" if re.search(r"(?:^|[\s=])(?:path:|ref:|\.{0,2}/|~/)", kv) else "harmless"
         if fmt == "properties":      # gradle.properties: the JVM the daemon is, and what it loads first
             return "runs" if key == "org.gradle.java.home" or key == "org.gradle.jvmargs" and \
                 _JVM_LOADS.search(value) else "harmless"
@@ -1158,7 +1163,14 @@ class _Judge:
             return True
         if key.startswith("alias.") or fnmatch.fnmatchcase(key, "submodule.*.update"):
             v = value.strip().strip("\"'")
-            return v.startswith("!") or any(w.startswith(_ALIAS_RISKY) for w in v.split())
+            # the words as git's split_cmdline makes them: quotes and
+            # backslashes gone (`\-c`, `-"c"` are -c: adv15b 01)
+            try:
+                words = shlex.split(v)
+            except ValueError:
+                return True          # a value git may split otherwise: not known harmless
+            return v.startswith("!") or any(w.startswith(_ALIAS_RISKY) for w in words) or \
+                any(w.partition("=")[0] in _ALIAS_RUNNERS for w in words)
         return False
 
     def outside(self, path: str, full: str, op: str, where: str) -> None:
@@ -1393,8 +1405,11 @@ class _Judge:
         if not self._unplanted(exe) or name == "env" or self._steered(c, 0):
             return False
         if name in _SHELLS or _INTERPRETER.match(name):
-            # pip's build hook runs the project's backend and setup.py (adv14b 21)
-            return self._interpreted(args, anywhere=False) not in (None, *_BUILD_HOOKS)
+            # pip's build hook runs the project's backend and setup.py (adv14b 21);
+            # a standard library module writes what it is told (`-m zipfile -c`: adv15b 03)
+            run = self._interpreted(args, anywhere=False)
+            return run not in (None, *_BUILD_HOOKS) and not (
+                args[:1] == ["-m"] and run.split(".")[0] in sys.stdlib_module_names)
         if name in _SOURCE_RUNNERS:
             return not any(a.endswith(_SOURCE_RUNNERS[name]) or a in ("-e", "-E") for a in args)
         return name not in _FILE_TOOLS
@@ -2179,6 +2194,11 @@ MIN_UPLOAD_BYTES = 4096
 _ALIAS_RISKY = ("-c", "--config-env", "--exec-path", "-C", "--git-dir", "--work-tree",
                 "--upload-pack", "--receive-pack", "--exec", "-u", "--output", "-O",
                 "--open-files-in-pager", "--ext-diff", "--textconv", "--namespace")
+# git subcommands and options that run a command they are given (adv15b 02).
+_ALIAS_RUNNERS = frozenset({"-x", "--extcmd", "foreach", "run", "--tree-filter",
+                            "--index-filter", "--msg-filter", "--env-filter", "--commit-filter",
+                            "--parent-filter", "--tag-name-filter", "--sendmail-cmd",
+                            "--to-cmd", "--cc-cmd", "--tool"})
 _SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/user")
 # An environment's own files, which an install never rewrites.
 # The environment's own pip, which venv's ensurepip installs from a `python -c`.
@@ -2209,8 +2229,10 @@ def _make_includes(ws: str) -> list[str]:
         except OSError:
             continue
         for m in re.finditer(r"^[ \t]*-?s?include[ \t]+(.+)$", text, re.M):
-            out += [os.path.normpath(os.path.join(ws, w)) for w in m.group(1).split()
-                    if "$" not in w]
+            # $(wildcard X) is the glob X; any other variable, any name (adv15b 12)
+            words = re.sub(r"\$\(wildcard[ \t]+([^)]*)\)", r"\1", m.group(1)).split()
+            out += [os.path.normpath(os.path.join(ws, re.sub(r"\$[({][^)}]*[)}]|\$.", "*", w)))
+                    for w in words]
         break           # make reads the first of these it finds
     return out
 
@@ -2257,6 +2279,8 @@ def _git_told_where(c) -> bool:
     words = c.lineage[0][1:]
     sub = next((w for prev, w in zip([""] + words, words)
                 if not w.startswith("-") and prev not in ("-c", "-C")), "")
+    if any(w.startswith(("--work-tree", "--prefix")) for w in words) or sub == "checkout-index":
+        return True          # files written under a directory the run named (adv15b 09)
     return any(w == "--output" or w.startswith(("--output=", "--output-directory")) for w in words) \
         or sub in ("format-patch", "archive") and any(w == "-o" or w.startswith("-o") for w in words) \
         or sub == "bundle" or sub == "config" and any(
@@ -2345,6 +2369,7 @@ def _generated_build_file(full: str) -> bool:
 _MODULE_SUFFIXES = ("", ".js", ".cjs", ".mjs", ".ts", ".json", "/index.js")
 # JVM options that load code before the program's own (adv14b 30).
 _JVM_LOADS = re.compile(r"-javaagent|-agentpath|-agentlib|-Xbootclasspath|-XX:OnError|"
+                        r"-XX:VMOptionsFile|-XX:Flags=|@[\w./~-]|"
                         r"-XX:OnOutOfMemoryError|-Djava\.system\.class\.loader|--patch-module")
 # Symlinks the kernel follows in one path walk before ELOOP.
 _MAX_LINK_HOPS = 40
@@ -2461,10 +2486,18 @@ _FILE_TOOLS = frozenset({"cp", "mv", "install", "ln", "tar", "bsdtar", "unzip", 
                          # ... and programs that write bytes they are given as they are
                          # (adv14b 12: objcopy -I binary -O binary into pip's wheel cache)
                          "objcopy", "cmake", "zip", "jar", "make", "gmake", "ar", "ex",
-                         "vi", "vim", "nvim", "ed", "busybox"})
+                         "vi", "vim", "nvim", "ed", "busybox", "uniq", "iconv", "dos2unix",
+                         "unix2dos", "fold", "expand", "unexpand", "paste", "join", "nl",
+                         "rev", "tac", "fmt", "pr", "zip", "7zz", "xzcat", "zstdcat", "lz4",
+                         "brotli", "pigz", "ditto", "rclone", "gpg", "age", "sops"})
 # Installers' scripts that run a project's build backend (its setup.py) in
 # their process: what it writes is the project's code's.
 _BUILD_HOOKS = ("_in_process.py",)
+# What a script config does beyond exporting settings: a module loaded at
+# run time (not a static import), the file system, the process, built code.
+_CONFIG_CODE = re.compile(r"\brequire\s*\(|\bimport\s*\(|\bprocess\.|\bfs\.|\bvm\b|"
+                          r"\bBuffer\.|\bglobalThis\b|\bReflect\.|\batob\s*\(|"
+                          r"\bfrom\s+[\"'](?:node:)?(?:fs|vm|os|child_process|net|http|https)[\"']")
 # Runtimes that run a source file given by name (java's single-file launch):
 # with one, the writer is that file's code, not the runtime's.
 _SOURCE_RUNNERS = {"java": (".java",), "Rscript": (".R", ".r"), "julia": (".jl",)}
