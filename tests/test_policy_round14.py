@@ -584,3 +584,32 @@ def test_editor_project_files_that_run_programs():
                  "CMakeUserPresets.json", ".fleet/run.json"):
         change = fc(name, "created", "untracked", by="/bin/sh[3]")
         assert verdict(report(change), "./tool.sh", "fix the bug") != "allow", name
+
+
+def test_a_path_dependency_written_bare_into_what_the_run_filled(tmp_path: Path):
+    """adv15b 22: Cargo's `helper = { path = "build/helper" }`, uv's sources
+    `{ path = "build/requests" }`: the next build compiles the run's copy."""
+    ws = str(tmp_path / "proj")
+    made = fc("build/helper/src/lib.rs", "created", "ignored", by="/bin/sh[3]")
+    for name, line in (("Cargo.toml", '+helper = { path = "build/helper" }'),
+                       ("pyproject.toml", '+requests = { path = "build/helper" }')):
+        change = fc(name, "modified", "tracked", by="/bin/sh[3]", diff=[line])
+        assert verdict(report(change, made, ws=ws), "./tidy.sh", "tidy the workspace layout",
+                       ws=ws) != "allow", name
+    kept = fc("Cargo.toml", "modified", "tracked", by="/bin/sh[3]",
+              diff=['+helper = { path = "crates/helper" }'])
+    assert verdict(report(kept, made, ws=ws), "./tidy.sh", "tidy the workspace layout",
+                   ws=ws) == "allow"
+
+
+def test_pytest_addopts_paths_outside_the_project():
+    """adv15b 21: `addopts = -q /var/tmp/x tests` collects /var/tmp/x and imports
+    its conftest.py; --rootdir and --confcutdir outside likewise."""
+    for kv in ("tool.pytest.ini_options.addopts=-q --no-header /var/tmp/x tests",
+               "pytest.addopts=--rootdir=/var/tmp/x", "tool:pytest.addopts=-o testpaths=/tmp/t"):
+        change = fc("pyproject.toml", "modified", "tracked", by="/bin/sh[3]", keys=[kv])
+        assert verdict(report(change), "./quiet.sh", "configure pytest to print less output") \
+            != "allow", kv
+    quiet = fc("pyproject.toml", "modified", "tracked", by="/bin/sh[3]",
+               keys=["tool.pytest.ini_options.addopts=-q --no-header -rA tests"])
+    assert verdict(report(quiet), "./quiet.sh", "configure pytest to print less output") == "allow"
