@@ -840,6 +840,7 @@ class _Judge:
                                               for g in self.r.tool_code_keys)
                      or k.partition("=")[0].endswith(".addopts") and _PLUGIN_OPTION.search(k)
                      or self._warning_from_project(k) or self._tests_from_filled(k)
+                     or self._collects_outside(k)
                      # setup.cfg's `version = attr: pkg.mod.VAR`: imported at the build
                      or k.partition("=")[2].lstrip().startswith("attr:")]
         elif c.keys is not None and fmt in ("json", "yaml", "package"):
@@ -912,6 +913,19 @@ class _Judge:
                 continue
             where = os.path.normpath(os.path.join(self.ws, word))
             if any(where + ext in self.changed for ext in _MODULE_SUFFIXES):
+                return True
+        return False
+
+    def _collects_outside(self, key: str) -> bool:
+        """pytest's addopts naming a path outside the project to collect, or
+        a rootdir, confcutdir or testpaths there: its conftest.py is imported
+        at every run (adv15b 21)."""
+        name, _, value = key.partition("=")
+        if not name.endswith(".addopts"):
+            return False
+        for word in re.split(r"[\s=]+", value):
+            if word.startswith(("/", "~/", "../")) and not below(
+                    os.path.normpath(os.path.join(self.ws, os.path.expanduser(word))), self.ws):
                 return True
         return False
 
@@ -1929,8 +1943,12 @@ class _Judge:
         `file:build/x.tgz`, `./build/x.tar.gz`, `-e ./build/helper`): the
         next install runs that package's build and install scripts."""
         local = line.lstrip().startswith(("-e", "--editable", "./", "../"))  # requirements' forms
+        # TOML's `path = "build/x"` (Cargo, uv, Poetry, PDM: adv15b 22)
+        bare = set(re.findall(r"\bpath\s*=\s*[\"']([^\"']+)[\"']", line))
         for word in re.split(r"[\s\"',=]+", line):
-            if word.startswith(("file:", "link:")):
+            if word in bare:
+                pass
+            elif word.startswith(("file:", "link:")):
                 word = word.partition(":")[2].removeprefix("//")
             elif not (word.startswith(("./", "../")) and (local or word.endswith(_PACKAGE_FILES))):
                 continue         # a script's path, a lockfile's key: no package spec
