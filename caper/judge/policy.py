@@ -463,9 +463,7 @@ class _Judge:
         self.removed = {self.absolute(c.path) for c in changes if c.op == "deleted"}
         self.written = {self.absolute(c.path): c for c in changes if c.op != "deleted"}
         # what each name the run changed is after it: a link's target, or no link
-        self.run_links = {self.absolute(c.path): c.detail[3:] if c.type == "symlink" and
-                          c.op != "deleted" and (c.detail or "").startswith("-> ") else None
-                          for c in changes}
+        self.run_links = {self.absolute(c.path): _link_target(c) for c in changes}
         # hosts caper's proxy let the run reach (a registry the user allowed,
         # on the host's loopback too): not a server of the run's
         self.reached = {n.address.lower().rstrip(".") for n in report.network
@@ -625,8 +623,8 @@ class _Judge:
                      "agent sessions read and follow", "agent configuration: what later "
                      "sessions are told to do", "edit it only when the task asks for it", path)
         self.privilege(path, full, c)
-        if c.type == "symlink" and op != "deleted" and (c.detail or "").startswith("-> "):
-            self.link(path, full, c.detail[3:])
+        if _link_target(c) is not None:
+            self.link(path, full, _link_target(c))
         if c.unseen_links and op != "deleted":
             self.add(86, "unsure", f"it would {_verb(op)} {_quote_clipped(path)}, a file with "
                      f"{c.unseen_links} other hard links on this machine that the run did not "
@@ -1007,10 +1005,10 @@ class _Judge:
 
     def _generator_wrote(self, c) -> bool:
         """cmake, meson, ninja or autotools' config.status wrote it."""
-        line = c.lineage[0] if c.lineage else [c.by.rsplit("[", 1)[0]] if c.by else None
-        if not line:
+        writer = _writer(c)
+        if writer is None:
             return False
-        exe, *args = line
+        exe, args = writer
         names = {os.path.basename(exe), *(os.path.basename(a) for a in args[:1])}
         return bool(names & _GENERATORS) and self._unplanted(exe)
 
@@ -1377,7 +1375,9 @@ class _Judge:
                 "bin", ".bin", "Scripts") or _ENV_OWN.search(full) or _ENV_PIP.match(name) or \
                 not shutil.which(name, path=_SYSTEM_PATH):
             return False
-        exe, *args = (c.lineage or [[""]])[0]
+        if not c.lineage:
+            return True          # no program known to be the installer's own
+        exe, *args = c.lineage[0]
         return not self._installer(exe, args, own=True)
 
     def _installer_wrote(self, c, full: str) -> bool:
@@ -1408,13 +1408,10 @@ class _Judge:
         -c, a script the project or the run holds (adv10b 07: a script's
         wheel under pip's cache key for a vendored sdist), or a program that
         writes whatever it is given (adv12b 07: `cp` of the run's wheel)."""
-        if c.lineage:
-            exe, *args = c.lineage[0]
-        elif c.by and c.by.endswith("]"):
-            exe, args = c.by.rsplit("[", 1)[0], []
-        else:
+        writer = _writer(c)
+        if writer is None:
             return False
-        exe = os.path.normpath(self.absolute(exe))
+        exe, args = os.path.normpath(self.absolute(writer[0])), writer[1]
         name = os.path.basename(exe)
         if not self._unplanted(exe) or name == "env" or self._steered(c, 0):
             return False
@@ -2457,6 +2454,24 @@ def _requirement_sources(path: str) -> list[str]:
     return out
 
 
+def _writer(c) -> tuple[str, list[str]] | None:
+    """The program that wrote the change, and its first arguments: the
+    lineage's nearest entry, else the program `by` names (no arguments)."""
+    if c.lineage:
+        exe, *args = c.lineage[0]
+        return exe, args
+    if c.by and c.by.endswith("]"):
+        return c.by.rsplit("[", 1)[0], []
+    return None
+
+
+def _link_target(c) -> str | None:
+    """What a symlink the run left points to; None for anything else."""
+    if c.type == "symlink" and c.op != "deleted" and (c.detail or "").startswith("-> "):
+        return c.detail[3:]
+    return None
+
+
 def _option_value(arg: str) -> str | None:
     """The word of a command line that may name a file: itself, or an
     option's value written into it (`--find-links=/tmp/w`, `-f/tmp/w`); a
@@ -2506,7 +2521,7 @@ _FILE_TOOLS = frozenset({"cp", "mv", "install", "ln", "tar", "bsdtar", "unzip", 
                          "objcopy", "cmake", "zip", "jar", "make", "gmake", "ar", "ex",
                          "vi", "vim", "nvim", "ed", "busybox", "uniq", "iconv", "dos2unix",
                          "unix2dos", "fold", "expand", "unexpand", "paste", "join", "nl",
-                         "rev", "tac", "fmt", "pr", "zip", "7zz", "xzcat", "zstdcat", "lz4",
+                         "rev", "tac", "fmt", "pr", "7zz", "xzcat", "zstdcat", "lz4",
                          "brotli", "pigz", "ditto", "rclone", "gpg", "age", "sops"})
 # Installers' scripts that run a project's build backend (its setup.py) in
 # their process: what it writes is the project's code's.

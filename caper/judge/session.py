@@ -45,11 +45,11 @@ CREATE TABLE IF NOT EXISTS taint (
 """
 
 
-
 def _storable(text: str) -> str:
     """Text with the bytes that are no UTF-8 (kept as surrogates) shown as
     escapes: SQLite stores UTF-8 only."""
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
 
 class Sessions:
     def __init__(self, state_dir: str):
